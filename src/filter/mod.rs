@@ -1,0 +1,465 @@
+//! The rate-limit filter: an actix-service `Transform` that wraps the whole
+//! app, so rules apply before routing (and guard paths with no handler).
+//!
+//! For each request: find the rules that match its method and decoded path;
+//! build each rule's key; ask the [`Limiter`] once for all of them; then
+//! pass the request on with `RateLimit` fields, or answer a denial (303 to
+//! the error page, or 429), or apply the Redis error policy.
+
+pub mod key;
+pub mod route;
+
+use std::future::{ready, Future, Ready};
+use std::net::{IpAddr, Ipv4Addr};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use actix_service::{Service, Transform};
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
+use actix_web::http::header::{self, HeaderName, HeaderValue};
+use actix_web::http::StatusCode;
+use actix_web::web::{Bytes, BytesMut};
+use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse};
+use futures_util::StreamExt;
+
+use crate::config::{Cidr, Deny, KeyKind, Mode, OnRedisError, Rule};
+use crate::limit::{Check, Decision, Limiter};
+use crate::metrics::{Metrics, Outcome as Counted};
+
+/// Renders the HTML error page for a denial: `(rule, retry_after_secs)`.
+pub type DenialPage = dyn Fn(&Rule, u64) -> String + Send + Sync;
+
+/// Tells who is signed in, for `key = "session"`: the account ID or `None`.
+pub type SessionLookup = dyn Fn(&HttpRequest) -> Option<String> + Send + Sync;
+
+/// The filter's shared state: rules (replaceable at run time), the limiter,
+/// and what keys and denials need. Clone it freely; `.wrap()` it into an app.
+#[derive(Clone)]
+pub struct Filter {
+    state: Arc<FilterState>,
+}
+
+struct FilterState {
+    rules: RwLock<Arc<Vec<Rule>>>,
+    limiter: Arc<Limiter>,
+    metrics: Arc<Metrics>,
+    trusted_proxies: Vec<Cidr>,
+    max_form: usize,
+    key_prefix: String,
+    denial_page: Box<DenialPage>,
+    session: Option<Box<SessionLookup>>,
+}
+
+/// What the filter needs besides its rules.
+pub struct FilterOptions {
+    /// Proxies whose forwarding headers are believed.
+    pub trusted_proxies: Vec<Cidr>,
+    /// Largest form body read for `form:` keys.
+    pub max_form: usize,
+    /// First component of every Redis key.
+    pub key_prefix: String,
+    /// The HTML shown with a 429.
+    pub denial_page: Box<DenialPage>,
+    /// Who is signed in (`None`: `session` keys by client address).
+    pub session: Option<Box<SessionLookup>>,
+}
+
+impl Filter {
+    /// A filter over `rules`, deciding with `limiter`.
+    pub fn new(
+        rules: Vec<Rule>,
+        limiter: Arc<Limiter>,
+        metrics: Arc<Metrics>,
+        options: FilterOptions,
+    ) -> Filter {
+        Filter {
+            state: Arc::new(FilterState {
+                rules: RwLock::new(Arc::new(rules)),
+                limiter,
+                metrics,
+                trusted_proxies: options.trusted_proxies,
+                max_form: options.max_form,
+                key_prefix: options.key_prefix,
+                denial_page: options.denial_page,
+                session: options.session,
+            }),
+        }
+    }
+
+    /// The rules in force now.
+    pub fn rules(&self) -> Arc<Vec<Rule>> {
+        match self.state.rules.read() {
+            Ok(r) => Arc::clone(&r),
+            Err(p) => Arc::clone(&p.into_inner()),
+        }
+    }
+
+    /// Puts new rules in force; requests already deciding keep the old ones.
+    pub fn replace_rules(&self, rules: Vec<Rule>) {
+        let mut slot = match self.state.rules.write() {
+            Ok(r) => r,
+            Err(p) => p.into_inner(),
+        };
+        *slot = Arc::new(rules);
+    }
+
+    /// The limiter the filter decides with.
+    pub fn limiter(&self) -> &Arc<Limiter> {
+        &self.state.limiter
+    }
+
+    /// The client address of a request, behind trusted proxies.
+    pub fn client_addr(&self, req: &HttpRequest) -> IpAddr {
+        let peer = req
+            .peer_addr()
+            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+        key::client_addr(peer, req.headers(), &self.state.trusted_proxies)
+    }
+
+    /// The Redis key a rule uses for a request (`form` is the urlencoded
+    /// body, when one was read). Used by the filter and by `/limits`.
+    pub fn key_for(&self, rule: &Rule, req: &HttpRequest, path: &str, form: Option<&[u8]>) -> String {
+        let normalized = |v: Option<String>| {
+            v.map(|v| key::normalize(&v, rule.normalize))
+                .filter(|v| !v.is_empty())
+        };
+        let id = match &rule.key {
+            KeyKind::Ip => None,
+            KeyKind::Global => Some(("global", "all".to_string())),
+            KeyKind::Path => Some(("path", path.to_string())),
+            KeyKind::Session => self
+                .state
+                .session
+                .as_ref()
+                .and_then(|f| f(req))
+                .map(|id| ("session", id)),
+            KeyKind::Header(name) => normalized(
+                req.headers()
+                    .get(name.as_str())
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
+            )
+            .map(|v| ("header", v)),
+            KeyKind::Query(name) => {
+                normalized(key::form_value(req.query_string().as_bytes(), name))
+                    .map(|v| ("query", v))
+            }
+            KeyKind::Form(name) => {
+                normalized(form.and_then(|body| key::form_value(body, name))).map(|v| ("form", v))
+            }
+        };
+        let (kind, id) = id.unwrap_or_else(|| ("ip", key::ip_id(self.client_addr(req))));
+        key::redis_key(&self.state.key_prefix, &rule.name, kind, &id)
+    }
+}
+
+impl<S, B> Transform<S, ServiceRequest> for Filter
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error> + 'static,
+    B: MessageBody + 'static,
+{
+    type Response = ServiceResponse<EitherBody<B>>;
+    type Error = Error;
+    type Transform = FilterService<S>;
+    type InitError = ();
+    type Future = Ready<Result<Self::Transform, Self::InitError>>;
+
+    fn new_transform(&self, service: S) -> Self::Future {
+        ready(Ok(FilterService {
+            service: Rc::new(service),
+            filter: self.clone(),
+        }))
+    }
+}
+
+/// The per-worker service the [`Filter`] transform builds.
+#[doc(hidden)]
+pub struct FilterService<S> {
+    service: Rc<S>,
+    filter: Filter,
+}
+
+type LocalBoxFuture<T> = Pin<Box<dyn Future<Output = T>>>;
+
+impl<S, B> Service<ServiceRequest> for FilterService<S>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error> + 'static,
+    B: MessageBody + 'static,
+{
+    type Response = ServiceResponse<EitherBody<B>>;
+    type Error = Error;
+    type Future = LocalBoxFuture<Result<Self::Response, Self::Error>>;
+
+    actix_service::forward_ready!(service);
+
+    fn call(&self, req: ServiceRequest) -> Self::Future {
+        let service = Rc::clone(&self.service);
+        let filter = self.filter.clone();
+        Box::pin(async move { filter_request(filter, service, req).await })
+    }
+}
+
+/// Why a body could not be read for a `form:` key.
+enum BodyError {
+    TooLarge,
+    Broken,
+}
+
+async fn filter_request<S, B>(
+    filter: Filter,
+    service: Rc<S>,
+    mut req: ServiceRequest,
+) -> Result<ServiceResponse<EitherBody<B>>, Error>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
+    B: MessageBody,
+{
+    let Ok(path) = percent_encoding::percent_decode_str(req.path()).decode_utf8() else {
+        return Ok(plain(req, StatusCode::BAD_REQUEST, "bad request path\n"));
+    };
+    let path = path.into_owned();
+    let rules = filter.rules();
+    let method = req.method().as_str().to_string();
+    let matched: Vec<&Rule> = rules.iter().filter(|r| r.matches(&method, &path)).collect();
+    if matched.is_empty() {
+        return service.call(req).await.map(|r| r.map_into_left_body());
+    }
+
+    // A form-keyed rule reads the urlencoded body, then hands it on intact.
+    let mut form: Option<Bytes> = None;
+    if matched.iter().any(|r| matches!(r.key, KeyKind::Form(_))) && is_urlencoded(&req) {
+        match read_body(&mut req, filter.state.max_form).await {
+            Ok(body) => {
+                req.set_payload(Payload::from(body.clone()));
+                form = Some(body);
+            }
+            Err(BodyError::TooLarge) => {
+                return Ok(plain(req, StatusCode::PAYLOAD_TOO_LARGE, "form too large\n"))
+            }
+            Err(BodyError::Broken) => {
+                return Ok(plain(req, StatusCode::BAD_REQUEST, "unreadable body\n"))
+            }
+        }
+    }
+
+    let checks: Vec<Check> = matched
+        .iter()
+        .map(|rule| Check {
+            key: filter.key_for(rule, req.request(), &path, form.as_deref()),
+            algorithm: rule.algorithm,
+            cost: rule.cost,
+            enforce: rule.mode == Mode::Enforce,
+        })
+        .collect();
+
+    let metrics = &filter.state.metrics;
+    let started = Instant::now();
+    let decision = filter.state.limiter.decide(checks.clone()).await;
+    metrics.observe(started.elapsed());
+
+    match decision {
+        Ok(decision) if decision.allowed => {
+            count_allowed(metrics, &matched, &decision);
+            log::debug!("{method} {path}: allowed ({})", summary(&matched, &decision));
+            let mut res = service.call(req).await?;
+            add_ratelimit_fields(res.headers_mut(), &matched, &decision);
+            Ok(res.map_into_left_body())
+        }
+        Ok(decision) => {
+            // The denying rule that frees last names the denial, so that
+            // Retry-After holds for every rule.
+            let Some((rule, outcome)) = matched
+                .iter()
+                .zip(&decision.outcomes)
+                .filter(|(r, o)| r.mode == Mode::Enforce && !o.allowed)
+                .max_by_key(|(_, o)| o.wait)
+                .map(|(r, o)| (*r, *o))
+            else {
+                // Not reachable: a request is denied only by an enforce rule.
+                return service.call(req).await.map(|r| r.map_into_left_body());
+            };
+            for (r, o) in matched.iter().zip(&decision.outcomes) {
+                if r.mode == Mode::Enforce && !o.allowed {
+                    metrics.decision(&r.name, Counted::Denied);
+                }
+            }
+            log::debug!(
+                "{method} {path}: denied by {} for {}s ({})",
+                rule.name,
+                outcome.retry_after_secs(),
+                summary(&matched, &decision)
+            );
+            let response = denial(&filter, req.request(), rule, outcome.retry_after_secs());
+            Ok(req.into_response(response).map_into_right_body())
+        }
+        Err(e) => {
+            let deny = matched
+                .iter()
+                .any(|r| r.mode == Mode::Enforce && r.on_redis_error == OnRedisError::Deny);
+            let outcome = if deny {
+                Counted::ErrorDenied
+            } else {
+                Counted::ErrorAllowed
+            };
+            for r in &matched {
+                metrics.decision(&r.name, outcome);
+            }
+            log::warn!("{method} {path}: no decision ({e}), {}", outcome.label());
+            if deny {
+                let response = HttpResponse::ServiceUnavailable()
+                    .insert_header((header::RETRY_AFTER, "1"))
+                    .insert_header((header::CACHE_CONTROL, "no-store"))
+                    .content_type("text/plain; charset=utf-8")
+                    .body("the rate limiter is unavailable; try again in a second\n");
+                return Ok(req.into_response(response).map_into_right_body());
+            }
+            service.call(req).await.map(|r| r.map_into_left_body())
+        }
+    }
+}
+
+/// Answer `status` with a short text body (malformed or oversized input).
+fn plain<B>(req: ServiceRequest, status: StatusCode, text: &'static str) -> ServiceResponse<EitherBody<B>> {
+    let response = HttpResponse::build(status)
+        .content_type("text/plain; charset=utf-8")
+        .body(text);
+    req.into_response(response).map_into_right_body()
+}
+
+fn is_urlencoded(req: &ServiceRequest) -> bool {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| {
+            ct.split(';')
+                .next()
+                .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/x-www-form-urlencoded"))
+        })
+}
+
+async fn read_body(req: &mut ServiceRequest, max: usize) -> Result<Bytes, BodyError> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(BodyError::TooLarge);
+    }
+    let mut payload = req.take_payload();
+    let mut body = BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|_| BodyError::Broken)?;
+        if body.len() + chunk.len() > max {
+            return Err(BodyError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+fn count_allowed(metrics: &Metrics, matched: &[&Rule], decision: &Decision) {
+    for (r, o) in matched.iter().zip(&decision.outcomes) {
+        let outcome = match (o.allowed, r.mode) {
+            (true, _) => Counted::Allowed,
+            (false, Mode::Shadow) => Counted::ShadowDenied,
+            (false, Mode::Enforce) => Counted::Denied,
+        };
+        metrics.decision(&r.name, outcome);
+    }
+}
+
+fn summary(matched: &[&Rule], decision: &Decision) -> String {
+    matched
+        .iter()
+        .zip(&decision.outcomes)
+        .map(|(r, o)| {
+            format!(
+                "{}={}",
+                r.name,
+                if o.allowed { "ok" } else { "over" }
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `RateLimit-Policy` and `RateLimit` for every matching enforce rule.
+fn add_ratelimit_fields(headers: &mut header::HeaderMap, matched: &[&Rule], decision: &Decision) {
+    let mut policy = Vec::new();
+    let mut state = Vec::new();
+    for (r, o) in matched.iter().zip(&decision.outcomes) {
+        if r.mode != Mode::Enforce {
+            continue;
+        }
+        policy.push(format!(
+            "\"{}\";q={};w={}",
+            r.name,
+            r.algorithm.quota(),
+            r.algorithm.window_seconds()
+        ));
+        state.push(format!(
+            "\"{}\";r={};t={}",
+            r.name,
+            o.remaining,
+            o.reset_secs()
+        ));
+    }
+    if policy.is_empty() {
+        return;
+    }
+    if let Ok(v) = HeaderValue::from_str(&policy.join(", ")) {
+        headers.insert(HeaderName::from_static("ratelimit-policy"), v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&state.join(", ")) {
+        headers.insert(HeaderName::from_static("ratelimit"), v);
+    }
+}
+
+/// Whether the `Accept` field names a media type.
+fn accepts(req: &HttpRequest, media: &str) -> bool {
+    req.headers()
+        .get_all(header::ACCEPT)
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|item| {
+            item.split(';')
+                .next()
+                .is_some_and(|m| m.trim().eq_ignore_ascii_case(media))
+        })
+}
+
+/// The response to a denied request (CONTRACT 3.8, 3.9).
+fn denial(filter: &Filter, req: &HttpRequest, rule: &Rule, retry: u64) -> HttpResponse {
+    let json = accepts(req, "application/json");
+    let redirect = rule.deny == Deny::Redirect && !(json && !accepts(req, "text/html"));
+    if redirect {
+        let location = format!(
+            "{}?rule={}&retry_after={retry}",
+            rule.error_page,
+            percent_encoding::utf8_percent_encode(&rule.name, percent_encoding::NON_ALPHANUMERIC)
+        );
+        return HttpResponse::SeeOther()
+            .insert_header((header::LOCATION, location))
+            .insert_header((header::RETRY_AFTER, retry.to_string()))
+            .insert_header((header::CACHE_CONTROL, "no-store"))
+            .finish();
+    }
+    let mut builder = HttpResponse::TooManyRequests();
+    builder
+        .insert_header((header::RETRY_AFTER, retry.to_string()))
+        .insert_header((header::CACHE_CONTROL, "no-store"));
+    if json {
+        builder.json(serde_json::json!({
+            "error": "rate_limited",
+            "rule": rule.name,
+            "retry_after": retry,
+        }))
+    } else {
+        builder
+            .content_type("text/html; charset=utf-8")
+            .body((filter.state.denial_page)(rule, retry))
+    }
+}

@@ -1,0 +1,138 @@
+//! The limiter: algorithms, checks and the decisions Redis makes about them.
+//!
+//! A request that matches several rules becomes one [`Check`] per rule; the
+//! checks of one request go to Redis together and are decided atomically
+//! (all recorded, or none). [`Limiter::decide`] is the whole public surface:
+//! it hands the checks to a dispatcher thread (see [`redis`]) and awaits the
+//! answer without ever blocking the caller's thread.
+
+pub mod redis;
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+pub use self::redis::{Limiter, LimiterError};
+
+/// A rate-limiting algorithm with its parameters. Invalid ones cannot be
+/// built: limits and bursts are non-zero, windows are checked by the config.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Algorithm {
+    /// At most `limit` units in any interval of length `window`
+    /// (a log of admission times per key).
+    SlidingWindow {
+        /// Units per window.
+        limit: NonZeroU32,
+        /// Window length (millisecond precision).
+        window: Duration,
+    },
+    /// At most `limit` units in a window that opens at the first allowed
+    /// request for the key.
+    FixedWindow {
+        /// Units per window.
+        limit: NonZeroU32,
+        /// Window length (millisecond precision).
+        window: Duration,
+    },
+    /// A bucket of `burst` tokens refilled at `rate` per second.
+    TokenBucket {
+        /// Tokens added per second.
+        rate: f64,
+        /// Capacity; the bucket starts full.
+        burst: NonZeroU32,
+    },
+}
+
+impl Algorithm {
+    /// The name used in the config file.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::SlidingWindow { .. } => "sliding_window",
+            Algorithm::FixedWindow { .. } => "fixed_window",
+            Algorithm::TokenBucket { .. } => "token_bucket",
+        }
+    }
+
+    /// The quota `q` of the `RateLimit-Policy` field: limit, or burst.
+    pub fn quota(&self) -> u32 {
+        match self {
+            Algorithm::SlidingWindow { limit, .. } | Algorithm::FixedWindow { limit, .. } => {
+                limit.get()
+            }
+            Algorithm::TokenBucket { burst, .. } => burst.get(),
+        }
+    }
+
+    /// The window `w` of the `RateLimit-Policy` field, in whole seconds
+    /// (token bucket: time to refill from empty), at least 1.
+    pub fn window_seconds(&self) -> u64 {
+        let ms = match self {
+            Algorithm::SlidingWindow { window, .. } | Algorithm::FixedWindow { window, .. } => {
+                window.as_millis() as f64
+            }
+            Algorithm::TokenBucket { rate, burst } => f64::from(burst.get()) * 1000.0 / rate,
+        };
+        ((ms / 1000.0).ceil() as u64).max(1)
+    }
+
+    /// The three numbers the Lua script takes: algorithm code, p1, p2.
+    pub(crate) fn script_args(&self) -> (u8, String, String) {
+        match self {
+            Algorithm::SlidingWindow { limit, window } => {
+                (1, limit.to_string(), window.as_millis().to_string())
+            }
+            Algorithm::FixedWindow { limit, window } => {
+                (2, limit.to_string(), window.as_millis().to_string())
+            }
+            Algorithm::TokenBucket { rate, burst } => (3, rate.to_string(), burst.to_string()),
+        }
+    }
+}
+
+/// One rule's question about one request: may `cost` units be taken from `key`?
+#[derive(Debug, Clone, PartialEq)]
+pub struct Check {
+    /// The full Redis key, `PREFIX:RULE:KIND:ID`.
+    pub key: String,
+    /// The algorithm and its parameters.
+    pub algorithm: Algorithm,
+    /// Units the request takes.
+    pub cost: u32,
+    /// `false` for shadow rules: counted, but their denial does not deny.
+    pub enforce: bool,
+}
+
+/// Redis's answer to one [`Check`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// Whether this check alone would admit the request.
+    pub allowed: bool,
+    /// Units left after this request (allowed) or now (denied).
+    pub remaining: u64,
+    /// Allowed: time until the quota resets (the oldest unit leaves, the
+    /// window closes, the bucket is full). Denied: time until the same
+    /// request would be allowed.
+    pub wait: Duration,
+}
+
+impl Outcome {
+    /// `wait` in whole seconds, rounded up, at least 1 (for `Retry-After`).
+    pub fn retry_after_secs(&self) -> u64 {
+        (self.wait.as_millis().div_ceil(1000) as u64).max(1)
+    }
+
+    /// `wait` in whole seconds, rounded up (the `t` of the `RateLimit` field).
+    pub fn reset_secs(&self) -> u64 {
+        self.wait.as_millis().div_ceil(1000) as u64
+    }
+}
+
+/// The decision for a whole request: every check's outcome, and whether the
+/// request is allowed (every enforce check allowed). Being limited is a
+/// value, not an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// One per check, in the order given.
+    pub outcomes: Vec<Outcome>,
+    /// Whether every enforce check allowed (and so everything was recorded).
+    pub allowed: bool,
+}

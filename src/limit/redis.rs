@@ -1,0 +1,352 @@
+//! Talking to Redis: the r2d2 pool of synchronous connections, the Lua
+//! script, and the dispatcher threads that batch pending decisions.
+//!
+//! Actix workers never touch a Redis connection. [`Limiter::decide`] puts a
+//! job (the checks of one request and a oneshot sender) on a bounded
+//! channel and awaits the oneshot. A few dispatcher threads, each holding
+//! one pooled connection, take the first waiting job, drain whatever else
+//! is already queued (never waiting to fill a batch) and send the whole
+//! batch as ONE `EVALSHA`; the script decides every job in order and
+//! returns one flat array. One reply per batch means a silent server costs
+//! one read timeout, not one per job.
+//!
+//! `redis::Script` keeps the SHA and, on `NOSCRIPT` (after a restart or
+//! `SCRIPT FLUSH`), loads the script and sends the call again: the first
+//! call did not run, so nothing is counted twice. After a read timeout
+//! redis-rs keeps the connection usable and discards the late reply itself,
+//! so a later batch never reads an earlier batch's answer.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use super::{Check, Decision, Outcome};
+use crate::config::RedisConfig;
+
+/// The Lua that Redis runs: one function per algorithm, then the batch driver.
+pub const SCRIPT_SOURCE: &str = concat!(
+    include_str!("lua/sliding_window.lua"),
+    "\n",
+    include_str!("lua/fixed_window.lua"),
+    "\n",
+    include_str!("lua/token_bucket.lua"),
+    "\n",
+    include_str!("lua/batch.lua"),
+);
+
+/// Dispatcher threads; two let one gather a batch while the other waits on Redis.
+const DISPATCHERS: usize = 2;
+/// Most jobs sent in one script call.
+const MAX_BATCH: usize = 256;
+/// Jobs that may wait for a dispatcher before new ones are refused.
+const QUEUE: usize = 16_384;
+
+/// The r2d2 pool of synchronous Redis connections.
+pub type Pool = r2d2::Pool<redis::Client>;
+
+/// Why a decision could not be made. The filter applies `on_redis_error`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimiterError {
+    /// Redis refused, failed or returned something unexpected.
+    Redis(String),
+    /// No answer within `redis.timeout`.
+    Timeout,
+    /// Too many requests are already waiting for Redis.
+    Overloaded,
+    /// The dispatcher threads are gone (the process is stopping).
+    Stopped,
+}
+
+impl std::fmt::Display for LimiterError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LimiterError::Redis(e) => write!(f, "redis: {e}"),
+            LimiterError::Timeout => f.write_str("redis did not answer in time"),
+            LimiterError::Overloaded => f.write_str("too many decisions waiting for redis"),
+            LimiterError::Stopped => f.write_str("the limiter is stopped"),
+        }
+    }
+}
+
+impl std::error::Error for LimiterError {}
+
+struct Job {
+    checks: Vec<Check>,
+    /// Pinned clock in ms (tests); `None` = Redis `TIME`.
+    now_ms: Option<u64>,
+    deadline: Instant,
+    reply: oneshot::Sender<Result<Decision, LimiterError>>,
+}
+
+/// Decides checks against Redis. Cheap to share (`Arc`); dropping the last
+/// handle stops the dispatcher threads.
+pub struct Limiter {
+    queue: SyncSender<Job>,
+    pool: Pool,
+    timeout: Duration,
+    errors: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// Sets read and write timeouts on every new pooled connection.
+#[derive(Debug)]
+struct Timeouts(Duration);
+
+impl r2d2::CustomizeConnection<redis::Connection, redis::RedisError> for Timeouts {
+    fn on_acquire(&self, conn: &mut redis::Connection) -> Result<(), redis::RedisError> {
+        conn.set_read_timeout(Some(self.0))?;
+        conn.set_write_timeout(Some(self.0))
+    }
+}
+
+/// Builds the pool without connecting: the site starts even while Redis is
+/// down, and connects when it returns.
+pub fn build_pool(config: &RedisConfig) -> Result<Pool, LimiterError> {
+    let client =
+        redis::Client::open(config.url.as_str()).map_err(|e| LimiterError::Redis(e.to_string()))?;
+    Ok(r2d2::Pool::builder()
+        .max_size(config.pool_size)
+        .min_idle(Some(0))
+        .test_on_check_out(false)
+        .connection_timeout(config.timeout)
+        .connection_customizer(Box::new(Timeouts(config.timeout)))
+        .build_unchecked(client))
+}
+
+impl Limiter {
+    /// Builds the pool and starts the dispatcher threads.
+    pub fn new(config: &RedisConfig) -> Result<Limiter, LimiterError> {
+        let pool = build_pool(config)?;
+        let (queue, rx) = sync_channel::<Job>(QUEUE);
+        let rx = Arc::new(Mutex::new(rx));
+        let script = Arc::new(redis::Script::new(SCRIPT_SOURCE));
+        let errors = Arc::new(AtomicU64::new(0));
+        for i in 0..DISPATCHERS {
+            let dispatcher = Dispatcher {
+                rx: Arc::clone(&rx),
+                pool: pool.clone(),
+                script: Arc::clone(&script),
+                errors: Arc::clone(&errors),
+                conn: None,
+            };
+            std::thread::Builder::new()
+                .name(format!("floodgate-redis-{i}"))
+                .spawn(move || dispatcher.run())
+                .map_err(|e| LimiterError::Redis(format!("cannot start a dispatcher: {e}")))?;
+        }
+        Ok(Limiter {
+            queue,
+            pool,
+            timeout: config.timeout,
+            errors,
+        })
+    }
+
+    /// Decides the checks of one request, atomically: either every check is
+    /// recorded (the request is allowed by every enforce check) or none is.
+    /// Answers within `redis.timeout` (plus scheduling) whatever Redis does.
+    pub async fn decide(&self, checks: Vec<Check>) -> Result<Decision, LimiterError> {
+        self.submit(checks, None).await
+    }
+
+    /// As [`Limiter::decide`], with the clock pinned to `now_ms` (ms since the
+    /// epoch) instead of Redis `TIME`: for property tests of the algorithms.
+    #[doc(hidden)]
+    pub async fn decide_at(&self, now_ms: u64, checks: Vec<Check>) -> Result<Decision, LimiterError> {
+        self.submit(checks, Some(now_ms)).await
+    }
+
+    async fn submit(&self, checks: Vec<Check>, now_ms: Option<u64>) -> Result<Decision, LimiterError> {
+        if checks.is_empty() {
+            return Ok(Decision {
+                outcomes: Vec::new(),
+                allowed: true,
+            });
+        }
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            checks,
+            now_ms,
+            deadline: Instant::now() + self.timeout,
+            reply,
+        };
+        match self.queue.try_send(job) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => return Err(self.count(LimiterError::Overloaded)),
+            Err(TrySendError::Disconnected(_)) => return Err(LimiterError::Stopped),
+        }
+        match tokio::time::timeout(self.timeout, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(LimiterError::Stopped),
+            Err(_) => Err(self.count(LimiterError::Timeout)),
+        }
+    }
+
+    fn count(&self, e: LimiterError) -> LimiterError {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        e
+    }
+
+    /// Redis errors and timeouts seen so far (for `/metrics`).
+    pub fn error_count(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+
+    /// The connection pool, for the site's own Redis work (use it from
+    /// `web::block`, never on a worker thread).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The configured bound on every Redis operation.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// PING through the pool, bounded by the timeout. Blocking.
+    pub fn ping(&self) -> Result<(), LimiterError> {
+        let mut conn = self
+            .pool
+            .get_timeout(self.timeout)
+            .map_err(|e| LimiterError::Redis(e.to_string()))?;
+        redis::cmd("PING")
+            .query::<String>(&mut *conn)
+            .map(|_| ())
+            .map_err(|e| LimiterError::Redis(e.to_string()))
+    }
+}
+
+struct Dispatcher {
+    rx: Arc<Mutex<Receiver<Job>>>,
+    pool: Pool,
+    script: Arc<redis::Script>,
+    errors: Arc<AtomicU64>,
+    conn: Option<r2d2::PooledConnection<redis::Client>>,
+}
+
+impl Dispatcher {
+    fn run(mut self) {
+        loop {
+            let Some(mut batch) = self.next_batch() else {
+                return;
+            };
+            let now = Instant::now();
+            // Jobs whose caller has already given up are not decided: they
+            // would take quota for a request that was answered without it.
+            batch.retain(|j| j.deadline > now && !j.reply.is_closed());
+            if batch.is_empty() {
+                continue;
+            }
+            match self.send(&batch) {
+                Ok(values) => deliver(batch, &values),
+                Err(e) => {
+                    self.errors.fetch_add(1, Ordering::Relaxed);
+                    log::warn!("redis error, {} decisions affected: {e}", batch.len());
+                    for job in batch {
+                        let _ = job.reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Blocks for the first job, then takes whatever else is already queued.
+    fn next_batch(&self) -> Option<Vec<Job>> {
+        let rx = match self.rx.lock() {
+            Ok(rx) => rx,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let first = rx.recv().ok()?;
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        Some(batch)
+    }
+
+    /// One script call for the whole batch.
+    fn send(&mut self, batch: &[Job]) -> Result<Vec<i64>, LimiterError> {
+        if self.conn.is_none() {
+            self.conn = Some(
+                self.pool
+                    .get()
+                    .map_err(|e| LimiterError::Redis(e.to_string()))?,
+            );
+        }
+        let mut call = self.script.prepare_invoke();
+        call.arg(batch.len());
+        let mut expected = 0;
+        for job in batch {
+            match job.now_ms {
+                Some(ms) => call.arg(ms),
+                None => call.arg(""),
+            };
+            call.arg(job.checks.len());
+            for c in &job.checks {
+                let (code, p1, p2) = c.algorithm.script_args();
+                call.key(&c.key)
+                    .arg(code)
+                    .arg(p1)
+                    .arg(p2)
+                    .arg(c.cost)
+                    .arg(u8::from(c.enforce));
+            }
+            expected += 3 * job.checks.len();
+        }
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(LimiterError::Stopped);
+        };
+        let result: Result<Vec<i64>, redis::RedisError> = call.invoke(&mut **conn);
+        match result {
+            Ok(values) if values.len() == expected => Ok(values),
+            Ok(values) => Err(LimiterError::Redis(format!(
+                "the script returned {} values, expected {expected}",
+                values.len()
+            ))),
+            Err(e) => {
+                if e.is_timeout() {
+                    return Err(LimiterError::Timeout);
+                }
+                if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+                    // Let the pool open a fresh connection next time.
+                    self.conn = None;
+                }
+                Err(LimiterError::Redis(e.to_string()))
+            }
+        }
+    }
+}
+
+fn deliver(batch: Vec<Job>, values: &[i64]) {
+    let mut at = 0;
+    for job in batch {
+        let mut outcomes = Vec::with_capacity(job.checks.len());
+        let mut allowed = true;
+        for check in &job.checks {
+            let outcome = Outcome {
+                allowed: values[at] == 1,
+                remaining: values[at + 1].max(0) as u64,
+                wait: Duration::from_millis(values[at + 2].max(0) as u64),
+            };
+            at += 3;
+            if check.enforce && !outcome.allowed {
+                allowed = false;
+            }
+            outcomes.push(outcome);
+        }
+        let _ = job.reply.send(Ok(Decision { outcomes, allowed }));
+    }
+}

@@ -1,0 +1,126 @@
+//! The `floodgate` command: `serve [--config FILE]` | `check-config [FILE]`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use floodgate::config::{
+    format_duration, Config, ConfigError, Deny, Mode, OnRedisError, DEFAULT_PATH,
+};
+use floodgate::limit::Algorithm;
+use floodgate::startup::Application;
+
+const USAGE: &str = "usage: floodgate [serve [--config FILE]] | check-config [FILE]";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    match args.as_slice() {
+        [] | ["serve"] => serve(default_path()),
+        ["serve", "--config", file] => serve(PathBuf::from(file)),
+        ["serve", flag] if flag.starts_with("--config=") => {
+            serve(PathBuf::from(&flag["--config=".len()..]))
+        }
+        ["check-config"] => check_config(default_path()),
+        ["check-config", file] => check_config(PathBuf::from(file)),
+        ["-h" | "--help" | "help"] => {
+            println!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        ["-V" | "--version"] => {
+            println!("floodgate {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        _ => {
+            eprintln!("{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn default_path() -> PathBuf {
+    std::env::var_os("FLOODGATE_CONFIG")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(DEFAULT_PATH), PathBuf::from)
+}
+
+fn unusable(e: &ConfigError) -> ExitCode {
+    eprintln!("{e}");
+    ExitCode::from(2)
+}
+
+fn check_config(path: PathBuf) -> ExitCode {
+    let config = match Config::load_file(&path) {
+        Ok(c) => c,
+        Err(e) => return unusable(&e),
+    };
+    for r in &config.rules {
+        let methods = if r.methods.is_empty() {
+            "*".to_string()
+        } else {
+            r.methods.join(",")
+        };
+        let limit = match r.algorithm {
+            Algorithm::SlidingWindow { limit, window } | Algorithm::FixedWindow { limit, window } => {
+                format!("limit={limit} window={}", format_duration(window))
+            }
+            Algorithm::TokenBucket { rate, burst } => format!("rate={rate}/s burst={burst}"),
+        };
+        println!(
+            "{}: {methods} {} key={} {} {limit} cost={} deny={} on_redis_error={} mode={}",
+            r.name,
+            r.path_text.join(" "),
+            r.key,
+            r.algorithm.name(),
+            r.cost,
+            match r.deny {
+                Deny::Redirect => "redirect",
+                Deny::Status => "status",
+            },
+            match r.on_redis_error {
+                OnRedisError::Allow => "allow",
+                OnRedisError::Deny => "deny",
+            },
+            match r.mode {
+                Mode::Enforce => "enforce",
+                Mode::Shadow => "shadow",
+            }
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+fn serve(path: PathBuf) -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let config = match Config::load(&path) {
+        Ok(c) => c,
+        Err(e) => return unusable(&e),
+    };
+    let target = if config.redis.cluster.is_empty() {
+        config.redis.url.clone()
+    } else {
+        format!("cluster {}", config.redis.cluster.join(","))
+    };
+    let (bind, rules) = (config.server.bind.clone(), config.rules.len());
+    let result = actix_web::rt::System::new().block_on(async move {
+        let app = Application::build(config)?;
+        log::info!(
+            "floodgate serving {} on {} (port {}), redis {target}, {rules} rules",
+            path.display(),
+            bind,
+            app.port()
+        );
+        app.run_until_stopped()
+            .await
+            .map_err(|e| floodgate::startup::StartError::Bind(bind.clone(), e))
+    });
+    match result {
+        Ok(()) => {
+            log::info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("floodgate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

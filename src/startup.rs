@@ -1,0 +1,160 @@
+//! `Application::build(config)`: the bound listener and the server, used by
+//! `main` and by the tests (which bind port 0).
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use actix_web::dev::{Server, ServerHandle};
+use actix_web::{web, App, HttpServer};
+
+use crate::config::{self, Config};
+use crate::filter::{Filter, FilterOptions};
+use crate::limit::Limiter;
+use crate::metrics::Metrics;
+use crate::site::{self, Site};
+
+/// Why the application could not start.
+#[derive(Debug)]
+pub enum StartError {
+    /// The listen address could not be bound.
+    Bind(String, std::io::Error),
+    /// The Redis client or the dispatcher threads could not be set up.
+    Limiter(crate::limit::LimiterError),
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Bind(addr, e) => write!(f, "cannot listen on {addr}: {e}"),
+            StartError::Limiter(e) => write!(f, "cannot set up the limiter: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// A bound, not yet running, floodgate site.
+pub struct Application {
+    port: u16,
+    server: Server,
+    filter: Filter,
+    config_path: PathBuf,
+}
+
+impl Application {
+    /// Binds `config.server.bind` (port 0 picks a free port) and builds the server.
+    pub fn build(config: Config) -> Result<Application, StartError> {
+        let listener = TcpListener::bind(&config.server.bind)
+            .map_err(|e| StartError::Bind(config.server.bind.clone(), e))?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| StartError::Bind(config.server.bind.clone(), e))?
+            .port();
+        let limiter = Arc::new(Limiter::new(&config.redis).map_err(StartError::Limiter)?);
+        let metrics = Arc::new(Metrics::default());
+        let title = config.site.title.clone();
+        let filter = Filter::new(
+            config.rules.clone(),
+            Arc::clone(&limiter),
+            Arc::clone(&metrics),
+            FilterOptions {
+                trusted_proxies: config.server.trusted_proxies.clone(),
+                max_form: config.server.max_form,
+                key_prefix: config.redis.key_prefix.clone(),
+                denial_page: Box::new(move |rule, retry| {
+                    site::pages::denial_html(&title, rule, retry)
+                }),
+                session: None,
+            },
+        );
+        let workers = config.server.workers;
+        let max_form = config.server.max_form;
+        let config_path = config.path.clone();
+        let site = web::Data::new(Site {
+            config,
+            filter: filter.clone(),
+            metrics,
+        });
+        let app_filter = filter.clone();
+        let mut server = HttpServer::new(move || {
+            App::new()
+                .app_data(site.clone())
+                .app_data(web::FormConfig::default().limit(max_form))
+                .configure(site::routes)
+                .default_service(web::to(site::pages::not_found))
+                .wrap(app_filter.clone())
+        })
+        .shutdown_timeout(10);
+        if workers > 0 {
+            server = server.workers(workers);
+        }
+        let server = server
+            .listen(listener)
+            .map_err(|e| StartError::Bind(format!("port {port}"), e))?
+            .run();
+        Ok(Application {
+            port,
+            server,
+            filter,
+            config_path,
+        })
+    }
+
+    /// The port actually bound.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The filter (to read or replace rules).
+    pub fn filter(&self) -> Filter {
+        self.filter.clone()
+    }
+
+    /// A handle to stop the server.
+    pub fn handle(&self) -> ServerHandle {
+        self.server.handle()
+    }
+
+    /// Serves until stopped (SIGTERM / Ctrl-C finish in-flight requests).
+    /// On SIGHUP the rules are reloaded from the same file.
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        #[cfg(unix)]
+        actix_rt::spawn(reload_on_sighup(self.filter.clone(), self.config_path.clone()));
+        self.server.await
+    }
+}
+
+/// Re-reads `[defaults]` and `[[rule]]` from `path`; the old rules stay in
+/// force when the file does not validate.
+pub fn reload_rules(filter: &Filter, path: &std::path::Path) -> Result<usize, config::ConfigError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| config::ConfigError {
+        file,
+        place: String::new(),
+        what: format!("cannot read the file: {e}"),
+    })?;
+    // The whole file must validate, though only the rules are taken.
+    let config = Config::parse(&text, path)?;
+    let n = config.rules.len();
+    filter.replace_rules(config.rules);
+    Ok(n)
+}
+
+#[cfg(unix)]
+async fn reload_on_sighup(filter: Filter, path: PathBuf) {
+    use actix_rt::signal::unix::{signal, SignalKind};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            log::warn!("cannot listen for SIGHUP, rules will not reload: {e}");
+            return;
+        }
+    };
+    while hangups.recv().await.is_some() {
+        match reload_rules(&filter, &path) {
+            Ok(n) => log::info!("SIGHUP: reloaded {n} rules from {}", path.display()),
+            Err(e) => log::error!("SIGHUP: kept the old rules: {e}"),
+        }
+    }
+}
