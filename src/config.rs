@@ -404,7 +404,9 @@ impl Cidr {
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, crate::filter::key::canonical_ip(ip)) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
                 u32::from(net) & mask == u32::from(ip) & mask
             }
             (IpAddr::V6(net), IpAddr::V6(ip)) => {
@@ -574,11 +576,12 @@ pub fn rules_from_raw(
     raw: Vec<RawRule>,
     file: &str,
 ) -> Result<Vec<Rule>, ConfigError> {
-    let defaults = check_policy(defaults, &Policy::builtin()).map_err(|(key, what)| ConfigError {
-        file: file.to_string(),
-        place: format!("[defaults] {key}"),
-        what,
-    })?;
+    let defaults =
+        check_policy(defaults, &Policy::builtin()).map_err(|(key, what)| ConfigError {
+            file: file.to_string(),
+            place: format!("[defaults] {key}"),
+            what,
+        })?;
     let mut rules: Vec<Rule> = Vec::with_capacity(raw.len());
     for (i, r) in raw.into_iter().enumerate() {
         let place = format!("rule {:?} (rule {})", r.name, i + 1);
@@ -841,7 +844,11 @@ fn describe(algorithm: &Algorithm, cost: u32, key: &KeyKind) -> String {
     };
     match algorithm {
         Algorithm::SlidingWindow { limit, window } | Algorithm::FixedWindow { limit, window } => {
-            format!("at most {} per {} {whose}", per(limit.get()), human_duration(*window))
+            format!(
+                "at most {} per {} {whose}",
+                per(limit.get()),
+                human_duration(*window)
+            )
         }
         Algorithm::TokenBucket { rate, burst } => format!(
             "bursts of at most {}, then {rate} per second {whose}",
@@ -861,7 +868,11 @@ pub fn human_duration(d: Duration) -> String {
     ] {
         if ms >= size && ms % size == 0 {
             let n = ms / size;
-            return if n == 1 { one.to_string() } else { format!("{n} {many}") };
+            return if n == 1 {
+                one.to_string()
+            } else {
+                format!("{n} {many}")
+            };
         }
     }
     format!("{ms} ms")
@@ -924,7 +935,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// Formats a duration the way the config writes it (`10s`, `1m`, `250ms`).
 pub fn format_duration(d: Duration) -> String {
     let ms = d.as_millis();
-    for (unit, size) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
+    for (unit, size) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1000),
+    ] {
         if ms >= size && ms % size == 0 {
             return format!("{}{unit}", ms / size);
         }

@@ -60,7 +60,8 @@ fn check_config(path: PathBuf) -> ExitCode {
             r.methods.join(",")
         };
         let limit = match r.algorithm {
-            Algorithm::SlidingWindow { limit, window } | Algorithm::FixedWindow { limit, window } => {
+            Algorithm::SlidingWindow { limit, window }
+            | Algorithm::FixedWindow { limit, window } => {
                 format!("limit={limit} window={}", format_duration(window))
             }
             Algorithm::TokenBucket { rate, burst } => format!("rate={rate}/s burst={burst}"),

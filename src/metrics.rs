@@ -75,7 +75,9 @@ impl Metrics {
     /// The Prometheus text exposition; `redis_errors` comes from the limiter.
     pub fn render(&self, redis_errors: u64) -> String {
         let mut out = String::new();
-        out.push_str("# HELP floodgate_decisions_total Rate-limit decisions by rule and outcome.\n");
+        out.push_str(
+            "# HELP floodgate_decisions_total Rate-limit decisions by rule and outcome.\n",
+        );
         out.push_str("# TYPE floodgate_decisions_total counter\n");
         {
             let map = match self.decisions.lock() {

@@ -45,6 +45,16 @@ pub struct Application {
 impl Application {
     /// Binds `config.server.bind` (port 0 picks a free port) and builds the server.
     pub fn build(config: Config) -> Result<Application, StartError> {
+        Application::build_with(config, |_| {})
+    }
+
+    /// As [`Application::build`], with extra routes registered beside the
+    /// site's (behind the same filter): how an app embeds floodgate, and how
+    /// tests add a handler that echoes what it received.
+    pub fn build_with<F>(config: Config, extra_routes: F) -> Result<Application, StartError>
+    where
+        F: Fn(&mut web::ServiceConfig) + Clone + Send + 'static,
+    {
         let listener = TcpListener::bind(&config.server.bind)
             .map_err(|e| StartError::Bind(config.server.bind.clone(), e))?;
         let port = listener
@@ -81,6 +91,7 @@ impl Application {
             App::new()
                 .app_data(site.clone())
                 .app_data(web::FormConfig::default().limit(max_form))
+                .configure(extra_routes.clone())
                 .configure(site::routes)
                 .default_service(web::to(site::pages::not_found))
                 .wrap(app_filter.clone())
@@ -120,7 +131,10 @@ impl Application {
     /// On SIGHUP the rules are reloaded from the same file.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         #[cfg(unix)]
-        actix_rt::spawn(reload_on_sighup(self.filter.clone(), self.config_path.clone()));
+        actix_rt::spawn(reload_on_sighup(
+            self.filter.clone(),
+            self.config_path.clone(),
+        ));
         self.server.await
     }
 }

@@ -62,10 +62,7 @@ pub fn client_addr(peer: IpAddr, headers: &HeaderMap, trusted: &[Cidr]) -> IpAdd
 
 /// The addresses a request passed through, left (client) to right.
 fn forwarded_hops(headers: &HeaderMap) -> Vec<String> {
-    let forwarded: Vec<&[u8]> = headers
-        .get_all("forwarded")
-        .map(|v| v.as_bytes())
-        .collect();
+    let forwarded: Vec<&[u8]> = headers.get_all("forwarded").map(|v| v.as_bytes()).collect();
     if !forwarded.is_empty() {
         let mut hops = Vec::new();
         for value in forwarded {
@@ -173,10 +170,7 @@ mod tests {
             "forwarded",
             "for=6.6.6.6, for=\"[2001:db8::1]:4711\";proto=https",
         )]);
-        assert_eq!(
-            client_addr(ip("10.0.0.1"), &h, &trusted),
-            ip("2001:db8::1")
-        );
+        assert_eq!(client_addr(ip("10.0.0.1"), &h, &trusted), ip("2001:db8::1"));
         let h = headers(&[("x-forwarded-for", "garbage")]);
         assert_eq!(client_addr(ip("10.0.0.1"), &h, &trusted), ip("10.0.0.1"));
     }
@@ -197,7 +191,10 @@ mod tests {
 
     #[test]
     fn normalizing() {
-        assert_eq!(normalize("+1 (555) 010-9999", Normalize::Digits), "15550109999");
+        assert_eq!(
+            normalize("+1 (555) 010-9999", Normalize::Digits),
+            "15550109999"
+        );
         assert_eq!(normalize(" A@B.c ", Normalize::Lowercase), "a@b.c");
     }
 }

@@ -121,7 +121,13 @@ impl Filter {
 
     /// The Redis key a rule uses for a request (`form` is the urlencoded
     /// body, when one was read). Used by the filter and by `/limits`.
-    pub fn key_for(&self, rule: &Rule, req: &HttpRequest, path: &str, form: Option<&[u8]>) -> String {
+    pub fn key_for(
+        &self,
+        rule: &Rule,
+        req: &HttpRequest,
+        path: &str,
+        form: Option<&[u8]>,
+    ) -> String {
         let normalized = |v: Option<String>| {
             v.map(|v| key::normalize(&v, rule.normalize))
                 .filter(|v| !v.is_empty())
@@ -236,7 +242,11 @@ where
                 form = Some(body);
             }
             Err(BodyError::TooLarge) => {
-                return Ok(plain(req, StatusCode::PAYLOAD_TOO_LARGE, "form too large\n"))
+                return Ok(plain(
+                    req,
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "form too large\n",
+                ))
             }
             Err(BodyError::Broken) => {
                 return Ok(plain(req, StatusCode::BAD_REQUEST, "unreadable body\n"))
@@ -262,7 +272,10 @@ where
     match decision {
         Ok(decision) if decision.allowed => {
             count_allowed(metrics, &matched, &decision);
-            log::debug!("{method} {path}: allowed ({})", summary(&matched, &decision));
+            log::debug!(
+                "{method} {path}: allowed ({})",
+                summary(&matched, &decision)
+            );
             let mut res = service.call(req).await?;
             add_ratelimit_fields(res.headers_mut(), &matched, &decision);
             Ok(res.map_into_left_body())
@@ -321,7 +334,11 @@ where
 }
 
 /// Answer `status` with a short text body (malformed or oversized input).
-fn plain<B>(req: ServiceRequest, status: StatusCode, text: &'static str) -> ServiceResponse<EitherBody<B>> {
+fn plain<B>(
+    req: ServiceRequest,
+    status: StatusCode,
+    text: &'static str,
+) -> ServiceResponse<EitherBody<B>> {
     let response = HttpResponse::build(status)
         .content_type("text/plain; charset=utf-8")
         .body(text);
@@ -333,9 +350,10 @@ fn is_urlencoded(req: &ServiceRequest) -> bool {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| {
-            ct.split(';')
-                .next()
-                .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/x-www-form-urlencoded"))
+            ct.split(';').next().is_some_and(|m| {
+                m.trim()
+                    .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+            })
         })
 }
 
@@ -375,13 +393,7 @@ fn summary(matched: &[&Rule], decision: &Decision) -> String {
     matched
         .iter()
         .zip(&decision.outcomes)
-        .map(|(r, o)| {
-            format!(
-                "{}={}",
-                r.name,
-                if o.allowed { "ok" } else { "over" }
-            )
-        })
+        .map(|(r, o)| format!("{}={}", r.name, if o.allowed { "ok" } else { "over" }))
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -452,11 +464,11 @@ fn denial(filter: &Filter, req: &HttpRequest, rule: &Rule, retry: u64) -> HttpRe
         .insert_header((header::RETRY_AFTER, retry.to_string()))
         .insert_header((header::CACHE_CONTROL, "no-store"));
     if json {
-        builder.json(serde_json::json!({
-            "error": "rate_limited",
-            "rule": rule.name,
-            "retry_after": retry,
-        }))
+        // Rule names are [A-Za-z0-9_-]: nothing to escape; fields in contract order.
+        builder.content_type("application/json").body(format!(
+            "{{\"error\":\"rate_limited\",\"rule\":\"{}\",\"retry_after\":{retry}}}",
+            rule.name
+        ))
     } else {
         builder
             .content_type("text/html; charset=utf-8")

@@ -162,11 +162,19 @@ impl Limiter {
     /// As [`Limiter::decide`], with the clock pinned to `now_ms` (ms since the
     /// epoch) instead of Redis `TIME`: for property tests of the algorithms.
     #[doc(hidden)]
-    pub async fn decide_at(&self, now_ms: u64, checks: Vec<Check>) -> Result<Decision, LimiterError> {
+    pub async fn decide_at(
+        &self,
+        now_ms: u64,
+        checks: Vec<Check>,
+    ) -> Result<Decision, LimiterError> {
         self.submit(checks, Some(now_ms)).await
     }
 
-    async fn submit(&self, checks: Vec<Check>, now_ms: Option<u64>) -> Result<Decision, LimiterError> {
+    async fn submit(
+        &self,
+        checks: Vec<Check>,
+        now_ms: Option<u64>,
+    ) -> Result<Decision, LimiterError> {
         if checks.is_empty() {
             return Ok(Decision {
                 outcomes: Vec::new(),

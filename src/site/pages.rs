@@ -108,7 +108,10 @@ pub async fn check(site: web::Data<Site>) -> HttpResponse {
         .rules()
         .iter()
         .find(|r| r.name == "check")
-        .map_or_else(|| "as many requests as you like".into(), |r| r.description.clone());
+        .map_or_else(
+            || "as many requests as you like".into(),
+            |r| r.description.clone(),
+        );
     render(
         &CheckPage {
             site_title: site.config.site.title.clone(),

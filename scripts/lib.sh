@@ -1,0 +1,66 @@
+# Shared by scripts/run, scripts/test and scripts/bench: installing what is
+# missing and starting a private redis-server. Source it; do not run it.
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STATE="$ROOT/.redis"          # git-ignored: private Redis data, pid and log
+
+say() { printf 'floodgate: %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"
+  elif command -v sudo >/dev/null; then sudo "$@"
+  else say "need root to run: $*"; return 1; fi
+}
+
+APT_UPDATED=""
+# apt_install PKG...: installs the Debian packages that are missing.
+apt_install() {
+  local missing=()
+  for p in "$@"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  say "installing ${missing[*]}"
+  if [ -z "$APT_UPDATED" ]; then
+    as_root apt-get update -qq
+    APT_UPDATED=1
+  fi
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+ensure_redis_server() {
+  command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt_install redis-server
+}
+
+# redis_reachable URL: true when a Redis answers PING there.
+redis_reachable() {
+  command -v redis-cli >/dev/null || return 1
+  [ "$(timeout 2 redis-cli -u "$1" ping 2>/dev/null)" = "PONG" ]
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# start_private_redis: starts a redis-server on a free port under .redis/
+# (no persistence) and prints its URL. stop_private_redis stops it.
+start_private_redis() {
+  ensure_redis_server
+  mkdir -p "$STATE"
+  local port; port="$(free_port)"
+  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "$STATE" --pidfile "$STATE/redis-$port.pid" --logfile "$STATE/redis-$port.log" \
+    --daemonize yes >/dev/null
+  local url="redis://127.0.0.1:$port/0"
+  for _ in $(seq 1 100); do
+    redis_reachable "$url" && { PRIVATE_REDIS_PID_FILE="$STATE/redis-$port.pid"; echo "$url"; return 0; }
+    sleep 0.05
+  done
+  say "redis-server did not start; see $STATE/redis-$port.log"
+  return 1
+}
+
+stop_private_redis() {
+  local f="${PRIVATE_REDIS_PID_FILE:-}"
+  [ -n "$f" ] && [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
+}
