@@ -828,7 +828,8 @@ fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Result<Rule, S
 /// A rule in human words: "at most 5 requests per 10 seconds for your address".
 fn describe(algorithm: &Algorithm, cost: u32, key: &KeyKind) -> String {
     let whose = match key {
-        KeyKind::Ip | KeyKind::Session => "for you".to_string(),
+        KeyKind::Ip => "from your address".to_string(),
+        KeyKind::Session => "for your account".to_string(),
         KeyKind::Global => "for everyone together".to_string(),
         KeyKind::Path => "for this page".to_string(),
         KeyKind::Header(n) | KeyKind::Query(n) | KeyKind::Form(n) => format!("for each {n}"),

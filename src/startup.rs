@@ -6,12 +6,17 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use actix_web::dev::{Server, ServerHandle};
+use actix_web::middleware::DefaultHeaders;
 use actix_web::{web, App, HttpServer};
 
+use crate::config::SmsProvider;
 use crate::config::{self, Config};
 use crate::filter::{Filter, FilterOptions};
-use crate::limit::Limiter;
+use crate::limit::{Limiter, LimiterError};
 use crate::metrics::Metrics;
+use crate::site::session::{self, Secret};
+use crate::site::sms::{LogSender, Outbox, SmsSender};
+use crate::site::store::Store;
 use crate::site::{self, Site};
 
 /// Why the application could not start.
@@ -64,6 +69,9 @@ impl Application {
         let limiter = Arc::new(Limiter::new(&config.redis).map_err(StartError::Limiter)?);
         let metrics = Arc::new(Metrics::default());
         let title = config.site.title.clone();
+        let secret = Secret::new(&config.server.secret)
+            .map_err(|e| StartError::Limiter(LimiterError::Redis(format!("no randomness: {e}"))))?;
+        let cookie_secret = secret.clone();
         let filter = Filter::new(
             config.rules.clone(),
             Arc::clone(&limiter),
@@ -75,16 +83,33 @@ impl Application {
                 denial_page: Box::new(move |rule, retry| {
                     site::pages::denial_html(&title, rule, retry)
                 }),
-                session: None,
+                // `session` rules key by the account a valid cookie names.
+                session: Some(Box::new(move |req| {
+                    session::read_cookie(&cookie_secret, req).and_then(|c| c.account)
+                })),
             },
         );
         let workers = config.server.workers;
         let max_form = config.server.max_form;
         let config_path = config.path.clone();
+        let store = Store::new(&config.redis.key_prefix, secret.clone());
+        let outbox = (config.sms.provider == SmsProvider::Outbox).then(|| {
+            Arc::new(Outbox {
+                key: store.outbox_key(),
+            })
+        });
+        let sms: Arc<dyn SmsSender> = match &outbox {
+            Some(o) => Arc::clone(o) as Arc<dyn SmsSender>,
+            None => Arc::new(LogSender),
+        };
         let site = web::Data::new(Site {
             config,
             filter: filter.clone(),
             metrics,
+            secret,
+            store,
+            sms,
+            outbox,
         });
         let app_filter = filter.clone();
         let mut server = HttpServer::new(move || {
@@ -95,6 +120,7 @@ impl Application {
                 .configure(site::routes)
                 .default_service(web::to(site::pages::not_found))
                 .wrap(app_filter.clone())
+                .wrap(security_headers())
         })
         .shutdown_timeout(10);
         if workers > 0 {
@@ -137,6 +163,19 @@ impl Application {
         ));
         self.server.await
     }
+}
+
+/// Headers every response carries: no framing, no sniffing, scripts and
+/// styles only from this site.
+fn security_headers() -> DefaultHeaders {
+    DefaultHeaders::new()
+        .add((
+            "Content-Security-Policy",
+            "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+        ))
+        .add(("X-Content-Type-Options", "nosniff"))
+        .add(("X-Frame-Options", "DENY"))
+        .add(("Referrer-Policy", "same-origin"))
 }
 
 /// Re-reads `[defaults]` and `[[rule]]` from `path`; the old rules stay in

@@ -448,11 +448,8 @@ fn denial(filter: &Filter, req: &HttpRequest, rule: &Rule, retry: u64) -> HttpRe
     let json = accepts(req, "application/json");
     let redirect = rule.deny == Deny::Redirect && !(json && !accepts(req, "text/html"));
     if redirect {
-        let location = format!(
-            "{}?rule={}&retry_after={retry}",
-            rule.error_page,
-            percent_encoding::utf8_percent_encode(&rule.name, percent_encoding::NON_ALPHANUMERIC)
-        );
+        // Rule names are [A-Za-z0-9_-]: safe in a query as they are.
+        let location = format!("{}?rule={}&retry_after={retry}", rule.error_page, rule.name);
         return HttpResponse::SeeOther()
             .insert_header((header::LOCATION, location))
             .insert_header((header::RETRY_AFTER, retry.to_string()))

@@ -1,12 +1,19 @@
 //! The demo site: pages that show the filter at work, plus the operational
 //! endpoints (`/healthz`, `/readyz`, `/metrics`).
 
+pub mod auth;
+pub mod dashboard;
 pub mod pages;
+pub mod phone;
+pub mod session;
+pub mod sms;
+pub mod store;
 
 use std::sync::Arc;
 
-use actix_web::http::header;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::cookie::Cookie;
+use actix_web::http::{header, StatusCode};
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 
 use crate::config::Config;
 use crate::filter::Filter;
@@ -20,12 +27,189 @@ pub struct Site {
     pub filter: Filter,
     /// Process counters.
     pub metrics: Arc<Metrics>,
+    /// Key for cookies, CSRF tokens and code hashes.
+    pub secret: session::Secret,
+    /// Accounts, codes and sessions in Redis.
+    pub store: store::Store,
+    /// Where SMS go.
+    pub sms: Arc<dyn sms::SmsSender>,
+    /// The outbox, when `[sms] provider = "outbox"`.
+    pub outbox: Option<Arc<sms::Outbox>>,
+}
+
+impl Site {
+    /// The site title.
+    pub fn title(&self) -> String {
+        self.config.site.title.clone()
+    }
+
+    /// Runs blocking Redis work on the blocking pool with a pooled connection.
+    pub async fn redis<T, F>(&self, work: F) -> Result<T, SiteError>
+    where
+        F: FnOnce(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let pool = self.filter.limiter().pool().clone();
+        web::block(move || {
+            let mut conn = pool
+                .get()
+                .map_err(|e| SiteError::unavailable(format!("redis pool: {e}")))?;
+            work(&mut conn).map_err(|e| SiteError::unavailable(format!("redis: {e}")))
+        })
+        .await
+        .map_err(|e| SiteError::internal(e.to_string()))?
+    }
+}
+
+/// A failure the user cannot fix: logged in full, shown as an opaque page.
+#[derive(Debug)]
+pub struct SiteError {
+    status: StatusCode,
+    detail: String,
+}
+
+impl SiteError {
+    /// Redis (or another dependency) failed: 503.
+    pub fn unavailable(detail: String) -> SiteError {
+        SiteError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            detail,
+        }
+    }
+
+    /// A bug or an OS failure: 500.
+    pub fn internal(detail: String) -> SiteError {
+        SiteError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            detail,
+        }
+    }
+}
+
+impl std::fmt::Display for SiteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.status, self.detail)
+    }
+}
+
+impl ResponseError for SiteError {
+    fn status_code(&self) -> StatusCode {
+        self.status
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        log::error!("{self}");
+        let mut res = HttpResponse::build(self.status);
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            res.insert_header((header::RETRY_AFTER, "1"));
+        }
+        res.content_type("text/plain; charset=utf-8")
+            .body("Something went wrong on our side. Please try again in a moment.\n")
+    }
+}
+
+/// Who is asking: the session (a new anonymous one when there is no valid
+/// cookie) and the signed-in account, if Redis still holds the session.
+pub struct Visitor {
+    /// Session ID.
+    pub sid: String,
+    /// Signed-in account ID.
+    pub account: Option<String>,
+    /// Signed-in phone digits.
+    pub phone: Option<String>,
+    /// Whether the request carried a valid cookie (POSTs need one).
+    pub had_cookie: bool,
+    set_cookie: Option<Cookie<'static>>,
+}
+
+impl Visitor {
+    /// Reads the session cookie and checks a signed-in session in Redis.
+    pub async fn of(site: &Site, req: &HttpRequest) -> Result<Visitor, SiteError> {
+        let secure = site.config.site.secure_cookies;
+        let Some(cookie) = session::read_cookie(&site.secret, req) else {
+            let sid = session::new_sid().map_err(|e| SiteError::internal(e.to_string()))?;
+            let value = session::cookie_value(&site.secret, &sid, None);
+            return Ok(Visitor {
+                sid,
+                account: None,
+                phone: None,
+                had_cookie: false,
+                set_cookie: Some(session::cookie(value, secure)),
+            });
+        };
+        let mut visitor = Visitor {
+            sid: cookie.sid.clone(),
+            account: None,
+            phone: None,
+            had_cookie: true,
+            set_cookie: None,
+        };
+        if let Some(account) = cookie.account {
+            let store = site.store.clone();
+            let (sid, id) = (cookie.sid.clone(), account.clone());
+            match site
+                .redis(move |conn| store.session_phone(conn, &sid, &id))
+                .await?
+            {
+                Some(phone) => {
+                    visitor.account = Some(account);
+                    visitor.phone = Some(phone);
+                }
+                None => {
+                    // Signed out elsewhere (e.g. by a password reset).
+                    let value = session::cookie_value(&site.secret, &cookie.sid, None);
+                    visitor.set_cookie = Some(session::cookie(value, secure));
+                }
+            }
+        }
+        Ok(visitor)
+    }
+
+    /// Whether someone is signed in.
+    pub fn signed_in(&self) -> bool {
+        self.account.is_some()
+    }
+
+    /// The signed-in account's ID.
+    pub fn account_id(&self) -> Option<String> {
+        self.account.clone()
+    }
+
+    /// The CSRF token for this session's forms.
+    pub fn csrf(&self, site: &Site) -> String {
+        session::csrf_token(&site.secret, &self.sid)
+    }
+
+    /// Adds the session cookie to a response when it is new or changed.
+    pub fn respond(&self, mut res: HttpResponse) -> HttpResponse {
+        if let Some(c) = &self.set_cookie {
+            if let Err(e) = res.add_cookie(c) {
+                log::error!("cannot set the session cookie: {e}");
+            }
+        }
+        res
+    }
 }
 
 /// Registers every route of the site.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/", web::get().to(pages::home))
         .route("/check", web::get().to(pages::check))
+        .route("/login", web::get().to(auth::login_form))
+        .route("/sms/send", web::post().to(auth::send_code))
+        .route("/login/sms", web::post().to(auth::login_sms))
+        .route("/login/password", web::post().to(auth::login_password))
+        .route("/logout", web::post().to(auth::logout))
+        .route("/account", web::get().to(auth::account))
+        .route("/account/password", web::post().to(auth::set_password))
+        .route("/password/reset", web::get().to(auth::reset_form))
+        .route("/password/reset", web::post().to(auth::reset_request))
+        .route(
+            "/password/reset/confirm",
+            web::post().to(auth::reset_confirm),
+        )
+        .route("/limits", web::get().to(dashboard::limits))
+        .route("/dev/outbox", web::get().to(dashboard::outbox))
         .route("/err", web::get().to(pages::error_page))
         .route("/api/ping", web::get().to(api_ping))
         .route("/healthz", web::get().to(healthz))

@@ -48,6 +48,7 @@ impl RuleRow {
 #[template(path = "home.html")]
 struct HomePage {
     site_title: String,
+    signed_in: bool,
     rules: Vec<RuleRow>,
 }
 
@@ -55,6 +56,7 @@ struct HomePage {
 #[template(path = "check.html")]
 struct CheckPage {
     site_title: String,
+    signed_in: bool,
     description: String,
 }
 
@@ -64,6 +66,8 @@ struct CheckPage {
 pub struct ErrorPage {
     /// Site title.
     pub site_title: String,
+    /// Whether the nav shows "Account".
+    pub signed_in: bool,
     /// The rule name, only when it is a configured rule.
     pub rule: String,
     /// The rule's limit in words; `None` = generic text.
@@ -90,11 +94,12 @@ pub fn render(t: &impl Template, status: StatusCode) -> HttpResponse {
 }
 
 /// `GET /`
-pub async fn home(site: web::Data<Site>) -> HttpResponse {
+pub async fn home(site: web::Data<Site>, req: HttpRequest) -> HttpResponse {
     let rules = site.filter.rules().iter().map(RuleRow::new).collect();
     render(
         &HomePage {
             site_title: site.config.site.title.clone(),
+            signed_in: signed_in(&site, &req),
             rules,
         },
         StatusCode::OK,
@@ -102,7 +107,7 @@ pub async fn home(site: web::Data<Site>) -> HttpResponse {
 }
 
 /// `GET /check`
-pub async fn check(site: web::Data<Site>) -> HttpResponse {
+pub async fn check(site: web::Data<Site>, req: HttpRequest) -> HttpResponse {
     let description = site
         .filter
         .rules()
@@ -115,6 +120,7 @@ pub async fn check(site: web::Data<Site>) -> HttpResponse {
     render(
         &CheckPage {
             site_title: site.config.site.title.clone(),
+            signed_in: signed_in(&site, &req),
             description,
         },
         StatusCode::OK,
@@ -139,6 +145,7 @@ pub async fn error_page(site: web::Data<Site>, req: HttpRequest) -> HttpResponse
     let rule = rules.iter().find(|r| r.name == rule_name);
     let page = ErrorPage {
         site_title: site.config.site.title.clone(),
+        signed_in: signed_in(&site, &req),
         rule: rule.map(|r| r.name.clone()).unwrap_or_default(),
         description: rule.map(|r| r.description.clone()),
         retry_after,
@@ -156,6 +163,7 @@ pub async fn error_page(site: web::Data<Site>, req: HttpRequest) -> HttpResponse
 pub fn denial_html(site_title: &str, rule: &Rule, retry_after: u64) -> String {
     let page = ErrorPage {
         site_title: site_title.to_string(),
+        signed_in: false,
         rule: rule.name.clone(),
         description: Some(rule.description.clone()),
         retry_after,
@@ -195,6 +203,39 @@ fn back_link(req: &HttpRequest, rule: Option<&Rule>) -> String {
                 .cloned()
         })
         .unwrap_or_else(|| "/".into())
+}
+
+/// Whether the cookie names an account (for the nav only; no Redis call).
+fn signed_in(site: &Site, req: &HttpRequest) -> bool {
+    super::session::read_cookie(&site.secret, req).is_some_and(|c| c.account.is_some())
+}
+
+#[derive(Template)]
+#[template(path = "message.html")]
+struct MessagePage<'a> {
+    site_title: String,
+    signed_in: bool,
+    heading: &'a str,
+    text: &'a str,
+}
+
+/// A page with a heading and a sentence, for 403s and the like.
+pub fn message(
+    site: &Site,
+    signed_in: bool,
+    status: StatusCode,
+    heading: &str,
+    text: &str,
+) -> HttpResponse {
+    render(
+        &MessagePage {
+            site_title: site.title(),
+            signed_in,
+            heading,
+            text,
+        },
+        status,
+    )
 }
 
 /// 404 for every path without a handler.

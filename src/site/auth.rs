@@ -1,0 +1,541 @@
+//! Sign-in by SMS code or password, sign-out, the account page and the
+//! password reset: the flows the demo's limits guard.
+
+use std::sync::{Arc, OnceLock};
+
+use actix_web::http::{header, StatusCode};
+use actix_web::{web, HttpRequest, HttpResponse};
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::Argon2;
+use askama::Template;
+use serde::Deserialize;
+
+use super::phone::{Phone, PHONE_RULE};
+use super::session::{self, random_bytes};
+use super::store::{Account, CodeCheck, Purpose, CODE_TTL_SECS, MAX_ATTEMPTS};
+use super::{Site, SiteError, Visitor};
+
+/// Shortest and longest password accepted (NIST SP 800-63B: at least 8,
+/// allow long ones).
+const PASSWORD_CHARS: std::ops::RangeInclusive<usize> = 8..=128;
+
+/// Every POST form's fields; all optional so that a missing one is a form
+/// error (or a 403 for `csrf`), never an extractor 400 without a page.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Fields {
+    phone: Option<String>,
+    code: Option<String>,
+    password: Option<String>,
+    csrf: Option<String>,
+}
+
+#[derive(Template, Default)]
+#[template(path = "login.html")]
+struct LoginPage {
+    site_title: String,
+    signed_in: bool,
+    csrf: String,
+    phone: String,
+    code_sent: bool,
+    notice: String,
+    error: String,
+    phone_error: bool,
+}
+
+#[derive(Template, Default)]
+#[template(path = "account.html")]
+struct AccountPage {
+    site_title: String,
+    signed_in: bool,
+    csrf: String,
+    phone: String,
+    has_password: bool,
+    notice: String,
+    error: String,
+}
+
+#[derive(Template, Default)]
+#[template(path = "reset.html")]
+struct ResetPage {
+    site_title: String,
+    signed_in: bool,
+    csrf: String,
+    phone: String,
+    code_sent: bool,
+    notice: String,
+    error: String,
+}
+
+/// The opaque answer to a POST without a valid CSRF token.
+fn forbidden(site: &Site, visitor: &Visitor) -> HttpResponse {
+    super::pages::message(
+        site,
+        visitor.signed_in(),
+        StatusCode::FORBIDDEN,
+        "This form has expired",
+        "The form was sent without a valid security token. Reload the page and try again.",
+    )
+}
+
+/// Checks the CSRF token of a POST against the session cookie it came with.
+fn csrf_ok(site: &Site, visitor: &Visitor, fields: &Fields) -> bool {
+    visitor.had_cookie
+        && fields
+            .csrf
+            .as_deref()
+            .is_some_and(|t| session::csrf_ok(&site.secret, &visitor.sid, t))
+}
+
+/// `GET /login`
+pub async fn login_form(
+    site: web::Data<Site>,
+    req: HttpRequest,
+) -> Result<HttpResponse, SiteError> {
+    let visitor = Visitor::of(&site, &req).await?;
+    let notice = if req.query_string().contains("reset=done") {
+        "Your password was changed and every session of the account was signed out. Sign in with the new password.".into()
+    } else {
+        String::new()
+    };
+    let page = LoginPage {
+        site_title: site.title(),
+        signed_in: visitor.signed_in(),
+        csrf: visitor.csrf(&site),
+        notice,
+        ..LoginPage::default()
+    };
+    Ok(visitor.respond(super::pages::render(&page, StatusCode::OK)))
+}
+
+fn login_page(site: &Site, visitor: &Visitor, phone: &str) -> LoginPage {
+    LoginPage {
+        site_title: site.title(),
+        signed_in: visitor.signed_in(),
+        csrf: visitor.csrf(site),
+        phone: phone.to_string(),
+        ..LoginPage::default()
+    }
+}
+
+/// `POST /sms/send`: texts a sign-in code.
+pub async fn send_code(
+    site: web::Data<Site>,
+    req: HttpRequest,
+    fields: web::Form<Fields>,
+) -> Result<HttpResponse, SiteError> {
+    let visitor = Visitor::of(&site, &req).await?;
+    if !csrf_ok(&site, &visitor, &fields) {
+        return Ok(forbidden(&site, &visitor));
+    }
+    let typed = fields.phone.clone().unwrap_or_default();
+    let mut page = login_page(&site, &visitor, &typed);
+    let Some(phone) = Phone::parse(&typed) else {
+        page.error = PHONE_RULE.into();
+        page.phone_error = true;
+        return Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)));
+    };
+    let (store, sms) = (site.store.clone(), Arc::clone(&site.sms));
+    let to = phone.clone();
+    site.redis(move |conn| {
+        let code = store.issue_code(conn, Purpose::SignIn, &to)?;
+        sms.send(
+            conn,
+            &to,
+            &format!(
+                "Your floodgate sign-in code is {code}. It expires in {} minutes.",
+                CODE_TTL_SECS / 60
+            ),
+        )
+    })
+    .await?;
+    log::info!("sign-in code sent to {}", phone.masked());
+    page.phone = phone.display();
+    page.code_sent = true;
+    page.notice = format!(
+        "We texted a 6-digit code to {}. It is valid for {} minutes.",
+        phone.display(),
+        CODE_TTL_SECS / 60
+    );
+    Ok(visitor.respond(super::pages::render(&page, StatusCode::OK)))
+}
+
+/// `POST /login/sms`: signs in with a code (creating the account the first time).
+pub async fn login_sms(
+    site: web::Data<Site>,
+    req: HttpRequest,
+    fields: web::Form<Fields>,
+) -> Result<HttpResponse, SiteError> {
+    let visitor = Visitor::of(&site, &req).await?;
+    if !csrf_ok(&site, &visitor, &fields) {
+        return Ok(forbidden(&site, &visitor));
+    }
+    let typed = fields.phone.clone().unwrap_or_default();
+    let mut page = login_page(&site, &visitor, &typed);
+    page.code_sent = true;
+    let Some(phone) = Phone::parse(&typed) else {
+        page.error = PHONE_RULE.into();
+        page.phone_error = true;
+        return Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)));
+    };
+    let code = fields.code.clone().unwrap_or_default();
+    let store = site.store.clone();
+    let to = phone.clone();
+    let result = site
+        .redis(
+            move |conn| match store.check_code(conn, Purpose::SignIn, &to, &code)? {
+                CodeCheck::Valid => store.find_or_create(conn, &to).map(Ok),
+                other => Ok(Err(other)),
+            },
+        )
+        .await?;
+    match result {
+        Ok(account) => sign_in(&site, &visitor, account).await,
+        Err(check) => {
+            page.error = code_error(check);
+            Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)))
+        }
+    }
+}
+
+fn code_error(check: CodeCheck) -> String {
+    match check {
+        CodeCheck::Wrong(0) => format!(
+            "That code is not right, and after {MAX_ATTEMPTS} wrong tries it no longer works. Ask for a new code."
+        ),
+        CodeCheck::Wrong(1) => "That code is not right. You have 1 more try.".into(),
+        CodeCheck::Wrong(n) => format!("That code is not right. You have {n} more tries."),
+        CodeCheck::Missing | CodeCheck::Valid => {
+            "There is no valid code for this number: it was used, it expired, or none was sent. Ask for a new code.".into()
+        }
+    }
+}
+
+/// A hash to verify against when there is no account, so that unknown and
+/// known phones take the same time.
+fn dummy_hash() -> &'static str {
+    static DUMMY: OnceLock<String> = OnceLock::new();
+    DUMMY.get_or_init(|| hash_password("not a password of anyone").unwrap_or_default())
+}
+
+fn hash_password(password: &str) -> Result<String, SiteError> {
+    let salt_bytes = random_bytes::<16>().map_err(|e| SiteError::internal(e.to_string()))?;
+    let salt =
+        SaltString::encode_b64(&salt_bytes).map_err(|e| SiteError::internal(e.to_string()))?;
+    Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .map(|h| h.to_string())
+        .map_err(|e| SiteError::internal(e.to_string()))
+}
+
+fn verify_password(password: &str, phc: &str) -> bool {
+    PasswordHash::new(phc).is_ok_and(|hash| {
+        Argon2::default()
+            .verify_password(password.as_bytes(), &hash)
+            .is_ok()
+    })
+}
+
+/// `POST /login/password`
+pub async fn login_password(
+    site: web::Data<Site>,
+    req: HttpRequest,
+    fields: web::Form<Fields>,
+) -> Result<HttpResponse, SiteError> {
+    let visitor = Visitor::of(&site, &req).await?;
+    if !csrf_ok(&site, &visitor, &fields) {
+        return Ok(forbidden(&site, &visitor));
+    }
+    let typed = fields.phone.clone().unwrap_or_default();
+    let mut page = login_page(&site, &visitor, &typed);
+    let Some(phone) = Phone::parse(&typed) else {
+        page.error = PHONE_RULE.into();
+        page.phone_error = true;
+        return Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)));
+    };
+    let store = site.store.clone();
+    let to = phone.clone();
+    let account = site.redis(move |conn| store.account(conn, &to)).await?;
+    let password = fields.password.clone().unwrap_or_default();
+    let phc = account
+        .as_ref()
+        .and_then(|a| a.password.clone())
+        .unwrap_or_else(|| dummy_hash().to_string());
+    let matches = web::block(move || verify_password(&password, &phc))
+        .await
+        .map_err(|e| SiteError::internal(e.to_string()))?;
+    match account {
+        Some(account) if matches && account.password.is_some() => {
+            sign_in(&site, &visitor, account).await
+        }
+        _ => {
+            page.error = "That phone number and password do not match an account with a password. You can sign in with a code instead.".into();
+            Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)))
+        }
+    }
+}
+
+/// Starts a session under a NEW session ID (no fixation) and goes to the account.
+async fn sign_in(
+    site: &Site,
+    visitor: &Visitor,
+    account: Account,
+) -> Result<HttpResponse, SiteError> {
+    let sid = session::new_sid().map_err(|e| SiteError::internal(e.to_string()))?;
+    let store = site.store.clone();
+    let (old_sid, old_account) = (visitor.sid.clone(), visitor.account_id());
+    let (new_sid, acct) = (sid.clone(), account.clone());
+    site.redis(move |conn| {
+        if let Some(old) = old_account {
+            store.end_session(conn, &old_sid, &old)?;
+        }
+        store.start_session(conn, &new_sid, &acct)
+    })
+    .await?;
+    log::info!("signed in account {}", account.id);
+    let cookie = session::cookie(
+        session::cookie_value(&site.secret, &sid, Some(&account.id)),
+        site.config.site.secure_cookies,
+    );
+    Ok(HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, "/account"))
+        .cookie(cookie)
+        .finish())
+}
+
+/// `POST /logout`
+pub async fn logout(
+    site: web::Data<Site>,
+    req: HttpRequest,
+    fields: web::Form<Fields>,
+) -> Result<HttpResponse, SiteError> {
+    let visitor = Visitor::of(&site, &req).await?;
+    if !csrf_ok(&site, &visitor, &fields) {
+        return Ok(forbidden(&site, &visitor));
+    }
+    if let Some(account) = visitor.account_id() {
+        let (store, sid) = (site.store.clone(), visitor.sid.clone());
+        site.redis(move |conn| store.end_session(conn, &sid, &account))
+            .await?;
+    }
+    let sid = session::new_sid().map_err(|e| SiteError::internal(e.to_string()))?;
+    let cookie = session::cookie(
+        session::cookie_value(&site.secret, &sid, None),
+        site.config.site.secure_cookies,
+    );
+    Ok(HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, "/"))
+        .cookie(cookie)
+        .finish())
+}
+
+fn to_login() -> HttpResponse {
+    HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, "/login"))
+        .finish()
+}
+
+async fn account_page(site: &Site, visitor: &Visitor) -> Result<AccountPage, SiteError> {
+    let Some(phone) = visitor.phone.as_ref().and_then(|p| Phone::parse(p)) else {
+        return Err(SiteError::internal(
+            "signed-in session without a phone".into(),
+        ));
+    };
+    let store = site.store.clone();
+    let to = phone.clone();
+    let account = site.redis(move |conn| store.account(conn, &to)).await?;
+    Ok(AccountPage {
+        site_title: site.title(),
+        signed_in: true,
+        csrf: visitor.csrf(site),
+        phone: phone.display(),
+        has_password: account.is_some_and(|a| a.password.is_some()),
+        ..AccountPage::default()
+    })
+}
+
+/// `GET /account`
+pub async fn account(site: web::Data<Site>, req: HttpRequest) -> Result<HttpResponse, SiteError> {
+    let visitor = Visitor::of(&site, &req).await?;
+    if !visitor.signed_in() {
+        return Ok(visitor.respond(to_login()));
+    }
+    let page = account_page(&site, &visitor).await?;
+    Ok(visitor.respond(super::pages::render(&page, StatusCode::OK)))
+}
+
+/// `POST /account/password`: sets or changes the password of the signed-in account.
+pub async fn set_password(
+    site: web::Data<Site>,
+    req: HttpRequest,
+    fields: web::Form<Fields>,
+) -> Result<HttpResponse, SiteError> {
+    let visitor = Visitor::of(&site, &req).await?;
+    if !csrf_ok(&site, &visitor, &fields) {
+        return Ok(forbidden(&site, &visitor));
+    }
+    if !visitor.signed_in() {
+        return Ok(visitor.respond(to_login()));
+    }
+    let mut page = account_page(&site, &visitor).await?;
+    let password = fields.password.clone().unwrap_or_default();
+    if let Err(e) = check_password(&password) {
+        page.error = e;
+        return Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)));
+    }
+    let phc = web::block(move || hash_password(&password))
+        .await
+        .map_err(|e| SiteError::internal(e.to_string()))??;
+    let Some(phone) = Phone::parse(&page.phone) else {
+        return Err(SiteError::internal("account phone unreadable".into()));
+    };
+    let store = site.store.clone();
+    site.redis(move |conn| store.set_password(conn, &phone, &phc))
+        .await?;
+    page.has_password = true;
+    page.notice = "Your password is set. You can now sign in with it.".into();
+    Ok(visitor.respond(super::pages::render(&page, StatusCode::OK)))
+}
+
+fn check_password(password: &str) -> Result<(), String> {
+    let n = password.chars().count();
+    if PASSWORD_CHARS.contains(&n) {
+        Ok(())
+    } else {
+        Err(format!(
+            "Choose a password of {} to {} characters (yours has {n}).",
+            PASSWORD_CHARS.start(),
+            PASSWORD_CHARS.end()
+        ))
+    }
+}
+
+fn reset_page(site: &Site, visitor: &Visitor, phone: &str) -> ResetPage {
+    ResetPage {
+        site_title: site.title(),
+        signed_in: visitor.signed_in(),
+        csrf: visitor.csrf(site),
+        phone: phone.to_string(),
+        ..ResetPage::default()
+    }
+}
+
+/// `GET /password/reset`
+pub async fn reset_form(
+    site: web::Data<Site>,
+    req: HttpRequest,
+) -> Result<HttpResponse, SiteError> {
+    let visitor = Visitor::of(&site, &req).await?;
+    let page = reset_page(&site, &visitor, "");
+    Ok(visitor.respond(super::pages::render(&page, StatusCode::OK)))
+}
+
+/// `POST /password/reset`: sends a reset code when the phone has an
+/// account; answers the same page, status and (nearly) time either way.
+pub async fn reset_request(
+    site: web::Data<Site>,
+    req: HttpRequest,
+    fields: web::Form<Fields>,
+) -> Result<HttpResponse, SiteError> {
+    let visitor = Visitor::of(&site, &req).await?;
+    if !csrf_ok(&site, &visitor, &fields) {
+        return Ok(forbidden(&site, &visitor));
+    }
+    let typed = fields.phone.clone().unwrap_or_default();
+    let mut page = reset_page(&site, &visitor, &typed);
+    let Some(phone) = Phone::parse(&typed) else {
+        page.error = PHONE_RULE.into();
+        return Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)));
+    };
+    let (store, sms) = (site.store.clone(), Arc::clone(&site.sms));
+    let to = phone.clone();
+    site.redis(move |conn| {
+        // The same Redis work either way: the code is issued (and replaced
+        // or left to expire), and only an existing account is texted.
+        let exists = store.account(conn, &to)?.is_some();
+        let code = store.issue_code(conn, Purpose::Reset, &to)?;
+        if exists {
+            sms.send(
+                conn,
+                &to,
+                &format!(
+                    "Your floodgate password reset code is {code}. It expires in {} minutes. If you did not ask for it, ignore this message.",
+                    CODE_TTL_SECS / 60
+                ),
+            )?;
+        }
+        Ok(())
+    })
+    .await?;
+    page.phone = phone.display();
+    page.code_sent = true;
+    page.notice = format!(
+        "If {} belongs to an account, we texted it a 6-digit reset code, valid for {} minutes.",
+        phone.display(),
+        CODE_TTL_SECS / 60
+    );
+    Ok(visitor.respond(super::pages::render(&page, StatusCode::OK)))
+}
+
+/// `POST /password/reset/confirm`: code + new password. Signs out every
+/// other session of the account and does not sign anyone in.
+pub async fn reset_confirm(
+    site: web::Data<Site>,
+    req: HttpRequest,
+    fields: web::Form<Fields>,
+) -> Result<HttpResponse, SiteError> {
+    let visitor = Visitor::of(&site, &req).await?;
+    if !csrf_ok(&site, &visitor, &fields) {
+        return Ok(forbidden(&site, &visitor));
+    }
+    let typed = fields.phone.clone().unwrap_or_default();
+    let mut page = reset_page(&site, &visitor, &typed);
+    page.code_sent = true;
+    let Some(phone) = Phone::parse(&typed) else {
+        page.error = PHONE_RULE.into();
+        return Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)));
+    };
+    let password = fields.password.clone().unwrap_or_default();
+    if let Err(e) = check_password(&password) {
+        page.error = e;
+        return Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)));
+    }
+    let code = fields.code.clone().unwrap_or_default();
+    let store = site.store.clone();
+    let to = phone.clone();
+    let checked = site
+        .redis(move |conn| {
+            Ok(match store.check_code(conn, Purpose::Reset, &to, &code)? {
+                CodeCheck::Valid => store.account(conn, &to)?.ok_or(CodeCheck::Missing),
+                other => Err(other),
+            })
+        })
+        .await?;
+    let account = match checked {
+        Ok(a) => a,
+        Err(check) => {
+            page.error = code_error(check);
+            return Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)));
+        }
+    };
+    let phc = web::block(move || hash_password(&password))
+        .await
+        .map_err(|e| SiteError::internal(e.to_string()))??;
+    let store = site.store.clone();
+    let keep =
+        (visitor.account_id().as_deref() == Some(account.id.as_str())).then(|| visitor.sid.clone());
+    let id = account.id.clone();
+    let ended = site
+        .redis(move |conn| {
+            store.set_password(conn, &phone, &phc)?;
+            store.end_sessions(conn, &id, keep.as_deref())
+        })
+        .await?;
+    log::info!(
+        "password reset for account {}, {ended} sessions signed out",
+        account.id
+    );
+    Ok(HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, "/login?reset=done"))
+        .finish())
+}

@@ -1,0 +1,294 @@
+//! The site's data in Redis: accounts, SMS codes and sessions. Every
+//! function here blocks on Redis: call them inside `web::block`.
+//!
+//! Keys live under `PREFIX:@site:` (`@` cannot start a rule name, so they
+//! never meet the limiter's `PREFIX:RULE:KIND:ID`):
+//! - `account:DIGITS`          hash {id, phone, password (Argon2id PHC), created}
+//! - `code:PURPOSE:DIGITS`     hash {mac, attempts}, 5-minute TTL
+//! - `session:SID`             hash {account, phone}, 7-day TTL
+//! - `account-sessions:ID`     set of SIDs, for signing every session out
+//! - `outbox`                  list of JSON messages (see `sms`)
+
+use redis::{Commands, RedisResult};
+
+use super::phone::Phone;
+use super::session::{hex, random_bytes, same, Secret, SESSION_TTL_SECS};
+
+/// How long a code is valid.
+pub const CODE_TTL_SECS: u64 = 300;
+/// Wrong attempts that invalidate a code.
+pub const MAX_ATTEMPTS: i64 = 5;
+
+/// What a code is for; sign-in and reset codes are separate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// Signing in.
+    SignIn,
+    /// Resetting the password.
+    Reset,
+}
+
+impl Purpose {
+    fn name(self) -> &'static str {
+        match self {
+            Purpose::SignIn => "signin",
+            Purpose::Reset => "reset",
+        }
+    }
+}
+
+/// An account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Account {
+    /// Random ID (what sessions and the `session` key kind name).
+    pub id: String,
+    /// The phone's digits.
+    pub phone: String,
+    /// Argon2id PHC string, if a password was set.
+    pub password: Option<String>,
+}
+
+/// The result of checking a code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodeCheck {
+    /// Right; the code is now used up.
+    Valid,
+    /// Wrong; this many attempts are left (0: the code is gone).
+    Wrong(i64),
+    /// No code: never sent, expired, used, or too many wrong attempts.
+    Missing,
+}
+
+/// Takes one attempt at a code: counts it and returns the stored MAC and
+/// the attempt number; nil when there is no code.
+const TAKE_ATTEMPT: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 then return nil end
+local n = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+return { redis.call('HGET', KEYS[1], 'mac'), n }
+";
+
+/// Redis access for the site.
+#[derive(Clone)]
+pub struct Store {
+    base: String,
+    secret: Secret,
+}
+
+impl Store {
+    /// Keys under `PREFIX:@site:`, codes keyed under `secret`.
+    pub fn new(prefix: &str, secret: Secret) -> Store {
+        Store {
+            base: format!("{prefix}:@site:"),
+            secret,
+        }
+    }
+
+    /// The outbox list's key.
+    pub fn outbox_key(&self) -> String {
+        format!("{}outbox", self.base)
+    }
+
+    fn account_key(&self, phone: &Phone) -> String {
+        format!("{}account:{}", self.base, phone.digits())
+    }
+
+    /// The account of a phone, if there is one.
+    pub fn account(
+        &self,
+        conn: &mut redis::Connection,
+        phone: &Phone,
+    ) -> RedisResult<Option<Account>> {
+        let (id, password): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(self.account_key(phone))
+            .arg("id")
+            .arg("password")
+            .query(conn)?;
+        Ok(id.map(|id| Account {
+            id,
+            phone: phone.digits().to_string(),
+            password: password.filter(|p| !p.is_empty()),
+        }))
+    }
+
+    /// The account of a phone, created on first sign-in.
+    pub fn find_or_create(
+        &self,
+        conn: &mut redis::Connection,
+        phone: &Phone,
+    ) -> RedisResult<Account> {
+        let key = self.account_key(phone);
+        let id = hex(&random_bytes::<16>().map_err(io_error)?);
+        // HSETNX: two first sign-ins at once still make one account.
+        let _: bool = conn.hset_nx(&key, "id", &id)?;
+        let _: bool = conn.hset_nx(&key, "phone", phone.digits())?;
+        let _: bool = conn.hset_nx(&key, "created", super::sms::now_rfc3339())?;
+        match self.account(conn, phone)? {
+            Some(a) => Ok(a),
+            None => Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "account vanished after creation",
+            ))),
+        }
+    }
+
+    /// Stores a new password hash.
+    pub fn set_password(
+        &self,
+        conn: &mut redis::Connection,
+        phone: &Phone,
+        phc: &str,
+    ) -> RedisResult<()> {
+        conn.hset(self.account_key(phone), "password", phc)
+    }
+
+    fn code_key(&self, purpose: Purpose, phone: &Phone) -> String {
+        format!("{}code:{}:{}", self.base, purpose.name(), phone.digits())
+    }
+
+    fn code_mac(&self, purpose: Purpose, phone: &Phone, code: &str) -> String {
+        self.secret
+            .mac_hex("sms-code", &[purpose.name(), phone.digits(), code])
+    }
+
+    /// A new 6-digit code from the CSPRNG, replacing any earlier one. Only
+    /// its keyed hash is stored; the code itself is returned to be sent.
+    pub fn issue_code(
+        &self,
+        conn: &mut redis::Connection,
+        purpose: Purpose,
+        phone: &Phone,
+    ) -> RedisResult<String> {
+        let code = random_code().map_err(io_error)?;
+        let key = self.code_key(purpose, phone);
+        redis::pipe()
+            .atomic()
+            .del(&key)
+            .hset(&key, "mac", self.code_mac(purpose, phone, &code))
+            .hset(&key, "attempts", 0)
+            .expire(&key, CODE_TTL_SECS as i64)
+            .exec(conn)?;
+        Ok(code)
+    }
+
+    /// Checks a code: single use, constant-time comparison, and five wrong
+    /// attempts invalidate it.
+    pub fn check_code(
+        &self,
+        conn: &mut redis::Connection,
+        purpose: Purpose,
+        phone: &Phone,
+        code: &str,
+    ) -> RedisResult<CodeCheck> {
+        let key = self.code_key(purpose, phone);
+        let taken: Option<(String, i64)> =
+            redis::Script::new(TAKE_ATTEMPT).key(&key).invoke(conn)?;
+        let Some((stored, attempt)) = taken else {
+            return Ok(CodeCheck::Missing);
+        };
+        let code = code.trim();
+        if code.len() == 6 && same(&stored, &self.code_mac(purpose, phone, code)) {
+            // DEL decides between two simultaneous right answers.
+            let deleted: i64 = conn.del(&key)?;
+            return Ok(if deleted == 1 {
+                CodeCheck::Valid
+            } else {
+                CodeCheck::Missing
+            });
+        }
+        let left = (MAX_ATTEMPTS - attempt).max(0);
+        if left == 0 {
+            let _: i64 = conn.del(&key)?;
+        }
+        Ok(CodeCheck::Wrong(left))
+    }
+
+    fn session_key(&self, sid: &str) -> String {
+        format!("{}session:{sid}", self.base)
+    }
+
+    fn account_sessions_key(&self, account_id: &str) -> String {
+        format!("{}account-sessions:{account_id}", self.base)
+    }
+
+    /// Records a signed-in session.
+    pub fn start_session(
+        &self,
+        conn: &mut redis::Connection,
+        sid: &str,
+        account: &Account,
+    ) -> RedisResult<()> {
+        let key = self.session_key(sid);
+        let set = self.account_sessions_key(&account.id);
+        redis::pipe()
+            .atomic()
+            .hset(&key, "account", &account.id)
+            .hset(&key, "phone", &account.phone)
+            .expire(&key, SESSION_TTL_SECS as i64)
+            .sadd(&set, sid)
+            .expire(&set, SESSION_TTL_SECS as i64)
+            .exec(conn)
+    }
+
+    /// The phone of a live session of `account_id`, if the session is live.
+    pub fn session_phone(
+        &self,
+        conn: &mut redis::Connection,
+        sid: &str,
+        account_id: &str,
+    ) -> RedisResult<Option<String>> {
+        let (account, phone): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(self.session_key(sid))
+            .arg("account")
+            .arg("phone")
+            .query(conn)?;
+        Ok(match (account, phone) {
+            (Some(a), Some(p)) if a == account_id => Some(p),
+            _ => None,
+        })
+    }
+
+    /// Ends one session.
+    pub fn end_session(
+        &self,
+        conn: &mut redis::Connection,
+        sid: &str,
+        account_id: &str,
+    ) -> RedisResult<()> {
+        redis::pipe()
+            .del(self.session_key(sid))
+            .srem(self.account_sessions_key(account_id), sid)
+            .exec(conn)
+    }
+
+    /// Ends every session of an account except `keep`; returns how many ended.
+    pub fn end_sessions(
+        &self,
+        conn: &mut redis::Connection,
+        account_id: &str,
+        keep: Option<&str>,
+    ) -> RedisResult<usize> {
+        let set = self.account_sessions_key(account_id);
+        let sids: Vec<String> = conn.smembers(&set)?;
+        let mut ended = 0;
+        for sid in sids.iter().filter(|s| Some(s.as_str()) != keep) {
+            let _: () = self.end_session(conn, sid, account_id)?;
+            ended += 1;
+        }
+        Ok(ended)
+    }
+}
+
+/// Six uniform random digits.
+fn random_code() -> Result<String, getrandom::Error> {
+    loop {
+        let n = u32::from_le_bytes(random_bytes::<4>()?);
+        // Reject the top sliver so that every code is equally likely.
+        if n < 4_294_000_000 {
+            return Ok(format!("{:06}", n % 1_000_000));
+        }
+    }
+}
+
+fn io_error(e: getrandom::Error) -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::other(e.to_string()))
+}
