@@ -96,11 +96,17 @@ fn serve(path: PathBuf) -> ExitCode {
         Ok(c) => c,
         Err(e) => return unusable(&e),
     };
-    let target = if config.redis.cluster.is_empty() {
-        config.redis.url.clone()
-    } else {
-        format!("cluster {}", config.redis.cluster.join(","))
-    };
+    if !config.redis.cluster.is_empty() {
+        // Refuse rather than quietly use `url`: a user who lists cluster
+        // nodes expects their counts to live there.
+        return unusable(&ConfigError {
+            file: path.display().to_string(),
+            place: "[redis] cluster".into(),
+            what: "Redis Cluster mode is not built yet; leave cluster empty and set [redis] url"
+                .into(),
+        });
+    }
+    let target = without_password(&config.redis.url);
     let (bind, rules) = (config.server.bind.clone(), config.rules.len());
     let result = actix_web::rt::System::new().block_on(async move {
         let app = Application::build(config)?;
@@ -123,5 +129,17 @@ fn serve(path: PathBuf) -> ExitCode {
             eprintln!("floodgate: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `redis://user:secret@host/0` → `redis://user:***@host/0`, for the log.
+fn without_password(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_string(),
     }
 }

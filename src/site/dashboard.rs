@@ -210,12 +210,14 @@ fn fill(view: &mut SubjectView, used: u64, limit: u64) {
     view.full = used >= limit;
 }
 
+/// "1 second", "42 seconds", "9 min 58 s", "2 h 5 min".
 fn secs_words(ms: u64) -> String {
     let s = ms.div_ceil(1000);
-    if s == 1 {
-        "1 second".into()
-    } else {
-        format!("{s} seconds")
+    match s {
+        1 => "1 second".into(),
+        0..=119 => format!("{s} seconds"),
+        120..=7199 => format!("{} min {} s", s / 60, s % 60),
+        _ => format!("{} h {} min", s / 3600, s % 3600 / 60),
     }
 }
 
