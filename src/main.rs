@@ -116,7 +116,7 @@ fn serve(path: PathBuf) -> ExitCode {
             bind,
             app.port()
         );
-        app.run_until_stopped()
+        app.run_with_signals()
             .await
             .map_err(|e| floodgate::startup::StartError::Bind(bind.clone(), e))
     });

@@ -122,7 +122,8 @@ impl Application {
                 .wrap(app_filter.clone())
                 .wrap(security_headers())
         })
-        .shutdown_timeout(10);
+        .shutdown_timeout(10)
+        .disable_signals();
         if workers > 0 {
             server = server.workers(workers);
         }
@@ -153,16 +154,46 @@ impl Application {
         self.server.handle()
     }
 
-    /// Serves until stopped (SIGTERM / Ctrl-C finish in-flight requests).
-    /// On SIGHUP the rules are reloaded from the same file.
+    /// Serves until stopped through [`Application::handle`]. Installs no
+    /// signal handlers (tests embed it).
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        #[cfg(unix)]
-        actix_rt::spawn(reload_on_sighup(
-            self.filter.clone(),
-            self.config_path.clone(),
-        ));
         self.server.await
     }
+
+    /// Serves as the `floodgate` command does: SIGTERM and Ctrl-C (SIGINT)
+    /// stop accepting and finish in-flight requests; SIGHUP reloads the
+    /// rules from the same file.
+    pub async fn run_with_signals(self) -> std::io::Result<()> {
+        #[cfg(unix)]
+        {
+            actix_rt::spawn(reload_on_sighup(
+                self.filter.clone(),
+                self.config_path.clone(),
+            ));
+            actix_rt::spawn(stop_on_signals(self.server.handle()));
+        }
+        self.server.await
+    }
+}
+
+/// actix-server would stop at once on SIGINT; we finish in-flight requests
+/// on SIGINT as on SIGTERM.
+#[cfg(unix)]
+async fn stop_on_signals(handle: ServerHandle) {
+    use actix_rt::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        log::warn!("cannot listen for SIGTERM/SIGINT");
+        return;
+    };
+    let name = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    log::info!("{name}: finishing in-flight requests, then stopping");
+    handle.stop(true).await;
 }
 
 /// Headers every response carries: no framing, no sniffing, scripts and

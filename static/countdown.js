@@ -17,6 +17,11 @@
       wait.hidden = true;
       ready.hidden = false;
       box.classList.add('done');
+      var back = document.querySelector('[data-back]');
+      if (back) {
+        back.textContent = 'Try again';
+        back.focus();
+      }
       return;
     }
     setTimeout(tick, 250);

@@ -207,6 +207,10 @@ where
     }
 }
 
+/// Largest header block accepted (names, values and separators): a larger
+/// one gets 431 (CONTRACT 3.13), well below actix-http's own 128 KiB bound.
+pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+
 /// Why a body could not be read for a `form:` key.
 enum BodyError {
     TooLarge,
@@ -222,6 +226,18 @@ where
     S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
     B: MessageBody,
 {
+    let header_bytes: usize = req
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if header_bytes > MAX_HEADER_BYTES {
+        return Ok(plain(
+            req,
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "request header fields too large\n",
+        ));
+    }
     let Ok(path) = percent_encoding::percent_decode_str(req.path()).decode_utf8() else {
         return Ok(plain(req, StatusCode::BAD_REQUEST, "bad request path\n"));
     };
