@@ -442,7 +442,7 @@ impl Config {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             file: file.clone(),
             place: String::new(),
-            what: format!("cannot read the file: {e}"),
+            what: format!("cannot read the file: {}", io_words(&e)),
         })?;
         Config::parse(&text, path)
     }
@@ -753,8 +753,13 @@ fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Result<Rule, S
                     "limit and window do not apply to token_bucket (use rate and burst)".into(),
                 );
             }
-            let (Some(rate), Some(burst)) = (r.rate, r.burst) else {
-                return Err("token_bucket needs both rate and burst".into());
+            let (rate, burst) = match (r.rate, r.burst) {
+                (Some(rate), Some(burst)) => (rate, burst),
+                (None, Some(_)) => return Err("token_bucket needs rate (tokens per second)".into()),
+                (Some(_), None) => {
+                    return Err("token_bucket needs burst (the bucket's capacity)".into())
+                }
+                (None, None) => return Err("token_bucket needs rate and burst".into()),
             };
             if !(rate.is_finite() && rate > 0.0 && rate <= 1_000_000.0) {
                 return Err(format!(
@@ -777,8 +782,11 @@ fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Result<Rule, S
                     "rate and burst apply only to token_bucket, not {window_kind}"
                 ));
             }
-            let (Some(limit), Some(window)) = (r.limit, r.window.as_deref()) else {
-                return Err(format!("{window_kind} needs both limit and window"));
+            let (limit, window) = match (r.limit, r.window.as_deref()) {
+                (Some(limit), Some(window)) => (limit, window),
+                (None, Some(_)) => return Err(format!("{window_kind} needs limit")),
+                (Some(_), None) => return Err(format!("{window_kind} needs window")),
+                (None, None) => return Err(format!("{window_kind} needs limit and window")),
             };
             let limit = u32::try_from(limit)
                 .ok()
@@ -867,7 +875,7 @@ pub fn human_duration(d: Duration) -> String {
         ("minute", "minutes", 60_000),
         ("second", "seconds", 1000),
     ] {
-        if ms >= size && ms % size == 0 {
+        if ms >= size && ms.is_multiple_of(size) {
             let n = ms / size;
             return if n == 1 {
                 one.to_string()
@@ -942,7 +950,7 @@ pub fn format_duration(d: Duration) -> String {
         ("m", 60_000),
         ("s", 1000),
     ] {
-        if ms >= size && ms % size == 0 {
+        if ms >= size && ms.is_multiple_of(size) {
             return format!("{}{unit}", ms / size);
         }
     }
@@ -984,6 +992,15 @@ fn check_redis_url(text: &str) -> Result<String, String> {
     redis::Client::open(text)
         .map(|_| text.to_string())
         .map_err(|e| format!("{text:?} is not a Redis URL ({e})"))
+}
+
+/// An I/O error in words, without the "(os error N)" suffix.
+pub fn io_words(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match text.find(" (os error") {
+        Some(at) => text[..at].to_string(),
+        None => text,
+    }
 }
 
 /// Turns a TOML or schema error into `FILE: line L, column C: WHAT`.

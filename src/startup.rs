@@ -216,7 +216,7 @@ pub fn reload_rules(filter: &Filter, path: &std::path::Path) -> Result<usize, co
     let text = std::fs::read_to_string(path).map_err(|e| config::ConfigError {
         file,
         place: String::new(),
-        what: format!("cannot read the file: {e}"),
+        what: format!("cannot read the file: {}", config::io_words(&e)),
     })?;
     // The whole file must validate, though only the rules are taken.
     let config = Config::parse(&text, path)?;

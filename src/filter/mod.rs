@@ -462,7 +462,7 @@ fn accepts(req: &HttpRequest, media: &str) -> bool {
 /// The response to a denied request (CONTRACT 3.8, 3.9).
 fn denial(filter: &Filter, req: &HttpRequest, rule: &Rule, retry: u64) -> HttpResponse {
     let json = accepts(req, "application/json");
-    let redirect = rule.deny == Deny::Redirect && !(json && !accepts(req, "text/html"));
+    let redirect = rule.deny == Deny::Redirect && (!json || accepts(req, "text/html"));
     if redirect {
         // Rule names are [A-Za-z0-9_-]: safe in a query as they are.
         let location = format!("{}?rule={}&retry_after={retry}", rule.error_page, rule.name);

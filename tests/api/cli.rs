@@ -1,0 +1,294 @@
+//! The real binary, `floodgate serve --config FILE` (CONTRACT 1, 4): the
+//! startup line names the file, bind address, Redis target and rule count;
+//! decisions are logged at debug level; SIGHUP reloads the rules from the
+//! edited file, and keeps them (saying why) when the file is invalid;
+//! SIGTERM stops accepting, finishes the request in flight and exits 0.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::helpers::{
+    free_port, parse_response, raw_request, wait_until, RawResponse, RedisServer,
+};
+
+/// `floodgate serve` on a free port with its own Redis; its stderr is collected.
+struct Served {
+    child: Child,
+    port: u16,
+    config: PathBuf,
+    log: Arc<Mutex<Vec<String>>>,
+    redis: RedisServer,
+}
+
+impl Served {
+    fn start(name: &str, toml: &str) -> Served {
+        let redis = RedisServer::start();
+        let config = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("cli-{name}-{}.toml", std::process::id()));
+        write_config(&config, toml);
+        let port = free_port();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .env("FLOODGATE_BIND", format!("127.0.0.1:{port}"))
+            .env("FLOODGATE_REDIS_URL", redis.url())
+            .env("RUST_LOG", "info,floodgate=debug")
+            .env_remove("FLOODGATE_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let mut served = Served {
+            child,
+            port,
+            config,
+            log,
+            redis,
+        };
+        wait_until(
+            Duration::from_secs(20),
+            "GET /healthz to answer 200",
+            || {
+                if let Some(status) = served.child.try_wait().unwrap() {
+                    panic!(
+                        "floodgate exited with {status}: {:?}",
+                        served.log.lock().unwrap()
+                    );
+                }
+                TcpStream::connect(("127.0.0.1", port)).is_ok()
+                    && get(port, "/healthz").status == 200
+            },
+        );
+        served
+    }
+
+    fn get(&self, path: &str) -> RawResponse {
+        get(self.port, path)
+    }
+
+    /// Sends a signal with kill(1).
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// Waits for a log line that `matches`, and returns it.
+    fn wait_for_log(&self, what: &str, matches: impl Fn(&str) -> bool) -> String {
+        let mut found = None;
+        wait_until(Duration::from_secs(10), what, || {
+            found = self
+                .log
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| matches(l))
+                .cloned();
+            found.is_some()
+        });
+        found.unwrap()
+    }
+
+    fn log_lines(&self, matches: impl Fn(&str) -> bool) -> usize {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| matches(l))
+            .count()
+    }
+
+    /// Waits for the process to exit on its own.
+    fn wait_for_exit(&mut self, limit: Duration) -> ExitStatus {
+        let mut status = None;
+        wait_until(limit, "floodgate to exit", || {
+            status = self.child.try_wait().unwrap();
+            status.is_some()
+        });
+        status.unwrap()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_file(&self.config);
+    }
+}
+
+/// `GET path` on a connection of its own.
+fn get(port: u16, path: &str) -> RawResponse {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    raw_request(port, request.as_bytes())
+}
+
+/// Replaces the file at once (write beside it, then rename).
+fn write_config(path: &PathBuf, toml: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, toml).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn field(res: &RawResponse, name: &str) -> Option<String> {
+    res.head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+    })
+}
+
+fn check_rule(limit: u32) -> String {
+    format!(
+        r#"
+[server]
+workers = 1
+
+[[rule]]
+name = "check"
+paths = ["/check"]
+methods = ["GET"]
+limit = {limit}
+window = "1m"
+deny = "status"
+"#
+    )
+}
+
+#[test]
+fn serve_logs_its_setup_and_reloads_rules_on_sighup() {
+    let served = Served::start("sighup", &check_rule(2));
+
+    let startup = served.wait_for_log("the startup line", |l| l.contains(&served.redis.url()));
+    for part in [
+        served.config.display().to_string(),
+        format!("127.0.0.1:{}", served.port),
+        served.redis.url(),
+        "1 rule".to_string(),
+    ] {
+        assert!(startup.contains(&part), "{part:?} missing from: {startup}");
+    }
+
+    for _ in 0..2 {
+        let res = served.get("/check");
+        assert_eq!(res.status, 200);
+        assert_eq!(
+            field(&res, "ratelimit-policy").as_deref(),
+            Some("\"check\";q=2;w=60")
+        );
+    }
+    assert_eq!(served.get("/check").status, 429);
+    // One debug line per decision.
+    served.wait_for_log("the denial's log line", |l| {
+        l.contains("/check") && l.contains("denied")
+    });
+    assert_eq!(served.log_lines(|l| l.contains("GET /check: ")), 3);
+
+    // A larger limit takes effect without a restart.
+    write_config(&served.config, &check_rule(5));
+    served.signal("HUP");
+    served.wait_for_log("the reload", |l| {
+        l.contains("SIGHUP") && l.contains("reloaded")
+    });
+    let res = served.get("/check");
+    assert_eq!(res.status, 200);
+    assert_eq!(
+        field(&res, "ratelimit-policy").as_deref(),
+        Some("\"check\";q=5;w=60")
+    );
+    assert_eq!(
+        field(&res, "ratelimit").as_deref().map(|r| &r[..12]),
+        Some("\"check\";r=2;")
+    );
+
+    // An invalid file: the old rules stay, and the log says why.
+    write_config(&served.config, &check_rule(0));
+    served.signal("HUP");
+    let why = "limit must be between 1 and 100000, got 0";
+    let line = served.wait_for_log("the refusal", |l| l.contains(why));
+    assert!(
+        line.contains(&served.config.display().to_string()),
+        "{line}"
+    );
+    let res = served.get("/check");
+    assert_eq!(res.status, 200);
+    assert_eq!(
+        field(&res, "ratelimit-policy").as_deref(),
+        Some("\"check\";q=5;w=60")
+    );
+    assert_eq!(served.get("/healthz").status, 200);
+}
+
+#[test]
+fn sigterm_finishes_the_request_in_flight_and_exits_0() {
+    // A form-keyed rule on the home page: the filter waits for the body.
+    let mut served = Served::start(
+        "sigterm",
+        r#"
+[[rule]]
+name = "form"
+paths = ["/"]
+methods = ["GET"]
+key = "form:x"
+limit = 100
+window = "1m"
+"#,
+    );
+    let mut stream = TcpStream::connect(("127.0.0.1", served.port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream
+        .write_all(
+            b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+              Content-Type: application/x-www-form-urlencoded\r\n\
+              Content-Length: 7\r\nExpect: 100-continue\r\n\r\n",
+        )
+        .unwrap();
+    // "100 Continue" proves the server holds the request and waits for its body.
+    let interim = b"HTTP/1.1 100 Continue\r\n\r\n";
+    let mut got = vec![0u8; interim.len()];
+    stream.read_exact(&mut got).unwrap();
+    assert_eq!(got, interim);
+
+    served.signal("TERM");
+    let stopped = Instant::now();
+    wait_until(
+        Duration::from_secs(5),
+        "new connections to be refused",
+        || TcpStream::connect(("127.0.0.1", served.port)).is_err(),
+    );
+    assert!(
+        served.child.try_wait().unwrap().is_none(),
+        "exited with a request in flight"
+    );
+
+    stream.write_all(b"x=1&y=2").unwrap();
+    let mut bytes = Vec::new();
+    stream.read_to_end(&mut bytes).unwrap();
+    let res = parse_response(&bytes);
+    assert_eq!(res.status, 200, "{}", res.head);
+    assert!(field(&res, "ratelimit").is_some(), "{}", res.head);
+
+    let status = served.wait_for_exit(Duration::from_secs(15));
+    assert_eq!(status.code(), Some(0), "{:?}", served.log.lock().unwrap());
+    assert!(stopped.elapsed() < Duration::from_secs(15));
+}

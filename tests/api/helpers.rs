@@ -1,0 +1,365 @@
+//! Shared test plumbing: a private redis-server per test (started, stopped,
+//! restarted on the same port), the app on a free port with an extra
+//! `POST /echo` route, raw HTTP over a `TcpStream` for what reqwest will not
+//! send, and small readers for headers, Redis keys and `/metrics`.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use actix_web::dev::ServerHandle;
+use actix_web::{web, HttpResponse};
+use floodgate::config::Config;
+use floodgate::filter::Filter;
+use floodgate::startup::Application;
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Polls `condition` every 10 ms until it holds; panics after `limit`.
+/// (Blocking: for sync tests and for conditions that need no async work.)
+pub fn wait_until(limit: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !condition() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A redis-server of our own on a free port, without persistence; killed on drop.
+pub struct RedisServer {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts one and waits until it answers PING.
+    pub fn start() -> RedisServer {
+        for _ in 0..5 {
+            let mut server = RedisServer {
+                port: free_port(),
+                child: None,
+            };
+            if server.launch() {
+                return server;
+            }
+        }
+        panic!("redis-server did not start on any of 5 free ports");
+    }
+
+    /// Spawns redis-server on `self.port`; true once it answers PING, false
+    /// if it exits first (the port was taken meanwhile).
+    fn launch(&mut self) -> bool {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--enable-debug-command", "local"])
+            .args(["--dir", env!("CARGO_TARGET_TMPDIR")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.ping(Duration::from_millis(100)) {
+                return true;
+            }
+            if let Some(child) = self.child.as_mut() {
+                if child.try_wait().unwrap().is_some() {
+                    self.child = None;
+                    return false;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.stop();
+        false
+    }
+
+    /// Whether the server answers PING within `within`.
+    pub fn ping(&self, within: Duration) -> bool {
+        let Ok(client) = redis::Client::open(self.url()) else {
+            return false;
+        };
+        let Ok(mut conn) = client.get_connection_with_timeout(within) else {
+            return false;
+        };
+        conn.set_read_timeout(Some(within)).unwrap();
+        redis::cmd("PING")
+            .query::<String>(&mut conn)
+            .is_ok_and(|p| p == "PONG")
+    }
+
+    /// `redis://127.0.0.1:PORT/0`
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// A fresh connection (5 s timeouts).
+    pub fn connection(&self) -> redis::Connection {
+        let client = redis::Client::open(self.url()).unwrap();
+        let conn = client
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .expect("redis answers");
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        conn
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to go.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops the server and starts a new, empty one on the same port.
+    pub fn restart(&mut self) {
+        self.stop();
+        assert!(
+            self.launch(),
+            "redis-server did not restart on port {}",
+            self.port
+        );
+    }
+
+    /// `LLEN key` (the sliding-window log's length).
+    pub fn llen(&self, key: &str) -> u64 {
+        redis::cmd("LLEN")
+            .arg(key)
+            .query(&mut self.connection())
+            .unwrap()
+    }
+
+    /// `PTTL key` in ms (-2: no such key, -1: no TTL).
+    pub fn pttl(&self, key: &str) -> i64 {
+        redis::cmd("PTTL")
+            .arg(key)
+            .query(&mut self.connection())
+            .unwrap()
+    }
+
+    /// Every key matching `pattern`, sorted.
+    pub fn keys(&self, pattern: &str) -> Vec<String> {
+        let mut keys: Vec<String> = redis::cmd("KEYS")
+            .arg(pattern)
+            .query(&mut self.connection())
+            .unwrap();
+        keys.sort();
+        keys
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The app under test, its own Redis, and a client that does not follow redirects.
+pub struct TestApp {
+    /// `http://127.0.0.1:PORT`
+    pub address: String,
+    /// The port the app listens on.
+    pub port: u16,
+    /// A client without redirects.
+    pub client: reqwest::Client,
+    /// The app's private Redis.
+    pub redis: RedisServer,
+    /// The app's filter (rules in force).
+    pub filter: Filter,
+    handle: ServerHandle,
+}
+
+/// Starts the app for `toml` (bind, Redis URL and workers are set here) with
+/// `POST /echo` added behind the filter, on a private Redis.
+pub async fn spawn_app(toml: &str) -> TestApp {
+    let redis = RedisServer::start();
+    let mut config = Config::parse(toml, Path::new("test.toml")).expect("the test config is valid");
+    config.redis.url = redis.url();
+    config.server.bind = "127.0.0.1:0".into();
+    config.server.workers = 2;
+    let app = Application::build_with(config, extra_routes).expect("the app starts");
+    let port = app.port();
+    let filter = app.filter();
+    let handle = app.handle();
+    // The server starts when this task is first polled: wait until it
+    // answers, so that tests may then block on raw sockets.
+    actix_web::rt::spawn(app.run_until_stopped());
+    let app = TestApp {
+        address: format!("http://127.0.0.1:{port}"),
+        port,
+        client: client(),
+        redis,
+        filter,
+        handle,
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match app.client.get(app.url("/healthz")).send().await {
+            Ok(res) if res.status() == 200 => break,
+            _ if Instant::now() < deadline => {
+                actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+            }
+            other => panic!("the app does not answer GET /healthz: {other:?}"),
+        }
+    }
+    app
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        // The stop command is sent at once; awaiting it is not needed.
+        drop(self.handle.stop(false));
+    }
+}
+
+/// A client that does not follow redirects.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+fn extra_routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/echo", web::post().to(echo));
+}
+
+/// `POST /echo`: answers with exactly the body it received.
+async fn echo(body: web::Bytes) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/octet-stream")
+        .body(body)
+}
+
+impl TestApp {
+    /// The full URL of `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.address)
+    }
+
+    /// `GET path`.
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.client.get(self.url(path)).send().await.unwrap()
+    }
+
+    /// `GET path` with `Accept: application/json`.
+    pub async fn get_json(&self, path: &str) -> reqwest::Response {
+        self.client
+            .get(self.url(path))
+            .header("accept", "application/json")
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// `POST /echo` with an urlencoded body, sent byte for byte.
+    pub async fn post_form(&self, body: &'static [u8]) -> reqwest::Response {
+        self.client
+            .post(self.url("/echo"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// The `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        self.get("/metrics").await.text().await.unwrap()
+    }
+}
+
+/// A response header as text.
+pub fn header(res: &reqwest::Response, name: &str) -> Option<String> {
+    res.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_string())
+}
+
+/// The `r` of one rule in a `RateLimit` field: `"NAME";r=R;t=T, ...`.
+pub fn remaining(res: &reqwest::Response, rule: &str) -> Option<u64> {
+    let field = header(res, "ratelimit")?;
+    let item = field
+        .split(", ")
+        .find(|i| i.starts_with(&format!("\"{rule}\";")))?;
+    item.split(';')
+        .find_map(|p| p.strip_prefix("r="))
+        .map(|r| r.parse().unwrap())
+}
+
+/// The value of the sample named exactly `name` (with labels) in a Prometheus text.
+pub fn metric(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .map(|v| v.trim().parse().unwrap())
+}
+
+/// A response read off a raw connection.
+#[derive(Debug)]
+pub struct RawResponse {
+    /// The status code (0 when the server closed without answering).
+    pub status: u16,
+    /// Status line and headers.
+    pub head: String,
+    /// Everything after the blank line.
+    pub body: Vec<u8>,
+}
+
+/// Sends `request` as is on a new connection and reads until the server
+/// closes it (send `Connection: close`). Write errors are ignored: a server
+/// may answer and close before it has read a request that is too large.
+pub fn raw_request(port: u16, request: &[u8]) -> RawResponse {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let _ = stream.write_all(request);
+    read_response(&mut stream)
+}
+
+/// Reads one response until the server closes the connection.
+pub fn read_response(stream: &mut TcpStream) -> RawResponse {
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => bytes.extend_from_slice(&buf[..n]),
+            // A reset after the response was sent still leaves the response.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("reading the response: {e}"),
+        }
+    }
+    parse_response(&bytes)
+}
+
+/// Splits raw bytes into status, head and body.
+pub fn parse_response(bytes: &[u8]) -> RawResponse {
+    let split = bytes
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(bytes.len());
+    let head = String::from_utf8_lossy(&bytes[..split]).into_owned();
+    let body = bytes.get(split + 4..).unwrap_or_default().to_vec();
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    RawResponse { status, head, body }
+}

@@ -1,0 +1,13 @@
+//! floodgate's integration tests: one binary, one module per area. Every
+//! test starts its own redis-server on a free port (redis-server must be
+//! installed) and its own app, so tests run in parallel without sharing state.
+
+mod browser;
+mod cli;
+mod config_errors;
+mod faults;
+mod filter;
+mod helpers;
+mod limits;
+mod site;
+mod webdriver;

@@ -1,0 +1,517 @@
+//! The demo site's flows against the real app and `config/default.toml`:
+//! sign-in by code and by password, sign-out, password reset, wrong and
+//! reused and expired codes, CSRF, no account enumeration, the SMS limits
+//! (also when the phone is written another way), `/limits`, `/dev/outbox`.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::helpers::{header, spawn_app, wait_until, TestApp};
+
+const DEFAULT: &str = include_str!("../../config/default.toml");
+
+/// The default config with one rule switched to shadow mode (to test what
+/// lies behind a limit without meeting it).
+fn default_with_shadow(rule: &str) -> String {
+    DEFAULT.replace(
+        &format!("name = \"{rule}\"\n"),
+        &format!("name = \"{rule}\"\nmode = \"shadow\"\n"),
+    )
+}
+
+/// One browser: its own cookie jar, no redirects followed.
+struct User<'a> {
+    app: &'a TestApp,
+    http: reqwest::Client,
+}
+
+impl<'a> User<'a> {
+    fn new(app: &'a TestApp) -> User<'a> {
+        User {
+            app,
+            http: reqwest::Client::builder()
+                .cookie_store(true)
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap(),
+        }
+    }
+
+    async fn get(&self, path: &str) -> reqwest::Response {
+        self.http.get(self.app.url(path)).send().await.unwrap()
+    }
+
+    /// The CSRF token of this user's session, from a form page.
+    async fn csrf(&self) -> String {
+        let page = self.get("/login").await.text().await.unwrap();
+        let at = page.find("name=\"csrf\" value=\"").expect("a csrf field") + 19;
+        page[at..at + 64].to_string()
+    }
+
+    async fn post(&self, path: &str, fields: &[(&str, &str)]) -> reqwest::Response {
+        let csrf = self.csrf().await;
+        let mut all: Vec<(&str, &str)> = fields.to_vec();
+        all.push(("csrf", &csrf));
+        self.post_raw(path, &all).await
+    }
+
+    async fn post_raw(&self, path: &str, fields: &[(&str, &str)]) -> reqwest::Response {
+        self.http
+            .post(self.app.url(path))
+            .form(fields)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn post_raw_owned(&self, path: &str, fields: Vec<(&str, String)>) -> reqwest::Response {
+        self.http
+            .post(self.app.url(path))
+            .form(&fields)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Signs in by SMS code; returns the account page's HTML.
+    async fn sign_in(&self, phone: &str) -> String {
+        assert_eq!(
+            self.post("/sms/send", &[("phone", phone)]).await.status(),
+            200
+        );
+        let code = latest_code(self.app, phone).await;
+        let res = self
+            .post("/login/sms", &[("phone", phone), ("code", &code)])
+            .await;
+        assert_eq!(res.status(), 303);
+        assert_eq!(header(&res, "location").as_deref(), Some("/account"));
+        let account = self.get("/account").await;
+        assert_eq!(account.status(), 200);
+        account.text().await.unwrap()
+    }
+}
+
+/// The messages in the outbox, newest first.
+async fn outbox(app: &TestApp) -> Vec<Value> {
+    let v: Value = app.get_json("/dev/outbox").await.json().await.unwrap();
+    v.as_array().unwrap().clone()
+}
+
+/// The 6-digit code of the newest message to `phone` (any format).
+async fn latest_code(app: &TestApp, phone: &str) -> String {
+    let digits: String = phone.chars().filter(char::is_ascii_digit).collect();
+    let messages = outbox(app).await;
+    let m = messages
+        .iter()
+        .find(|m| m["phone"] == format!("+{digits}"))
+        .unwrap_or_else(|| panic!("no message to {phone}: {messages:?}"));
+    let text = m["text"].as_str().unwrap();
+    let at = text.find(|c: char| c.is_ascii_digit()).unwrap();
+    text[at..at + 6].to_string()
+}
+
+#[actix_web::test]
+async fn sign_in_by_code_creates_the_account_and_renews_the_session() {
+    let app = spawn_app(DEFAULT).await;
+    let user = User::new(&app);
+    let before = user.csrf().await;
+    let page = user.sign_in("+1 (555) 010-0001").await;
+    assert!(page.contains("+15550100001"), "{page}");
+    // A new session ID means a new CSRF token.
+    assert_ne!(user.csrf().await, before);
+    // The outbox is JSON, newest first, with the contract's fields.
+    let m = &outbox(&app).await[0];
+    assert_eq!(m["phone"], "+15550100001");
+    assert!(m["sent_at"].as_str().unwrap().ends_with('Z'));
+    // The session cookie is HttpOnly and SameSite=Lax.
+    let res = user.get("/login").await;
+    let _ = res; // (cookies were set earlier; check a fresh visitor's)
+    let fresh = app.get("/login").await;
+    let cookie = header(&fresh, "set-cookie").unwrap();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Lax"),
+        "{cookie}"
+    );
+}
+
+#[actix_web::test]
+async fn a_code_works_once() {
+    let app = spawn_app(DEFAULT).await;
+    let user = User::new(&app);
+    user.sign_in("+15550100002").await;
+    let code = latest_code(&app, "+15550100002").await;
+    let other = User::new(&app);
+    let res = other
+        .post("/login/sms", &[("phone", "+15550100002"), ("code", &code)])
+        .await;
+    assert_eq!(res.status(), 400);
+    assert!(res.text().await.unwrap().contains("no valid code"));
+}
+
+#[actix_web::test]
+async fn five_wrong_codes_invalidate_the_code() {
+    // verify-per-phone (5 per 10 minutes) would stop the sixth try first;
+    // in shadow mode it lets us see the code's own attempt limit.
+    let app = spawn_app(&default_with_shadow("verify-per-phone")).await;
+    let user = User::new(&app);
+    let phone = "+15550100003";
+    assert_eq!(
+        user.post("/sms/send", &[("phone", phone)]).await.status(),
+        200
+    );
+    let code = latest_code(&app, phone).await;
+    let wrong = if code == "000000" { "111111" } else { "000000" };
+    for left in (0..5).rev() {
+        let res = user
+            .post("/login/sms", &[("phone", phone), ("code", wrong)])
+            .await;
+        assert_eq!(res.status(), 400);
+        let text = res.text().await.unwrap();
+        if left > 1 {
+            assert!(text.contains(&format!("{left} more tries")), "{text}");
+        }
+    }
+    let res = user
+        .post("/login/sms", &[("phone", phone), ("code", &code)])
+        .await;
+    assert_eq!(res.status(), 400, "the right code no longer works");
+}
+
+#[actix_web::test]
+async fn the_code_check_is_rate_limited_per_phone() {
+    let app = spawn_app(DEFAULT).await;
+    let user = User::new(&app);
+    let phone = "+15550100013";
+    user.post("/sms/send", &[("phone", phone)]).await;
+    for _ in 0..5 {
+        let res = user
+            .post("/login/sms", &[("phone", phone), ("code", "000000")])
+            .await;
+        assert_eq!(res.status(), 400);
+    }
+    let res = user
+        .post(
+            "/login/sms",
+            &[("phone", "1 555 010 0013"), ("code", "000000")],
+        )
+        .await;
+    assert_eq!(res.status(), 303);
+    let location = header(&res, "location").unwrap();
+    assert!(
+        location.starts_with("/err?rule=verify-per-phone&retry_after="),
+        "{location}"
+    );
+}
+
+#[actix_web::test]
+async fn an_expired_code_is_refused() {
+    let app = spawn_app(DEFAULT).await;
+    let user = User::new(&app);
+    let phone = "+15550100004";
+    user.post("/sms/send", &[("phone", phone)]).await;
+    let code = latest_code(&app, phone).await;
+    let key = "floodgate:@site:code:signin:15550100004";
+    assert!(app.redis.pttl(key) > 290_000, "a code lives 5 minutes");
+    // Let Redis expire it now rather than in five minutes.
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(key)
+        .arg(1)
+        .query(&mut app.redis.connection())
+        .unwrap();
+    wait_until(Duration::from_secs(2), "the code to expire", || {
+        app.redis.pttl(key) == -2
+    });
+    let res = user
+        .post("/login/sms", &[("phone", phone), ("code", &code)])
+        .await;
+    assert_eq!(res.status(), 400);
+    // Only a keyed hash was stored, never the code.
+    assert!(!format!("{:?}", app.redis.keys("*")).contains(&code));
+}
+
+#[actix_web::test]
+async fn password_sign_in_and_sign_out() {
+    let app = spawn_app(DEFAULT).await;
+    let user = User::new(&app);
+    let phone = "+15550100005";
+    user.sign_in(phone).await;
+    let res = user
+        .post("/account/password", &[("password", "short")])
+        .await;
+    assert_eq!(res.status(), 400);
+    let res = user
+        .post(
+            "/account/password",
+            &[("password", "correct horse battery")],
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+
+    let res = user.post("/logout", &[]).await;
+    assert_eq!(res.status(), 303);
+    assert_eq!(
+        header(&user.get("/account").await, "location").as_deref(),
+        Some("/login")
+    );
+
+    let res = user
+        .post(
+            "/login/password",
+            &[("phone", phone), ("password", "wrong password")],
+        )
+        .await;
+    assert_eq!(res.status(), 400);
+    let res = user
+        .post(
+            "/login/password",
+            &[
+                ("phone", "1-555-010-0005"),
+                ("password", "correct horse battery"),
+            ],
+        )
+        .await;
+    assert_eq!(res.status(), 303);
+    assert_eq!(user.get("/account").await.status(), 200);
+}
+
+#[actix_web::test]
+async fn reset_changes_the_password_and_signs_every_session_out() {
+    let app = spawn_app(DEFAULT).await;
+    let phone = "+15550100006";
+    let laptop = User::new(&app);
+    laptop.sign_in(phone).await;
+    laptop
+        .post("/account/password", &[("password", "old password 1")])
+        .await;
+
+    let stranger = User::new(&app);
+    let res = stranger.post("/password/reset", &[("phone", phone)]).await;
+    assert_eq!(res.status(), 200);
+    let code = latest_code(&app, phone).await;
+    assert!(outbox(&app).await[0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("reset"));
+    let res = stranger
+        .post(
+            "/password/reset/confirm",
+            &[
+                ("phone", phone),
+                ("code", &code),
+                ("password", "new password 2"),
+            ],
+        )
+        .await;
+    assert_eq!(res.status(), 303);
+    assert_eq!(
+        header(&res, "location").as_deref(),
+        Some("/login?reset=done")
+    );
+    // Not signed in by the reset, and the laptop was signed out.
+    assert_eq!(stranger.get("/account").await.status(), 303);
+    assert_eq!(laptop.get("/account").await.status(), 303);
+
+    let res = stranger
+        .post(
+            "/login/password",
+            &[("phone", phone), ("password", "old password 1")],
+        )
+        .await;
+    assert_eq!(res.status(), 400);
+    let res = stranger
+        .post(
+            "/login/password",
+            &[("phone", phone), ("password", "new password 2")],
+        )
+        .await;
+    assert_eq!(res.status(), 303);
+}
+
+#[actix_web::test]
+async fn reset_answers_alike_for_known_and_unknown_phones() {
+    let app = spawn_app(DEFAULT).await;
+    User::new(&app).sign_in("+15550100007").await;
+    let sent_before = outbox(&app).await.len();
+
+    let known = User::new(&app)
+        .post("/password/reset", &[("phone", "+15550100007")])
+        .await;
+    let unknown = User::new(&app)
+        .post("/password/reset", &[("phone", "+15550100008")])
+        .await;
+    assert_eq!(known.status(), unknown.status());
+    let known = known.text().await.unwrap().replace("15550100007", "N");
+    let unknown = unknown.text().await.unwrap().replace("15550100008", "N");
+    let strip = |s: &str| {
+        // Drop the per-session CSRF token; everything else must match.
+        let at = s.find("name=\"csrf\" value=\"").unwrap() + 19;
+        format!("{}{}", &s[..at], &s[at + 64..])
+    };
+    assert_eq!(strip(&known), strip(&unknown));
+    // Only the real account got a text.
+    assert_eq!(outbox(&app).await.len(), sent_before + 1);
+}
+
+#[actix_web::test]
+async fn every_post_needs_the_sessions_csrf_token() {
+    let app = spawn_app(DEFAULT).await;
+    let routes = [
+        "/sms/send",
+        "/login/sms",
+        "/login/password",
+        "/logout",
+        "/account/password",
+        "/password/reset",
+        "/password/reset/confirm",
+    ];
+    let user = User::new(&app);
+    let _ = user.csrf().await;
+    let other = User::new(&app).csrf().await;
+    // A new phone for each request: the limits (checked before any
+    // handler) must not be what answers.
+    let mut n = 0;
+    let mut phone = move || {
+        n += 1;
+        format!("+1555019{n:04}")
+    };
+    for route in routes {
+        let fields = |phone: String| {
+            vec![
+                ("phone", phone),
+                ("code", "123456".to_string()),
+                ("password", "long enough".to_string()),
+            ]
+        };
+        let missing = user.post_raw_owned(route, fields(phone())).await;
+        assert_eq!(missing.status(), 403, "{route} without csrf");
+        let mut with_other = fields(phone());
+        with_other.push(("csrf", other.clone()));
+        let wrong = user.post_raw_owned(route, with_other).await;
+        assert_eq!(wrong.status(), 403, "{route} with another session's csrf");
+        let mut with_other = fields(phone());
+        with_other.push(("csrf", other.clone()));
+        let no_cookie = app
+            .client
+            .post(app.url(route))
+            .form(&with_other)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(no_cookie.status(), 403, "{route} without a session");
+    }
+}
+
+#[actix_web::test]
+async fn the_fourth_code_in_a_minute_goes_to_the_error_page_whatever_the_format() {
+    let app = spawn_app(DEFAULT).await;
+    let user = User::new(&app);
+    for phone in ["+1 (555) 010-0010", "1-555-010-0010", "15550100010"] {
+        let res = user.post("/sms/send", &[("phone", phone)]).await;
+        assert_eq!(res.status(), 200, "{phone}");
+    }
+    let res = user
+        .post("/sms/send", &[("phone", "+1.555.010.0010")])
+        .await;
+    assert_eq!(res.status(), 303);
+    let location = header(&res, "location").unwrap();
+    assert!(
+        location.starts_with("/err?rule=sms-per-phone&retry_after="),
+        "{location}"
+    );
+    let retry: u64 = location.rsplit('=').next().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    let page = user.get(&location).await.text().await.unwrap();
+    assert!(page.contains("at most 3 codes per minute for this phone number"));
+    // Three texts went out, not four.
+    assert_eq!(outbox(&app).await.len(), 3);
+    // Another number is not affected.
+    let res = user.post("/sms/send", &[("phone", "+15550100011")]).await;
+    assert_eq!(res.status(), 200);
+}
+
+#[actix_web::test]
+async fn one_reset_code_per_ten_minutes() {
+    let app = spawn_app(DEFAULT).await;
+    let user = User::new(&app);
+    let res = user
+        .post("/password/reset", &[("phone", "+15550100012")])
+        .await;
+    assert_eq!(res.status(), 200);
+    let res = user
+        .post("/password/reset", &[("phone", "1 555 010 0012")])
+        .await;
+    assert_eq!(res.status(), 303);
+    let location = header(&res, "location").unwrap();
+    assert!(
+        location.starts_with("/err?rule=reset-per-phone&retry_after="),
+        "{location}"
+    );
+    let retry: u64 = location.rsplit('=').next().unwrap().parse().unwrap();
+    assert!((590..=600).contains(&retry), "{retry}");
+}
+
+#[actix_web::test]
+async fn a_bad_phone_is_a_form_error() {
+    let app = spawn_app(DEFAULT).await;
+    let user = User::new(&app);
+    for phone in [
+        "",
+        "12345",
+        "555-CALL-NOW",
+        "1234567890123456",
+        "+1 555 010 ☎",
+    ] {
+        for route in ["/sms/send", "/login/password", "/password/reset"] {
+            let res = user
+                .post(route, &[("phone", phone), ("password", "whatever1")])
+                .await;
+            assert_eq!(res.status(), 400, "{route} {phone:?}");
+            let text = res.text().await.unwrap();
+            assert!(text.contains("8 to 15 digits"), "{route}: {text}");
+        }
+    }
+}
+
+#[actix_web::test]
+async fn session_rules_key_by_the_signed_in_account() {
+    let config = format!(
+        "{DEFAULT}\n[[rule]]\nname = \"per-account\"\npaths = [\"/account\"]\nkey = \"session\"\nlimit = 100\nwindow = \"1m\"\n"
+    );
+    let app = spawn_app(&config).await;
+    let user = User::new(&app);
+    user.get("/account").await; // not signed in: keyed by address
+    assert_eq!(app.redis.keys("floodgate:per-account:ip:*").len(), 1);
+    user.sign_in("+15550100014").await;
+    let keys = app.redis.keys("floodgate:per-account:session:*");
+    assert_eq!(keys.len(), 1, "{keys:?}");
+}
+
+#[actix_web::test]
+async fn the_limits_page_shows_rules_and_the_visitors_usage() {
+    let app = spawn_app(DEFAULT).await;
+    for _ in 0..3 {
+        assert_eq!(app.get("/check").await.status(), 200);
+    }
+    let res = app.get("/limits").await;
+    assert_eq!(res.status(), 200);
+    let page = res.text().await.unwrap();
+    for rule in [
+        "check",
+        "api",
+        "sms-per-phone",
+        "sms-per-ip",
+        "reset-per-phone",
+        "verify-per-phone",
+        "password-per-phone",
+    ] {
+        assert!(page.contains(&format!("id=\"rule-{rule}\"")), "{rule}");
+    }
+    assert!(page.contains("3 of 5 used"), "usage of /check");
+    assert_eq!(
+        page.matches("class=\"tick\"").count(),
+        3,
+        "three entries drawn"
+    );
+    assert!(page.contains("http-equiv=\"refresh\""));
+}
