@@ -1,0 +1,631 @@
+#!/usr/bin/env python3
+"""The measuring half of scripts/bench (run that, not this: it builds the
+binaries and starts the Redis this expects).
+
+Every case starts its server afresh on a free 127.0.0.1 port, checks one
+request by hand (and, for the denied cases, uses up the tiny limit), warms
+up with wrk, resets Redis's statistics, measures with wrk, then reads
+Redis's `INFO commandstats` / `INFO cpu`, floodgate's /metrics and the
+server's VmRSS, and stops it. The cases run in one order, then reversed,
+round after round; medians are reported, ratios are medians of the ratios
+within each round.
+"""
+
+import argparse
+import datetime
+import http.client
+import json
+import os
+import platform
+import re
+import resource
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+SECONDS = int(os.environ.get("BENCH_SECONDS", "5"))
+WARMUP = int(os.environ.get("BENCH_WARMUP", "1"))
+CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "64"))
+WORKERS = int(os.environ.get("BENCH_WORKERS", str(os.cpu_count() or 2)))
+COST_CALLS = int(os.environ.get("BENCH_COST_CALLS", "20000"))
+
+# Limits that always allow at any rate this machine reaches (well under
+# 100000 requests per second), and one that always denies once used.
+ALLOW = {"limit": 100000, "window": "1s"}
+HEADER = "X-Bench-Client"
+
+
+def sliding(name, **extra):
+    rule = {"name": name, "paths": ["/healthz"], "key": "ip", **ALLOW}
+    rule.update(extra)
+    return rule
+
+
+CASES = [
+    # key, label, server, rules, path, expect
+    ("unguarded", "1. GET /healthz, no rule", "floodgate", [], "/healthz", "allow"),
+    ("sliding", "2. one sliding_window rule", "floodgate", [sliding("sw")], "/healthz", "allow"),
+    (
+        "denied_status",
+        "3a. every request denied, deny=status",
+        "floodgate",
+        [sliding("deny", limit=1, window="1h", deny="status")],
+        "/healthz",
+        "deny",
+    ),
+    (
+        "denied_redirect",
+        "3b. every request denied, deny=redirect",
+        "floodgate",
+        [sliding("deny", limit=1, window="1h", deny="redirect")],
+        "/healthz",
+        "deny",
+    ),
+    (
+        "two_rules",
+        "4. two rules: ip + header",
+        "floodgate",
+        [sliding("by_ip"), sliding("by_header", key=f"header:{HEADER}")],
+        "/healthz",
+        "allow",
+    ),
+    (
+        "fixed",
+        "5a. one fixed_window rule",
+        "floodgate",
+        [sliding("fw", algorithm="fixed_window")],
+        "/healthz",
+        "allow",
+    ),
+    (
+        "token",
+        "5b. one token_bucket rule",
+        "floodgate",
+        [
+            {
+                "name": "tb",
+                "paths": ["/healthz"],
+                "key": "ip",
+                "algorithm": "token_bucket",
+                "rate": 1000000.0,
+                "burst": 100000,
+            }
+        ],
+        "/healthz",
+        "allow",
+    ),
+    ("actix_limitation", "6. actix-limitation 0.6 (peer)", "peer", None, "/check", "allow"),
+    ("reference", "7. async reference (multiplexed)", "reference", None, "/check", "allow"),
+]
+
+
+def log(msg):
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def toml_value(v):
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return repr(v)
+
+
+def floodgate_config(rules):
+    lines = [
+        "# Written by scripts/bench for one case; FLOODGATE_BIND and",
+        "# FLOODGATE_REDIS_URL say where.",
+        "[server]",
+        f"workers = {WORKERS}",
+        "[defaults]",
+        'deny = "status"  # an unexpected denial shows as a non-2xx',
+    ]
+    for r in rules:
+        lines.append("[[rule]]")
+        for k, v in r.items():
+            lines.append(f"{k} = {toml_value(v)}")
+    return "\n".join(lines) + "\n"
+
+
+class Redis:
+    def __init__(self, url):
+        self.url = url
+
+    def cli(self, *args):
+        out = subprocess.run(
+            ["redis-cli", "-u", self.url, *args],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return out.stdout
+
+    def info(self, section):
+        fields = {}
+        for line in self.cli("INFO", section).splitlines():
+            if ":" in line and not line.startswith("#"):
+                k, v = line.strip().split(":", 1)
+                fields[k] = v
+        return fields
+
+    def cpu_seconds(self):
+        i = self.info("cpu")
+        return float(i["used_cpu_user"]) + float(i["used_cpu_sys"])
+
+    def commandstats(self):
+        stats = {}
+        for k, v in self.info("commandstats").items():
+            name = k[len("cmdstat_"):]
+            stats[name] = {kv.split("=")[0]: float(kv.split("=")[1]) for kv in v.split(",")}
+        return stats
+
+
+def wait_port(port, proc, seconds=15):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on port {port}")
+
+
+def get(port, path, headers=None):
+    """One GET, no redirect following: (status, headers)."""
+    deadline = time.time() + 10
+    while True:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", path, headers=headers or {})
+            r = c.getresponse()
+            r.read()
+            c.close()
+            return r.status, dict(r.getheaders())
+        except (ConnectionError, http.client.HTTPException):
+            # The listener is up before every worker (and its Redis
+            # connection) is: retry briefly.
+            if time.time() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
+
+
+def parse_wrk(text):
+    def ms(v):
+        m = re.match(r"([\d.]+)(us|ms|s)$", v)
+        return float(m.group(1)) * UNITS[m.group(2)]
+
+    out = {
+        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1)),
+        "requests": int(re.search(r"(\d+) requests in", text).group(1)),
+        "p50": ms(re.search(r"^\s+50%\s+(\S+)", text, re.M).group(1)),
+        "p99": ms(re.search(r"^\s+99%\s+(\S+)", text, re.M).group(1)),
+        "non2xx": 0,
+        "socket_errors": 0,
+    }
+    m = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    if m:
+        out["non2xx"] = int(m.group(1))
+    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
+    if m:
+        out["socket_errors"] = sum(int(x) for x in m.groups())
+    return out
+
+
+def machine_busy():
+    """(busy, total) jiffies of every CPU so far, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]
+    return sum(v) - idle, sum(v)
+
+
+def wrk(port, path, seconds, lua=None, latency=False):
+    cmd = ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{seconds}s"]
+    if latency:
+        cmd.append("--latency")
+    if lua:
+        cmd += ["-s", lua]
+    cmd.append(f"http://127.0.0.1:{port}{path}")
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+
+def vm_rss_kib(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of a process so far."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def metrics(port):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    counts = {}
+    for m in re.finditer(r'floodgate_decisions_total\{rule="([^"]+)",decision="(\w+)"\} (\d+)', text):
+        counts[m.group(2)] = counts.get(m.group(2), 0) + int(m.group(3))
+    errors = re.search(r"^floodgate_redis_errors_total (\d+)", text, re.M)
+    counts["redis_errors"] = int(errors.group(1)) if errors else 0
+    return counts
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_case(case, redis, bins, work):
+    key, label, server, rules, path, expect = case
+    port = free_port()
+    logf = open(os.path.join(work, f"{key}.log"), "w")
+    if server == "floodgate":
+        cfg = os.path.join(work, f"{key}.toml")
+        with open(cfg, "w") as f:
+            f.write(floodgate_config(rules))
+        env = dict(
+            os.environ,
+            FLOODGATE_BIND=f"127.0.0.1:{port}",
+            FLOODGATE_REDIS_URL=redis.url,
+            RUST_LOG="info",
+        )
+        cmd = [bins["floodgate"], "serve", "--config", cfg]
+    elif server == "peer":
+        env = dict(os.environ, RUST_LOG="error")
+        cmd = [bins["peer_actix_limitation"], "--port", str(port), "--redis", redis.url,
+               "--workers", str(WORKERS), "--limit", "100000000", "--period-secs", "3600"]
+    else:
+        env = dict(os.environ, RUST_LOG="error")
+        cmd = [bins["reference_async"], "serve", "--port", str(port), "--redis", redis.url,
+               "--workers", str(WORKERS), "--limit", str(ALLOW["limit"]), "--window-ms", "1000"]
+    redis.cli("FLUSHALL")
+    proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT)
+    try:
+        wait_port(port, proc)
+        lua = None
+        headers = {}
+        if key == "two_rules":
+            lua = os.path.join(work, "header.lua")
+            with open(lua, "w") as f:
+                f.write(f'-- scripts/bench: case 4 keys its second rule by this header\n'
+                        f'wrk.headers["{HEADER}"] = "bench-client-1"\n')
+            headers[HEADER] = "bench-client-1"
+        status, hdrs = get(port, path, headers)
+        if status != 200:
+            raise RuntimeError(f"{key}: first request got {status}")
+        if expect == "deny":
+            status, hdrs = get(port, path, headers)
+            want = 429 if key == "denied_status" else 303
+            if status != want:
+                raise RuntimeError(f"{key}: expected {want} once the limit is used, got {status}")
+        elif rules != [] and server != "peer" and not any(k.lower() == "ratelimit" for k in hdrs):
+            raise RuntimeError(f"{key}: an allowed response without RateLimit fields")
+        wrk(port, path, WARMUP, lua)
+        redis.cli("CONFIG", "RESETSTAT")
+        cpu0, app0 = redis.cpu_seconds(), cpu_seconds(proc.pid)
+        wrk0, busy0 = resource.getrusage(resource.RUSAGE_CHILDREN), machine_busy()
+        text = wrk(port, path, SECONDS, lua, latency=True)
+        wrk1, busy1 = resource.getrusage(resource.RUSAGE_CHILDREN), machine_busy()
+        cpu1, app1 = redis.cpu_seconds(), cpu_seconds(proc.pid)
+        stats = redis.commandstats()
+        r = parse_wrk(text)
+        r["rss_kib"] = vm_rss_kib(proc.pid)
+        if server == "floodgate":
+            r["metrics"] = metrics(port)
+    finally:
+        stop(proc)
+        logf.close()
+
+    n = max(r["requests"], 1)
+    r["redis_cpu_us"] = (cpu1 - cpu0) * 1e6 / n
+    r["wrk_cpu_us"] = (wrk1.ru_utime + wrk1.ru_stime - wrk0.ru_utime - wrk0.ru_stime) * 1e6 / n
+    r["busy"] = (busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1)
+    r["app_cpu_us"] = None if app0 is None or app1 is None else (app1 - app0) * 1e6 / n
+    scripted = {k: v for k, v in stats.items() if k in ("evalsha", "eval")}
+    if scripted:
+        r["evalsha_calls"] = int(sum(v["calls"] for v in scripted.values()))
+        r["evalsha_usec_per_call"] = stats.get("evalsha", {}).get("usec_per_call", 0.0)
+        r["redis_cmd_us"] = sum(v["usec"] for v in scripted.values()) / n
+        r["batch"] = n / max(r["evalsha_calls"], 1)
+    elif rules == []:
+        r["redis_cmd_us"] = None
+    else:
+        # No script: every command the limiter sent (the statistics of
+        # our own INFO and CONFIG calls left out).
+        mine = {k: v for k, v in stats.items() if not k.startswith(("info", "config"))}
+        r["redis_cmd_us"] = sum(v["usec"] for v in mine.values()) / n
+
+    # Was every response what the case says it is?
+    problems = []
+    if r["socket_errors"]:
+        problems.append(f"{r['socket_errors']} socket errors")
+    m = r.get("metrics", {})
+    if expect == "allow":
+        if r["non2xx"]:
+            problems.append(f"{r['non2xx']} non-2xx")
+        if m.get("denied") or m.get("error_allowed") or m.get("redis_errors"):
+            problems.append(f"metrics {m}")
+    else:
+        # One allowed request used the limit before the measurement.
+        if m.get("allowed", 0) != 1 or m.get("redis_errors"):
+            problems.append(f"metrics {m}")
+        if key == "denied_status" and r["non2xx"] != r["requests"]:
+            problems.append(f"{r['requests'] - r['non2xx']} not 429")
+    r["problems"] = problems
+    return r
+
+
+def cost_probe(redis, bins, limit):
+    out = subprocess.run(
+        [bins["reference_async"], "cost", "--redis", redis.url, "--limit", str(limit),
+         "--calls", str(COST_CALLS)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return {k: float(v) for k, v in (kv.split("=") for kv in out.split())}
+
+
+def executables(build_log):
+    bins = {}
+    for line in open(build_log):
+        try:
+            m = json.loads(line)
+        except ValueError:
+            continue
+        if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+            continue
+        kind, name = m["target"]["kind"], m["target"]["name"]
+        if kind == ["bin"] and name == "floodgate":
+            bins["floodgate"] = m["executable"]
+        elif kind == ["bench"]:
+            bins[name] = m["executable"]
+    for need in ("floodgate", "peer_actix_limitation", "reference_async"):
+        if need not in bins:
+            raise SystemExit(f"bench: the build did not produce {need}")
+    return bins
+
+
+def machine():
+    model = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem = ""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal"):
+                mem = f"{int(line.split()[1]) / 1048576:.0f} GiB"
+    version = lambda cmd: subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
+    redis_v = re.search(r"v=(\S+)", version(["redis-server", "--version"]))
+    wrk_v = version(["sh", "-c", "wrk -v 2>&1 | head -1"]).split(" [")[0]
+    return {
+        "cores": os.cpu_count(),
+        "model": model,
+        "memory": mem,
+        "kernel": platform.release(),
+        "redis": redis_v.group(1) if redis_v else "?",
+        "wrk": wrk_v,
+        "rustc": version(["rustc", "--version"]),
+        "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def fmt(v, spec):
+    return "—" if v is None else format(v, spec)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--redis", required=True)
+    ap.add_argument("--build-log", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    bins = executables(a.build_log)
+    redis = Redis(a.redis)
+    host = machine()
+    started = time.time()
+    log(f"{len(CASES)} cases x {ROUNDS} rounds, {WARMUP}s warm-up + {SECONDS}s each, "
+        f"wrk -t1 -c{CONNECTIONS}, {WORKERS} workers")
+
+    runs = {c[0]: [] for c in CASES}
+    costs = {10: [], 100000: []}
+    for rnd in range(ROUNDS):
+        order = CASES if rnd % 2 == 0 else CASES[::-1]
+        for case in order:
+            r = run_case(case, redis, bins, a.work)
+            runs[case[0]].append(r)
+            log(f"round {rnd + 1} {case[0]:17} {r['rps']:9.0f} req/s  p50 {r['p50']:.2f} ms  "
+                f"p99 {r['p99']:.2f} ms" + (f"  PROBLEM: {r['problems']}" if r["problems"] else ""))
+        for limit in ((10, 100000) if rnd % 2 == 0 else (100000, 10)):
+            c = cost_probe(redis, bins, limit)
+            costs[limit].append(c)
+            log(f"round {rnd + 1} sliding cost at limit {limit}: {c}")
+    elapsed = time.time() - started
+
+    # Ratios within each round, then their median.
+    def ratio(a_key, b_key, field="rps"):
+        return med([x[field] / y[field] for x, y in zip(runs[a_key], runs[b_key])])
+
+    rows = []
+    for key, label, server, rules, path, expect in CASES:
+        rs = runs[key]
+        problems = sorted({p for r in rs for p in r["problems"]})
+        expected_non2xx = expect == "deny" and key == "denied_status"
+        rows.append({
+            "key": key,
+            "label": label,
+            "rps": med([r["rps"] for r in rs]),
+            "p50": med([r["p50"] for r in rs]),
+            "p99": med([r["p99"] for r in rs]),
+            "non2xx": sum(r["non2xx"] for r in rs),
+            "requests": sum(r["requests"] for r in rs),
+            "expected_non2xx": expected_non2xx,
+            "cmd_us": med([r["redis_cmd_us"] for r in rs]),
+            "cpu_us": None if rules == [] else med([r["redis_cpu_us"] for r in rs]),
+            "app_us": med([r["app_cpu_us"] for r in rs]),
+            "batch": med([r.get("batch") for r in rs]) if key not in ("unguarded",) else None,
+            "rss": med([r["rss_kib"] / 1024 for r in rs if r["rss_kib"]]),
+            "ratio": ratio(key, "unguarded"),
+            "problems": problems,
+        })
+    by = {r["key"]: r for r in rows}
+    c10 = {k: med([c[k] for c in costs[10]]) for k in costs[10][0]}
+    c100k = {k: med([c[k] for c in costs[100000]]) for k in costs[100000][0]}
+
+    targets = [
+        ("guarded (2) / unguarded (1) ≥ 0.65", ratio("sliding", "unguarded"), 0.65, ">="),
+        ("guarded (2) / async reference (7) ≥ 1.1", ratio("sliding", "reference"), 1.1, ">="),
+        ("guarded (2) / actix-limitation (6) ≥ 5", ratio("sliding", "actix_limitation"), 5.0, ">="),
+        ("two rules (4) / one rule (2) ≥ 0.9", ratio("two_rules", "sliding"), 0.9, ">="),
+        ("denied, status (3a) / allowed (2) ≥ 1", ratio("denied_status", "sliding"), 1.0, ">="),
+        ("denied, redirect (3b) / allowed (2) ≥ 1", ratio("denied_redirect", "sliding"), 1.0, ">="),
+        ("sliding Redis µs/decision, limit 100000 / limit 10 ≤ 1.2",
+         c100k["allowed_usec"] / c10["allowed_usec"], 1.2, "<="),
+        ("p99 of (2) / p99 of (7) ≤ 1", ratio("sliding", "reference", "p99"), 1.0, "<="),
+    ]
+    results = []
+    for name, value, bound, op in targets:
+        ok = value >= bound if op == ">=" else value <= bound
+        results.append((name, value, ok))
+
+    final_rss = runs["sliding"][-1]["rss_kib"] / 1024 if runs["sliding"][-1]["rss_kib"] else None
+    md = render(host, rows, by, c10, c100k, results, elapsed, final_rss)
+    print(md)
+    if a.out != "-":
+        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+        with open(a.out, "w") as f:
+            f.write(md)
+        log(f"wrote {a.out}")
+    if any(r["problems"] for r in rows):
+        log("some cases did not answer as expected: see 'checks' in the table")
+        sys.exit(1)
+
+
+def render(host, rows, by, c10, c100k, results, elapsed, final_rss):
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    out = []
+    w = out.append
+    w("# floodgate benchmarks")
+    w("")
+    w(f"Written by `scripts/bench` on {now}. Run it again to measure your machine; "
+      "it rewrites this file.")
+    w("")
+    w("## Machine")
+    w("")
+    w(f"- {host['cores']} cores, {host['model']}, {host['memory']} memory, Linux {host['kernel']}")
+    w(f"- Redis {host['redis']}, {host['wrk']}, {host['rustc']}")
+    w(f"- load average when the run started: {host['load']} (the machine is shared; "
+      "numbers are noisy, which is why cases alternate and medians are quoted)")
+    w("")
+    w("## Method")
+    w("")
+    w(f"wrk, the server under test and Redis share the machine, all on 127.0.0.1. "
+      f"Each case: a fresh server with {WORKERS} workers, one request checked by hand, "
+      f"a {WARMUP} s warm-up, `CONFIG RESETSTAT`, then `wrk -t1 -c{CONNECTIONS} "
+      f"-d{SECONDS}s --latency`. The {len(rows)} cases run in order, then in reverse "
+      f"order, {ROUNDS} rounds ({elapsed / 60:.1f} min in all, build excluded). Figures are "
+      "medians over the rounds; a ratio is the median of the ratios within each round. "
+      "Floodgate's guarded cases guard `/healthz` itself (rules apply before routing), "
+      "so that case 1 differs from them only by the rule; the two bench-only servers "
+      "(`benches/`) serve a `/check` that answers the same `ok`.")
+    w("")
+    w("- **Redis µs/decision**: time Redis spent executing the limiter's commands "
+      "(`INFO commandstats`: `evalsha` for scripts, every command for actix-limitation), "
+      "divided by the requests wrk completed.")
+    w("- **Redis CPU µs/decision**: the redis-server process's CPU time (`INFO cpu`, user + "
+      "system, so network I/O included) over the measured run, divided likewise.")
+    w("- **server CPU µs/request**: the server process's CPU time (user + system, from "
+      "/proc) over the measured run, divided by the requests wrk completed.")
+    w("- **batch**: decisions per `EVALSHA` (floodgate's dispatcher sends every pending "
+      "decision in one call; the reference sends one per call).")
+    w("- **checks**: whether every response was what the case expects "
+      "(wrk's non-2xx count, and floodgate's own /metrics counters).")
+    w("")
+    w("## Results")
+    w("")
+    w("| case | req/s | vs 1 | p50 ms | p99 ms | non-2xx | Redis µs/decision | "
+      "Redis CPU µs/decision | server CPU µs/request | batch | RSS MiB | checks |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        non2xx = f"{r['non2xx']} (expected)" if r["expected_non2xx"] else str(r["non2xx"])
+        if r["key"] == "denied_redirect":
+            non2xx += " (all 303)"
+        checks = "ok" if not r["problems"] else "; ".join(r["problems"])
+        w(f"| {r['label']} | {r['rps']:.0f} | {r['ratio']:.2f} | {r['p50']:.2f} | "
+          f"{r['p99']:.2f} | {non2xx} | {fmt(r['cmd_us'], '.2f')} | {fmt(r['cpu_us'], '.1f')} | "
+          f"{fmt(r['app_us'], '.1f')} | {fmt(r['batch'], '.1f')} | {fmt(r['rss'], '.1f')} | {checks} |")
+    w("")
+    w("## Sliding window: Redis cost and memory against the limit")
+    w("")
+    w("`reference_async cost` fills one key to its limit through floodgate's script on a "
+      "pinned clock (the script's `now` argument), then decides requests at the limit, "
+      "each one letting exactly one old entry out and one new one in (the most work an "
+      "allowed decision does), and then requests over the limit. The window is 10 min at "
+      f"both limits; {COST_CALLS} decisions per figure, medians over the rounds.")
+    w("")
+    w("| limit | entries | MEMORY USAGE bytes | bytes/entry | allowed, 1 per call µs | "
+      "allowed, 32 per call µs | denied, 1 per call µs |")
+    w("|---:|---:|---:|---:|---:|---:|---:|")
+    for limit, c in ((10, c10), (100000, c100k)):
+        w(f"| {limit} | {c['entries']:.0f} | {c['memory_bytes']:.0f} | "
+          f"{c['memory_bytes'] / c['entries']:.1f} | {c['allowed_usec']:.2f} | "
+          f"{c['allowed_batch32_usec']:.2f} | {c['denied_usec']:.2f} |")
+    w("")
+    if final_rss:
+        w(f"floodgate's resident memory (VmRSS) after the last guarded run: {final_rss:.1f} MiB.")
+        w("")
+    w("## Targets")
+    w("")
+    w("| target | figure | result |")
+    w("|---|---:|---|")
+    for name, value, ok in results:
+        w(f"| {name} | {value:.2f} | {'pass' if ok else '**FAIL**'} |")
+    w("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()
