@@ -30,9 +30,10 @@ pub struct Fields {
     csrf: Option<String>,
 }
 
-#[derive(Template, Default)]
-#[template(path = "login.html")]
-struct LoginPage {
+/// The state of the phone forms (sign-in and reset): what was typed, what
+/// happened, what went wrong. Both pages render it.
+#[derive(Default)]
+pub struct PhoneForm {
     site_title: String,
     signed_in: bool,
     csrf: String,
@@ -41,6 +42,67 @@ struct LoginPage {
     notice: String,
     error: String,
     phone_error: bool,
+}
+
+#[derive(Template)]
+#[template(path = "login.html")]
+struct LoginPage<'a> {
+    form: &'a PhoneForm,
+}
+
+#[derive(Template)]
+#[template(path = "reset.html")]
+struct ResetPage<'a> {
+    form: &'a PhoneForm,
+}
+
+/// The templates read the form's fields as their own.
+impl std::ops::Deref for LoginPage<'_> {
+    type Target = PhoneForm;
+    fn deref(&self) -> &PhoneForm {
+        self.form
+    }
+}
+
+impl std::ops::Deref for ResetPage<'_> {
+    type Target = PhoneForm;
+    fn deref(&self) -> &PhoneForm {
+        self.form
+    }
+}
+
+/// Which page shows a [`PhoneForm`].
+#[derive(Clone, Copy)]
+enum Page {
+    Login,
+    Reset,
+}
+
+impl PhoneForm {
+    fn new(site: &Site, visitor: &Visitor, phone: &str) -> PhoneForm {
+        PhoneForm {
+            site_title: site.title(),
+            signed_in: visitor.signed_in(),
+            csrf: visitor.csrf(site),
+            phone: phone.to_string(),
+            ..PhoneForm::default()
+        }
+    }
+
+    /// The page with this state, with the visitor's cookie when it is new.
+    fn show(&self, page: Page, visitor: &Visitor, status: StatusCode) -> HttpResponse {
+        let res = match page {
+            Page::Login => super::pages::render(&LoginPage { form: self }, status),
+            Page::Reset => super::pages::render(&ResetPage { form: self }, status),
+        };
+        visitor.respond(res)
+    }
+
+    /// The page again with an error, as a 400.
+    fn refuse(mut self, page: Page, visitor: &Visitor, error: String) -> HttpResponse {
+        self.error = error;
+        self.show(page, visitor, StatusCode::BAD_REQUEST)
+    }
 }
 
 #[derive(Template, Default)]
@@ -55,16 +117,41 @@ struct AccountPage {
     error: String,
 }
 
-#[derive(Template, Default)]
-#[template(path = "reset.html")]
-struct ResetPage {
-    site_title: String,
-    signed_in: bool,
-    csrf: String,
-    phone: String,
+/// A phone form POST that passed the common checks.
+struct PhonePost {
+    visitor: Visitor,
+    phone: Phone,
+    form: PhoneForm,
+}
+
+/// What every phone form POST starts with: who is asking, the CSRF check
+/// (403) and the phone field (the form again with an error, 400). `Err` is
+/// the response to send as it is.
+async fn phone_post(
+    site: &Site,
+    req: &HttpRequest,
+    fields: &Fields,
+    page: Page,
     code_sent: bool,
-    notice: String,
-    error: String,
+) -> Result<Result<PhonePost, HttpResponse>, SiteError> {
+    let visitor = Visitor::of(site, req).await?;
+    if !csrf_ok(site, &visitor, fields) {
+        return Ok(Err(forbidden(site, &visitor)));
+    }
+    let typed = fields.phone.clone().unwrap_or_default();
+    let mut form = PhoneForm::new(site, &visitor, &typed);
+    form.code_sent = code_sent;
+    match Phone::parse(&typed) {
+        Some(phone) => Ok(Ok(PhonePost {
+            visitor,
+            phone,
+            form,
+        })),
+        None => {
+            form.phone_error = true;
+            Ok(Err(form.refuse(page, &visitor, PHONE_RULE.into())))
+        }
+    }
 }
 
 /// The opaque answer to a POST without a valid CSRF token.
@@ -93,29 +180,11 @@ pub async fn login_form(
     req: HttpRequest,
 ) -> Result<HttpResponse, SiteError> {
     let visitor = Visitor::of(&site, &req).await?;
-    let notice = if req.query_string().contains("reset=done") {
-        "Your password was changed and every session of the account was signed out. Sign in with the new password.".into()
-    } else {
-        String::new()
-    };
-    let page = LoginPage {
-        site_title: site.title(),
-        signed_in: visitor.signed_in(),
-        csrf: visitor.csrf(&site),
-        notice,
-        ..LoginPage::default()
-    };
-    Ok(visitor.respond(super::pages::render(&page, StatusCode::OK)))
-}
-
-fn login_page(site: &Site, visitor: &Visitor, phone: &str) -> LoginPage {
-    LoginPage {
-        site_title: site.title(),
-        signed_in: visitor.signed_in(),
-        csrf: visitor.csrf(site),
-        phone: phone.to_string(),
-        ..LoginPage::default()
+    let mut form = PhoneForm::new(&site, &visitor, "");
+    if req.query_string().contains("reset=done") {
+        form.notice = "Your password was changed and every session of the account was signed out. Sign in with the new password.".into();
     }
+    Ok(form.show(Page::Login, &visitor, StatusCode::OK))
 }
 
 /// `POST /sms/send`: texts a sign-in code.
@@ -124,17 +193,15 @@ pub async fn send_code(
     req: HttpRequest,
     fields: web::Form<Fields>,
 ) -> Result<HttpResponse, SiteError> {
-    let visitor = Visitor::of(&site, &req).await?;
-    if !csrf_ok(&site, &visitor, &fields) {
-        return Ok(forbidden(&site, &visitor));
-    }
-    let typed = fields.phone.clone().unwrap_or_default();
-    let mut page = login_page(&site, &visitor, &typed);
-    let Some(phone) = Phone::parse(&typed) else {
-        page.error = PHONE_RULE.into();
-        page.phone_error = true;
-        return Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)));
+    let post = match phone_post(&site, &req, &fields, Page::Login, false).await? {
+        Ok(post) => post,
+        Err(response) => return Ok(response),
     };
+    let PhonePost {
+        visitor,
+        phone,
+        mut form,
+    } = post;
     let (store, sms) = (site.store.clone(), Arc::clone(&site.sms));
     let to = phone.clone();
     site.redis(move |conn| {
@@ -150,14 +217,14 @@ pub async fn send_code(
     })
     .await?;
     log::info!("sign-in code sent to {}", phone.masked());
-    page.phone = phone.display();
-    page.code_sent = true;
-    page.notice = format!(
+    form.phone = phone.display();
+    form.code_sent = true;
+    form.notice = format!(
         "We texted a 6-digit code to {}. It is valid for {} minutes.",
         phone.display(),
         CODE_TTL_SECS / 60
     );
-    Ok(visitor.respond(super::pages::render(&page, StatusCode::OK)))
+    Ok(form.show(Page::Login, &visitor, StatusCode::OK))
 }
 
 /// `POST /login/sms`: signs in with a code (creating the account the first time).
@@ -166,21 +233,13 @@ pub async fn login_sms(
     req: HttpRequest,
     fields: web::Form<Fields>,
 ) -> Result<HttpResponse, SiteError> {
-    let visitor = Visitor::of(&site, &req).await?;
-    if !csrf_ok(&site, &visitor, &fields) {
-        return Ok(forbidden(&site, &visitor));
-    }
-    let typed = fields.phone.clone().unwrap_or_default();
-    let mut page = login_page(&site, &visitor, &typed);
-    page.code_sent = true;
-    let Some(phone) = Phone::parse(&typed) else {
-        page.error = PHONE_RULE.into();
-        page.phone_error = true;
-        return Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)));
+    let post = match phone_post(&site, &req, &fields, Page::Login, true).await? {
+        Ok(post) => post,
+        Err(response) => return Ok(response),
     };
     let code = fields.code.clone().unwrap_or_default();
     let store = site.store.clone();
-    let to = phone.clone();
+    let to = post.phone.clone();
     let result = site
         .redis(
             move |conn| match store.check_code(conn, Purpose::SignIn, &to, &code)? {
@@ -190,11 +249,10 @@ pub async fn login_sms(
         )
         .await?;
     match result {
-        Ok(account) => sign_in(&site, &visitor, account).await,
-        Err(check) => {
-            page.error = code_error(check);
-            Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)))
-        }
+        Ok(account) => sign_in(&site, &post.visitor, account).await,
+        Err(check) => Ok(post
+            .form
+            .refuse(Page::Login, &post.visitor, code_error(check))),
     }
 }
 
@@ -242,19 +300,12 @@ pub async fn login_password(
     req: HttpRequest,
     fields: web::Form<Fields>,
 ) -> Result<HttpResponse, SiteError> {
-    let visitor = Visitor::of(&site, &req).await?;
-    if !csrf_ok(&site, &visitor, &fields) {
-        return Ok(forbidden(&site, &visitor));
-    }
-    let typed = fields.phone.clone().unwrap_or_default();
-    let mut page = login_page(&site, &visitor, &typed);
-    let Some(phone) = Phone::parse(&typed) else {
-        page.error = PHONE_RULE.into();
-        page.phone_error = true;
-        return Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)));
+    let post = match phone_post(&site, &req, &fields, Page::Login, false).await? {
+        Ok(post) => post,
+        Err(response) => return Ok(response),
     };
     let store = site.store.clone();
-    let to = phone.clone();
+    let to = post.phone.clone();
     let account = site.redis(move |conn| store.account(conn, &to)).await?;
     let password = fields.password.clone().unwrap_or_default();
     let phc = account
@@ -266,12 +317,13 @@ pub async fn login_password(
         .map_err(|e| SiteError::internal(e.to_string()))?;
     match account {
         Some(account) if matches && account.password.is_some() => {
-            sign_in(&site, &visitor, account).await
+            sign_in(&site, &post.visitor, account).await
         }
-        _ => {
-            page.error = "That phone number and password do not match an account with a password. You can sign in with a code instead.".into();
-            Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)))
-        }
+        _ => Ok(post.form.refuse(
+            Page::Login,
+            &post.visitor,
+            "That phone number and password do not match an account with a password. You can sign in with a code instead.".into(),
+        )),
     }
 }
 
@@ -410,24 +462,14 @@ fn check_password(password: &str) -> Result<(), String> {
     }
 }
 
-fn reset_page(site: &Site, visitor: &Visitor, phone: &str) -> ResetPage {
-    ResetPage {
-        site_title: site.title(),
-        signed_in: visitor.signed_in(),
-        csrf: visitor.csrf(site),
-        phone: phone.to_string(),
-        ..ResetPage::default()
-    }
-}
-
 /// `GET /password/reset`
 pub async fn reset_form(
     site: web::Data<Site>,
     req: HttpRequest,
 ) -> Result<HttpResponse, SiteError> {
     let visitor = Visitor::of(&site, &req).await?;
-    let page = reset_page(&site, &visitor, "");
-    Ok(visitor.respond(super::pages::render(&page, StatusCode::OK)))
+    let form = PhoneForm::new(&site, &visitor, "");
+    Ok(form.show(Page::Reset, &visitor, StatusCode::OK))
 }
 
 /// `POST /password/reset`: sends a reset code when the phone has an
@@ -437,16 +479,15 @@ pub async fn reset_request(
     req: HttpRequest,
     fields: web::Form<Fields>,
 ) -> Result<HttpResponse, SiteError> {
-    let visitor = Visitor::of(&site, &req).await?;
-    if !csrf_ok(&site, &visitor, &fields) {
-        return Ok(forbidden(&site, &visitor));
-    }
-    let typed = fields.phone.clone().unwrap_or_default();
-    let mut page = reset_page(&site, &visitor, &typed);
-    let Some(phone) = Phone::parse(&typed) else {
-        page.error = PHONE_RULE.into();
-        return Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)));
+    let post = match phone_post(&site, &req, &fields, Page::Reset, false).await? {
+        Ok(post) => post,
+        Err(response) => return Ok(response),
     };
+    let PhonePost {
+        visitor,
+        phone,
+        mut form,
+    } = post;
     let (store, sms) = (site.store.clone(), Arc::clone(&site.sms));
     let to = phone.clone();
     site.redis(move |conn| {
@@ -467,14 +508,14 @@ pub async fn reset_request(
         Ok(())
     })
     .await?;
-    page.phone = phone.display();
-    page.code_sent = true;
-    page.notice = format!(
+    form.phone = phone.display();
+    form.code_sent = true;
+    form.notice = format!(
         "If {} belongs to an account, we texted it a 6-digit reset code, valid for {} minutes.",
         phone.display(),
         CODE_TTL_SECS / 60
     );
-    Ok(visitor.respond(super::pages::render(&page, StatusCode::OK)))
+    Ok(form.show(Page::Reset, &visitor, StatusCode::OK))
 }
 
 /// `POST /password/reset/confirm`: code + new password. Signs out every
@@ -484,21 +525,18 @@ pub async fn reset_confirm(
     req: HttpRequest,
     fields: web::Form<Fields>,
 ) -> Result<HttpResponse, SiteError> {
-    let visitor = Visitor::of(&site, &req).await?;
-    if !csrf_ok(&site, &visitor, &fields) {
-        return Ok(forbidden(&site, &visitor));
-    }
-    let typed = fields.phone.clone().unwrap_or_default();
-    let mut page = reset_page(&site, &visitor, &typed);
-    page.code_sent = true;
-    let Some(phone) = Phone::parse(&typed) else {
-        page.error = PHONE_RULE.into();
-        return Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)));
+    let post = match phone_post(&site, &req, &fields, Page::Reset, true).await? {
+        Ok(post) => post,
+        Err(response) => return Ok(response),
     };
+    let PhonePost {
+        visitor,
+        phone,
+        form,
+    } = post;
     let password = fields.password.clone().unwrap_or_default();
     if let Err(e) = check_password(&password) {
-        page.error = e;
-        return Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)));
+        return Ok(form.refuse(Page::Reset, &visitor, e));
     }
     let code = fields.code.clone().unwrap_or_default();
     let store = site.store.clone();
@@ -513,10 +551,7 @@ pub async fn reset_confirm(
         .await?;
     let account = match checked {
         Ok(a) => a,
-        Err(check) => {
-            page.error = code_error(check);
-            return Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)));
-        }
+        Err(check) => return Ok(form.refuse(Page::Reset, &visitor, code_error(check))),
     };
     let phc = web::block(move || hash_password(&password))
         .await
