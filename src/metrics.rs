@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::RwLock;
 use std::time::Duration;
 
 /// What happened to a request under one rule.
@@ -40,10 +40,25 @@ const BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
 
+/// Outcomes in label order, for rendering.
+const OUTCOMES: [Outcome; 5] = [
+    Outcome::Allowed,
+    Outcome::Denied,
+    Outcome::ShadowDenied,
+    Outcome::ErrorAllowed,
+    Outcome::ErrorDenied,
+];
+
+/// One rule's counters, one per outcome.
+type RuleCounters = [AtomicU64; 5];
+
 /// All counters of the process.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    decisions: Mutex<BTreeMap<(String, Outcome), u64>>,
+    /// Per rule; a rule's counters are created on its first decision, then
+    /// counted with a read lock and an atomic add (no allocation).
+    decisions: RwLock<BTreeMap<String, RuleCounters>>,
+    /// Observations per bucket, not cumulative (one add per observation).
     buckets: [AtomicU64; BUCKETS.len()],
     count: AtomicU64,
     sum_micros: AtomicU64,
@@ -52,20 +67,30 @@ pub struct Metrics {
 impl Metrics {
     /// Counts one rule's outcome for one request.
     pub fn decision(&self, rule: &str, outcome: Outcome) {
-        let mut map = match self.decisions.lock() {
+        let slot = outcome as usize;
+        {
+            let map = match self.decisions.read() {
+                Ok(m) => m,
+                Err(p) => p.into_inner(),
+            };
+            if let Some(counters) = map.get(rule) {
+                counters[slot].fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+        let mut map = match self.decisions.write() {
             Ok(m) => m,
             Err(p) => p.into_inner(),
         };
-        *map.entry((rule.to_string(), outcome)).or_insert(0) += 1;
+        map.entry(rule.to_string()).or_default()[slot].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records how long one decision took.
     pub fn observe(&self, took: Duration) {
+        // One add in the first bucket that holds it; render sums them up.
         let secs = took.as_secs_f64();
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            if secs <= *bound {
-                self.buckets[i].fetch_add(1, Ordering::Relaxed);
-            }
+        if let Some(i) = BUCKETS.iter().position(|bound| secs <= *bound) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
         }
         self.count.fetch_add(1, Ordering::Relaxed);
         self.sum_micros
@@ -80,16 +105,21 @@ impl Metrics {
         );
         out.push_str("# TYPE floodgate_decisions_total counter\n");
         {
-            let map = match self.decisions.lock() {
+            let map = match self.decisions.read() {
                 Ok(m) => m,
                 Err(p) => p.into_inner(),
             };
-            for ((rule, outcome), n) in map.iter() {
-                let _ = writeln!(
-                    out,
-                    "floodgate_decisions_total{{rule=\"{rule}\",decision=\"{}\"}} {n}",
-                    outcome.label()
-                );
+            for (rule, counters) in map.iter() {
+                for outcome in OUTCOMES {
+                    let n = counters[outcome as usize].load(Ordering::Relaxed);
+                    if n > 0 {
+                        let _ = writeln!(
+                            out,
+                            "floodgate_decisions_total{{rule=\"{rule}\",decision=\"{}\"}} {n}",
+                            outcome.label()
+                        );
+                    }
+                }
             }
         }
         out.push_str("# HELP floodgate_redis_errors_total Redis errors and timeouts.\n");
@@ -99,11 +129,12 @@ impl Metrics {
             "# HELP floodgate_decision_duration_seconds Time to decide a guarded request.\n",
         );
         out.push_str("# TYPE floodgate_decision_duration_seconds histogram\n");
+        let mut cumulative = 0;
         for (i, bound) in BUCKETS.iter().enumerate() {
+            cumulative += self.buckets[i].load(Ordering::Relaxed);
             let _ = writeln!(
                 out,
-                "floodgate_decision_duration_seconds_bucket{{le=\"{bound}\"}} {}",
-                self.buckets[i].load(Ordering::Relaxed)
+                "floodgate_decision_duration_seconds_bucket{{le=\"{bound}\"}} {cumulative}"
             );
         }
         let count = self.count.load(Ordering::Relaxed);
@@ -118,5 +149,30 @@ impl Metrics {
         );
         let _ = writeln!(out, "floodgate_decision_duration_seconds_count {count}");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counts_and_a_cumulative_histogram() {
+        let m = Metrics::default();
+        m.decision("check", Outcome::Allowed);
+        m.decision("check", Outcome::Allowed);
+        m.decision("check", Outcome::Denied);
+        m.observe(Duration::from_micros(50));
+        m.observe(Duration::from_millis(3));
+        let text = m.render(7);
+        assert!(text.contains("floodgate_decisions_total{rule=\"check\",decision=\"allowed\"} 2\n"));
+        assert!(text.contains("floodgate_decisions_total{rule=\"check\",decision=\"denied\"} 1\n"));
+        assert!(!text.contains("shadow_denied"));
+        assert!(text.contains("floodgate_redis_errors_total 7\n"));
+        assert!(text.contains("floodgate_decision_duration_seconds_bucket{le=\"0.0001\"} 1\n"));
+        assert!(text.contains("floodgate_decision_duration_seconds_bucket{le=\"0.0025\"} 1\n"));
+        assert!(text.contains("floodgate_decision_duration_seconds_bucket{le=\"0.005\"} 2\n"));
+        assert!(text.contains("floodgate_decision_duration_seconds_bucket{le=\"+Inf\"} 2\n"));
+        assert!(text.contains("floodgate_decision_duration_seconds_count 2\n"));
     }
 }
