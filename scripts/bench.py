@@ -39,7 +39,7 @@ ALLOW = {"limit": 100000, "window": "1s"}
 HEADER = "X-Bench-Client"
 
 
-def sliding(name, **extra):
+def window_rule(name, **extra):
     rule = {"name": name, "paths": ["/healthz"], "key": "ip", **ALLOW}
     rule.update(extra)
     return rule
@@ -48,12 +48,12 @@ def sliding(name, **extra):
 CASES = [
     # key, label, server, rules, path, expect
     ("unguarded", "1. GET /healthz, no rule", "floodgate", [], "/healthz", "allow"),
-    ("sliding", "2. one sliding_window rule", "floodgate", [sliding("sw")], "/healthz", "allow"),
+    ("sliding", "2. one sliding_window rule", "floodgate", [window_rule("sw")], "/healthz", "allow"),
     (
         "denied_status",
         "3a. every request denied, deny=status",
         "floodgate",
-        [sliding("deny", limit=1, window="1h", deny="status")],
+        [window_rule("deny", limit=1, window="1h", deny="status")],
         "/healthz",
         "deny",
     ),
@@ -61,7 +61,7 @@ CASES = [
         "denied_redirect",
         "3b. every request denied, deny=redirect",
         "floodgate",
-        [sliding("deny", limit=1, window="1h", deny="redirect")],
+        [window_rule("deny", limit=1, window="1h", deny="redirect")],
         "/healthz",
         "deny",
     ),
@@ -69,7 +69,7 @@ CASES = [
         "two_rules",
         "4. two rules: ip + header",
         "floodgate",
-        [sliding("by_ip"), sliding("by_header", key=f"header:{HEADER}")],
+        [window_rule("by_ip"), window_rule("by_header", key=f"header:{HEADER}")],
         "/healthz",
         "allow",
     ),
@@ -77,7 +77,7 @@ CASES = [
         "fixed",
         "5a. one fixed_window rule",
         "floodgate",
-        [sliding("fw", algorithm="fixed_window")],
+        [window_rule("fw", algorithm="fixed_window")],
         "/healthz",
         "allow",
     ),
@@ -383,6 +383,8 @@ def run_case(case, redis, bins, work):
         # One allowed request used the limit before the measurement.
         if m.get("allowed", 0) != 1 or m.get("redis_errors"):
             problems.append(f"metrics {m}")
+        if m.get("denied", 0) < r["requests"]:
+            problems.append(f"only {m.get('denied', 0)} denials for {r['requests']} requests")
         if key == "denied_status" and r["non2xx"] != r["requests"]:
             problems.append(f"{r['requests'] - r['non2xx']} not 429")
     r["problems"] = problems
@@ -462,6 +464,7 @@ def main():
     ap.add_argument("--build-log", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--build-seconds", type=int, default=None)
     a = ap.parse_args()
     bins = executables(a.build_log)
     redis = Redis(a.redis)
@@ -506,6 +509,9 @@ def main():
             "cmd_us": med([r["redis_cmd_us"] for r in rs]),
             "cpu_us": None if rules == [] else med([r["redis_cpu_us"] for r in rs]),
             "app_us": med([r["app_cpu_us"] for r in rs]),
+            "wrk_us": med([r["wrk_cpu_us"] for r in rs]),
+            "busy": med([r["busy"] for r in rs]),
+            "rounds": [r["rps"] for r in rs],
             "batch": med([r.get("batch") for r in rs]) if key not in ("unguarded",) else None,
             "rss": med([r["rss_kib"] / 1024 for r in rs if r["rss_kib"]]),
             "ratio": ratio(key, "unguarded"),
@@ -532,7 +538,7 @@ def main():
         results.append((name, value, ok))
 
     final_rss = runs["sliding"][-1]["rss_kib"] / 1024 if runs["sliding"][-1]["rss_kib"] else None
-    md = render(host, rows, by, c10, c100k, results, elapsed, final_rss)
+    md = render(host, rows, by, c10, c100k, results, elapsed, final_rss, a.build_seconds)
     print(md)
     if a.out != "-":
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
@@ -544,21 +550,21 @@ def main():
         sys.exit(1)
 
 
-def render(host, rows, by, c10, c100k, results, elapsed, final_rss):
+def render(host, rows, by, c10, c100k, results, elapsed, final_rss, build_seconds):
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = []
     w = out.append
     w("# floodgate benchmarks")
     w("")
-    w(f"Written by `scripts/bench` on {now}. Run it again to measure your machine; "
-      "it rewrites this file.")
+    w(f"Written by `scripts/bench` on {now} from one run; run it again to measure "
+      "another machine or another version (it rewrites this file).")
     w("")
     w("## Machine")
     w("")
     w(f"- {host['cores']} cores, {host['model']}, {host['memory']} memory, Linux {host['kernel']}")
     w(f"- Redis {host['redis']}, {host['wrk']}, {host['rustc']}")
-    w(f"- load average when the run started: {host['load']} (the machine is shared; "
-      "numbers are noisy, which is why cases alternate and medians are quoted)")
+    w(f"- load average when the run started: {host['load']}. The machine is shared, so "
+      "the numbers are noisy: the cases alternate and medians are quoted.")
     w("")
     w("## Method")
     w("")
@@ -566,45 +572,75 @@ def render(host, rows, by, c10, c100k, results, elapsed, final_rss):
       f"Each case: a fresh server with {WORKERS} workers, one request checked by hand, "
       f"a {WARMUP} s warm-up, `CONFIG RESETSTAT`, then `wrk -t1 -c{CONNECTIONS} "
       f"-d{SECONDS}s --latency`. The {len(rows)} cases run in order, then in reverse "
-      f"order, {ROUNDS} rounds ({elapsed / 60:.1f} min in all, build excluded). Figures are "
+      f"order, {ROUNDS} round{'s' if ROUNDS != 1 else ''} ({elapsed / 60:.1f} min"
+      + (f", after a {build_seconds} s release build" if build_seconds is not None else "")
+      + "). Figures are "
       "medians over the rounds; a ratio is the median of the ratios within each round. "
       "Floodgate's guarded cases guard `/healthz` itself (rules apply before routing), "
-      "so that case 1 differs from them only by the rule; the two bench-only servers "
-      "(`benches/`) serve a `/check` that answers the same `ok`.")
+      "so case 1 differs from them only by the rule. The allowing rules have limit "
+      "100000 per 1 s window (token bucket: burst 100000, 10^6/s), far above any rate "
+      "reached here; the denying rule has limit 1 per hour, used up before the warm-up. "
+      "Cases 6 and 7 are the bench-only servers in `benches/`, serving `GET /check` "
+      "(`ok`), keyed by client address like floodgate's `ip`; actix-limitation's limit "
+      "is set so that it always allows too.")
     w("")
-    w("- **Redis µs/decision**: time Redis spent executing the limiter's commands "
-      "(`INFO commandstats`: `evalsha` for scripts, every command for actix-limitation), "
-      "divided by the requests wrk completed.")
-    w("- **Redis CPU µs/decision**: the redis-server process's CPU time (`INFO cpu`, user + "
-      "system, so network I/O included) over the measured run, divided likewise.")
-    w("- **server CPU µs/request**: the server process's CPU time (user + system, from "
-      "/proc) over the measured run, divided by the requests wrk completed.")
-    w("- **batch**: decisions per `EVALSHA` (floodgate's dispatcher sends every pending "
-      "decision in one call; the reference sends one per call).")
-    w("- **checks**: whether every response was what the case expects "
-      "(wrk's non-2xx count, and floodgate's own /metrics counters).")
+    w("## Throughput and latency")
     w("")
-    w("## Results")
-    w("")
-    w("| case | req/s | vs 1 | p50 ms | p99 ms | non-2xx | Redis µs/decision | "
-      "Redis CPU µs/decision | server CPU µs/request | batch | RSS MiB | checks |")
-    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    w("| case | req/s | vs 1 | p50 ms | p99 ms | non-2xx | checks |")
+    w("|---|---:|---:|---:|---:|---:|---|")
     for r in rows:
-        non2xx = f"{r['non2xx']} (expected)" if r["expected_non2xx"] else str(r["non2xx"])
+        non2xx = f"{r['non2xx']} (all 429, expected)" if r["expected_non2xx"] else str(r["non2xx"])
         if r["key"] == "denied_redirect":
             non2xx += " (all 303)"
         checks = "ok" if not r["problems"] else "; ".join(r["problems"])
         w(f"| {r['label']} | {r['rps']:.0f} | {r['ratio']:.2f} | {r['p50']:.2f} | "
-          f"{r['p99']:.2f} | {non2xx} | {fmt(r['cmd_us'], '.2f')} | {fmt(r['cpu_us'], '.1f')} | "
-          f"{fmt(r['app_us'], '.1f')} | {fmt(r['batch'], '.1f')} | {fmt(r['rss'], '.1f')} | {checks} |")
+          f"{r['p99']:.2f} | {non2xx} | {checks} |")
     w("")
+    w("non-2xx is wrk's count (it does not count 3xx) summed over the rounds; *checks* "
+      "also reads floodgate's `/metrics` after each run: no denial and no Redis error "
+      "where every request should be allowed, exactly the one allowed request (the one "
+      "that used the limit) where every request should be denied.")
+    w("")
+    w("## Where the CPU goes")
+    w("")
+    w("| case | server CPU µs/req | Redis µs/decision | Redis CPU µs/decision | "
+      "wrk CPU µs/req | machine busy | batch | server RSS MiB |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        w(f"| {r['label']} | {fmt(r['app_us'], '.1f')} | {fmt(r['cmd_us'], '.2f')} | "
+          f"{fmt(r['cpu_us'], '.1f')} | {fmt(r['wrk_us'], '.1f')} | "
+          f"{fmt(None if r['busy'] is None else 100 * r['busy'], '.0f')}% | "
+          f"{fmt(r['batch'], '.1f')} | {fmt(r['rss'], '.1f')} |")
+    w("")
+    w("- **server CPU**: user + system time of the server process over the measured "
+      "run (/proc), per request wrk completed; **wrk CPU** likewise for wrk.")
+    w("- **Redis µs/decision**: time Redis spent executing the limiter's commands "
+      "(`INFO commandstats`: `evalsha` for the scripts, every command for "
+      "actix-limitation, whose cost is mostly a new connection per request and so "
+      "shows in the next column), per request.")
+    w("- **Redis CPU µs/decision**: user + system time of redis-server (`INFO cpu`), "
+      "network I/O included, per request.")
+    w("- **machine busy**: share of both cores not idle during the run (/proc/stat), "
+      "whoever used it. **batch**: decisions per `EVALSHA` (floodgate's dispatchers send "
+      "every pending decision in one call; the reference sends one per call).")
+    w("- **server RSS**: VmRSS of the server at the end of its measured run.")
+    w("")
+    one, guard = by["unguarded"], by["sliding"]
+    if all(v is not None for v in (one["app_us"], guard["app_us"], guard["cpu_us"])):
+        w(f"In this run one sliding-window rule added {guard['app_us'] - one['app_us']:.1f} µs "
+          f"of server CPU and {guard['cpu_us']:.1f} µs of Redis CPU to each request "
+          f"(unguarded: {one['app_us']:.1f} µs of server CPU), while the machine was "
+          f"{100 * guard['busy']:.0f}% busy in case 2 against {100 * one['busy']:.0f}% in "
+          "case 1.")
+        w("")
     w("## Sliding window: Redis cost and memory against the limit")
     w("")
-    w("`reference_async cost` fills one key to its limit through floodgate's script on a "
-      "pinned clock (the script's `now` argument), then decides requests at the limit, "
-      "each one letting exactly one old entry out and one new one in (the most work an "
-      "allowed decision does), and then requests over the limit. The window is 10 min at "
-      f"both limits; {COST_CALLS} decisions per figure, medians over the rounds.")
+    w("`reference_async cost` (in `benches/`) fills one key to its limit through "
+      "floodgate's own script on a pinned clock (the script's `now` argument), then "
+      "decides requests at the limit, each letting exactly one old entry out and one "
+      "new one in (the most work an allowed decision does), then requests over the "
+      f"limit. The window is 10 min at both limits; {COST_CALLS} decisions per figure "
+      "(`INFO commandstats`, evalsha time per decision), medians over the rounds.")
     w("")
     w("| limit | entries | MEMORY USAGE bytes | bytes/entry | allowed, 1 per call µs | "
       "allowed, 32 per call µs | denied, 1 per call µs |")
@@ -623,6 +659,14 @@ def render(host, rows, by, c10, c100k, results, elapsed, final_rss):
     w("|---|---:|---|")
     for name, value, ok in results:
         w(f"| {name} | {value:.2f} | {'pass' if ok else '**FAIL**'} |")
+    w("")
+    w("## Every round")
+    w("")
+    n = len(rows[0]["rounds"])
+    w("| case | " + " | ".join(f"round {i + 1} req/s" for i in range(n)) + " |")
+    w("|---|" + "---:|" * n)
+    for r in rows:
+        w(f"| {r['label']} | " + " | ".join(f"{x:.0f}" for x in r["rounds"]) + " |")
     w("")
     return "\n".join(out)
 

@@ -282,7 +282,7 @@ where
 
     let metrics = &filter.state.metrics;
     let started = Instant::now();
-    let decision = filter.state.limiter.decide(checks.clone()).await;
+    let decision = filter.state.limiter.decide(checks).await;
     metrics.observe(started.elapsed());
 
     match decision {
@@ -416,32 +416,40 @@ fn summary(matched: &[&Rule], decision: &Decision) -> String {
 
 /// `RateLimit-Policy` and `RateLimit` for every matching enforce rule.
 fn add_ratelimit_fields(headers: &mut header::HeaderMap, matched: &[&Rule], decision: &Decision) {
-    let mut policy = Vec::new();
-    let mut state = Vec::new();
+    use std::fmt::Write as _;
+    let mut policy = String::new();
+    let mut state = String::new();
     for (r, o) in matched.iter().zip(&decision.outcomes) {
         if r.mode != Mode::Enforce {
             continue;
         }
-        policy.push(format!(
+        if !policy.is_empty() {
+            policy.push_str(", ");
+            state.push_str(", ");
+        }
+        // Writing to a String cannot fail.
+        let _ = write!(
+            policy,
             "\"{}\";q={};w={}",
             r.name,
             r.algorithm.quota(),
             r.algorithm.window_seconds()
-        ));
-        state.push(format!(
+        );
+        let _ = write!(
+            state,
             "\"{}\";r={};t={}",
             r.name,
             o.remaining,
             o.reset_secs()
-        ));
+        );
     }
     if policy.is_empty() {
         return;
     }
-    if let Ok(v) = HeaderValue::from_str(&policy.join(", ")) {
+    if let Ok(v) = HeaderValue::try_from(policy) {
         headers.insert(HeaderName::from_static("ratelimit-policy"), v);
     }
-    if let Ok(v) = HeaderValue::from_str(&state.join(", ")) {
+    if let Ok(v) = HeaderValue::try_from(state) {
         headers.insert(HeaderName::from_static("ratelimit"), v);
     }
 }

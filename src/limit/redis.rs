@@ -10,8 +10,10 @@
 //! returns one flat array. One reply per batch means a silent server costs
 //! one read timeout, not one per job.
 //!
-//! `redis::Script` keeps the SHA and, on `NOSCRIPT` (after a restart or
-//! `SCRIPT FLUSH`), loads the script and sends the call again: the first
+//! The batch is written straight into one reused `redis::Cmd` (no buffer
+//! per argument, as `redis::Script`'s invocation makes); the Script gives
+//! the SHA, and on `NOSCRIPT` (after a restart or `SCRIPT FLUSH`) the
+//! dispatcher loads the script and sends the same call again: the first
 //! call did not run, so nothing is counted twice. After a read timeout
 //! redis-rs keeps the connection usable and discards the late reply itself,
 //! so a later batch never reads an earlier batch's answer.
@@ -138,6 +140,7 @@ impl Limiter {
                 script: Arc::clone(&script),
                 errors: Arc::clone(&errors),
                 conn: None,
+                cmd: redis::Cmd::new(),
             };
             std::thread::Builder::new()
                 .name(format!("floodgate-redis-{i}"))
@@ -240,6 +243,8 @@ struct Dispatcher {
     script: Arc<redis::Script>,
     errors: Arc<AtomicU64>,
     conn: Option<r2d2::PooledConnection<redis::Client>>,
+    /// The command being sent, kept to reuse its buffers.
+    cmd: redis::Cmd,
 }
 
 impl Dispatcher {
@@ -294,30 +299,21 @@ impl Dispatcher {
                     .map_err(|e| LimiterError::Redis(e.to_string()))?,
             );
         }
-        let mut call = self.script.prepare_invoke();
-        call.arg(batch.len());
-        let mut expected = 0;
-        for job in batch {
-            match job.now_ms {
-                Some(ms) => call.arg(ms),
-                None => call.arg(""),
-            };
-            call.arg(job.checks.len());
-            for c in &job.checks {
-                let (code, p1, p2) = c.algorithm.script_args();
-                call.key(&c.key)
-                    .arg(code)
-                    .arg(p1)
-                    .arg(p2)
-                    .arg(c.cost)
-                    .arg(u8::from(c.enforce));
-            }
-            expected += 3 * job.checks.len();
-        }
+        let expected = write_batch(&mut self.cmd, self.script.get_hash(), batch);
         let Some(conn) = self.conn.as_mut() else {
             return Err(LimiterError::Stopped);
         };
-        let result: Result<Vec<i64>, redis::RedisError> = call.invoke(&mut **conn);
+        let result: Result<Vec<i64>, redis::RedisError> = match self.cmd.query(&mut **conn) {
+            // The script is not loaded (a new server, or SCRIPT FLUSH): the
+            // call did not run, so load it and send the same batch again.
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                match self.script.load(&mut **conn) {
+                    Ok(_) => self.cmd.query(&mut **conn),
+                    Err(e) => Err(e),
+                }
+            }
+            other => other,
+        };
         match result {
             Ok(values) if values.len() == expected => Ok(values),
             Ok(values) => Err(LimiterError::Redis(format!(
@@ -338,6 +334,38 @@ impl Dispatcher {
     }
 }
 
+/// Writes a batch as one `EVALSHA sha` into `cmd`, reusing its two buffers
+/// (not one allocation per argument, as a `ScriptInvocation` makes). KEYS
+/// and ARGV are laid out as `lua/batch.lua` reads them. Returns the number
+/// of values the reply must hold.
+fn write_batch(cmd: &mut redis::Cmd, sha: &str, batch: &[Job]) -> usize {
+    cmd.clear();
+    let keys: usize = batch.iter().map(|j| j.checks.len()).sum();
+    cmd.arg("EVALSHA").arg(sha).arg(keys);
+    for job in batch {
+        for c in &job.checks {
+            cmd.arg(c.key.as_str());
+        }
+    }
+    cmd.arg(batch.len());
+    for job in batch {
+        match job.now_ms {
+            Some(ms) => cmd.arg(ms),
+            None => cmd.arg(""),
+        };
+        cmd.arg(job.checks.len());
+        for c in &job.checks {
+            let (code, p1, p2) = c.algorithm.script_args();
+            cmd.arg(code)
+                .arg(p1)
+                .arg(p2)
+                .arg(c.cost)
+                .arg(u8::from(c.enforce));
+        }
+    }
+    3 * keys
+}
+
 fn deliver(batch: Vec<Job>, values: &[i64]) {
     let mut at = 0;
     for job in batch {
@@ -356,5 +384,114 @@ fn deliver(batch: Vec<Job>, values: &[i64]) {
             outcomes.push(outcome);
         }
         let _ = job.reply.send(Ok(Decision { outcomes, allowed }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use super::*;
+    use crate::limit::Algorithm;
+
+    fn job(now_ms: Option<u64>, checks: Vec<Check>) -> Job {
+        let (reply, _) = oneshot::channel();
+        Job {
+            checks,
+            now_ms,
+            deadline: Instant::now(),
+            reply,
+        }
+    }
+
+    fn check(key: &str, algorithm: Algorithm, cost: u32, enforce: bool) -> Check {
+        Check {
+            key: key.to_string(),
+            algorithm,
+            cost,
+            enforce,
+        }
+    }
+
+    #[test]
+    fn a_batch_is_one_evalsha_laid_out_as_batch_lua_reads_it() {
+        let n = |v| NonZeroU32::new(v).unwrap();
+        let batch = vec![
+            job(
+                Some(1_700_000_000_123),
+                vec![
+                    check(
+                        "p:a:ip:1",
+                        Algorithm::SlidingWindow {
+                            limit: n(5),
+                            window: Duration::from_secs(10),
+                        },
+                        1,
+                        true,
+                    ),
+                    check(
+                        "p:b:ip:1",
+                        Algorithm::TokenBucket {
+                            rate: 2.5,
+                            burst: n(20),
+                        },
+                        2,
+                        false,
+                    ),
+                ],
+            ),
+            job(
+                None,
+                vec![check(
+                    "p:c:global:all",
+                    Algorithm::FixedWindow {
+                        limit: n(3),
+                        window: Duration::from_millis(1500),
+                    },
+                    1,
+                    true,
+                )],
+            ),
+        ];
+        let mut cmd = redis::Cmd::new();
+        // A reused command starts afresh.
+        cmd.arg("LEFTOVER");
+        let expected_values = write_batch(&mut cmd, "SHA", &batch);
+        assert_eq!(expected_values, 9);
+        let mut expected = redis::Cmd::new();
+        for arg in [
+            "EVALSHA",
+            "SHA",
+            "3",
+            "p:a:ip:1",
+            "p:b:ip:1",
+            "p:c:global:all",
+            "2",
+            "1700000000123",
+            "2",
+            "1",
+            "5",
+            "10000",
+            "1",
+            "1",
+            "3",
+            "2.5",
+            "20",
+            "2",
+            "0",
+            "",
+            "1",
+            "2",
+            "3",
+            "1500",
+            "1",
+            "1",
+        ] {
+            expected.arg(arg);
+        }
+        assert_eq!(
+            String::from_utf8_lossy(&cmd.get_packed_command()),
+            String::from_utf8_lossy(&expected.get_packed_command())
+        );
     }
 }
