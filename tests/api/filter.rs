@@ -257,6 +257,52 @@ async fn replaced_rules_apply_to_the_next_request() {
     assert_eq!(app.filter.rules().len(), 3);
 }
 
+/// A reload that changes a rule's algorithm but keeps its name meets the
+/// old algorithm's key: the key is started afresh, not a failed batch (which
+/// would apply the Redis error policy to every request for a whole window).
+#[actix_web::test]
+async fn a_reload_that_changes_the_algorithm_starts_the_key_afresh() {
+    const SLIDING: &str = r#"
+[[rule]]
+name = "morph"
+paths = ["/check"]
+limit = 5
+window = "1m"
+deny = "status"
+on_redis_error = "deny"
+"#;
+    let app = spawn_app(SLIDING).await;
+    for _ in 0..3 {
+        assert_eq!(app.get("/check").await.status(), 200);
+    }
+    let key = "floodgate:morph:ip:127.0.0.1";
+    assert_eq!(app.redis.llen(key), 3);
+    for algorithm in ["fixed_window", "token_bucket", "sliding_window"] {
+        let text = if algorithm == "token_bucket" {
+            SLIDING.replace(
+                "limit = 5\nwindow = \"1m\"",
+                "algorithm = \"token_bucket\"\nrate = 1.0\nburst = 5",
+            )
+        } else {
+            SLIDING.replace(
+                "limit = 5",
+                &format!("algorithm = \"{algorithm}\"\nlimit = 5"),
+            )
+        };
+        let config = Config::parse(&text, Path::new("morph.toml")).unwrap();
+        app.filter.replace_rules(config.rules);
+        let res = app.get("/check").await;
+        assert_eq!(res.status(), 200, "after switching to {algorithm}");
+        assert_eq!(
+            remaining(&res, "morph"),
+            Some(4),
+            "{algorithm} starts afresh"
+        );
+    }
+    let metrics = app.metrics().await;
+    assert!(!metrics.contains("error_denied"), "{metrics}");
+}
+
 // ---------------------------------------------------------------------------
 // Rules before routing
 // ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 --           p1, p2 (see each algorithm), cost, enforce (1) or shadow (0)
 -- Returns a flat array, per check: allowed (1/0), remaining, ms
 -- (ms: retry-after when denied, time to reset when allowed).
+-- A key of the wrong type (a reload changed a rule's algorithm) is reset.
 local peeks = { sliding_window_peek, fixed_window_peek, token_bucket_peek }
 local commits = { sliding_window_commit, fixed_window_commit, token_bucket_commit }
 
@@ -38,7 +39,13 @@ for _ = 1, tonumber(ARGV[1]) do
     local cost = tonumber(ARGV[a + 3])
     local enforce = ARGV[a + 4] == '1'
     a = a + 5
-    local allowed, remaining, ms, state = peeks[alg](KEYS[k], now, p1, p2, cost)
+    local ok, allowed, remaining, ms, state = pcall(peeks[alg], KEYS[k], now, p1, p2, cost)
+    if not ok then
+      -- The key holds another algorithm's state (a reload changed the
+      -- rule's algorithm): start it afresh rather than fail the batch.
+      redis.call('DEL', KEYS[k])
+      allowed, remaining, ms, state = peeks[alg](KEYS[k], now, p1, p2, cost)
+    end
     checks[i] = { KEYS[k], alg, p1, p2, cost, allowed, remaining, ms, state }
     k = k + 1
     if enforce and not allowed then
