@@ -24,13 +24,26 @@ local function redis_now()
   return clock
 end
 
-local out = {}
-local a = 2
-local k = 1
-for _ = 1, tonumber(ARGV[1]) do
-  local now = tonumber(ARGV[a]) or redis_now()
-  local n = tonumber(ARGV[a + 1])
-  a = a + 2
+-- A key that holds another algorithm's state (a reload changed the rule's
+-- algorithm) is started afresh rather than failing the whole batch.
+local function peek(alg, key, now, p1, p2, cost)
+  local ok, allowed, remaining, ms, state = pcall(peeks[alg], key, now, p1, p2, cost)
+  if ok then
+    return allowed, remaining, ms, state
+  end
+  redis.call('DEL', key)
+  return peeks[alg](key, now, p1, p2, cost)
+end
+
+local function emit(out, allowed, remaining, ms)
+  out[#out + 1] = allowed and 1 or 0
+  out[#out + 1] = math.max(0, math.floor(remaining))
+  out[#out + 1] = math.max(0, math.ceil(ms))
+end
+
+-- Several rules: peek every check, commit them all only if every enforce
+-- check allows. Returns the next KEYS and ARGV positions.
+local function decide_job(out, n, now, k, a)
   local checks = {}
   local all_enforced_allow = true
   for i = 1, n do
@@ -39,13 +52,7 @@ for _ = 1, tonumber(ARGV[1]) do
     local cost = tonumber(ARGV[a + 3])
     local enforce = ARGV[a + 4] == '1'
     a = a + 5
-    local ok, allowed, remaining, ms, state = pcall(peeks[alg], KEYS[k], now, p1, p2, cost)
-    if not ok then
-      -- The key holds another algorithm's state (a reload changed the
-      -- rule's algorithm): start it afresh rather than fail the batch.
-      redis.call('DEL', KEYS[k])
-      allowed, remaining, ms, state = peeks[alg](KEYS[k], now, p1, p2, cost)
-    end
+    local allowed, remaining, ms, state = peek(alg, KEYS[k], now, p1, p2, cost)
     checks[i] = { KEYS[k], alg, p1, p2, cost, allowed, remaining, ms, state }
     k = k + 1
     if enforce and not allowed then
@@ -57,9 +64,32 @@ for _ = 1, tonumber(ARGV[1]) do
     if all_enforced_allow and c[6] then
       commits[c[2]](c[1], now, c[3], c[4], c[5], c[9])
     end
-    out[#out + 1] = c[6] and 1 or 0
-    out[#out + 1] = math.max(0, math.floor(c[7]))
-    out[#out + 1] = math.max(0, math.ceil(c[8]))
+    emit(out, c[6], c[7], c[8])
+  end
+  return k, a
+end
+
+local out = {}
+local a = 2
+local k = 1
+for _ = 1, tonumber(ARGV[1]) do
+  local now = tonumber(ARGV[a]) or redis_now()
+  local n = tonumber(ARGV[a + 1])
+  a = a + 2
+  if n == 1 then
+    -- One rule (the common case): no bookkeeping across checks.
+    local alg = tonumber(ARGV[a])
+    local p1, p2 = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    local cost = tonumber(ARGV[a + 3])
+    a = a + 5
+    local allowed, remaining, ms, state = peek(alg, KEYS[k], now, p1, p2, cost)
+    if allowed then
+      commits[alg](KEYS[k], now, p1, p2, cost, state)
+    end
+    k = k + 1
+    emit(out, allowed, remaining, ms)
+  else
+    k, a = decide_job(out, n, now, k, a)
   end
 end
 return out

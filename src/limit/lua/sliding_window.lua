@@ -50,12 +50,16 @@ local function sliding_window_peek(key, now, limit, window, cost)
 end
 
 -- Admission leaves at most `limit` entries (peek admits only when they fit),
--- so the list needs no trimming here; PEXPIRE drops an idle key.
+-- so the list needs no trimming here. PEXPIRE drops an idle key: once per
+-- key and `now` is enough, as every entry pushed at `now` expires together.
 local function sliding_window_commit(key, now, _, window, cost, seen)
   for _ = 1, cost do
     redis.call('LPUSH', key, now)
   end
-  redis.call('PEXPIRE', key, window)
+  if seen.expires ~= now then
+    redis.call('PEXPIRE', key, window)
+    seen.expires = now
+  end
   seen.used = seen.used + cost
   seen.oldest = seen.oldest or now
 end
