@@ -38,8 +38,18 @@ redis_reachable() {
   [ "$(timeout 2 redis-cli -u "$1" ping 2>/dev/null)" = "PONG" ]
 }
 
+# free_port: a TCP port on 127.0.0.1 that nothing listens on.
 free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+  if command -v python3 >/dev/null; then
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+    return
+  fi
+  local p
+  for _ in $(seq 1 100); do
+    p=$((20000 + RANDOM % 40000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+  done
+  say "no free port found"; return 1
 }
 
 # start_private_redis: starts a redis-server on a free port under .redis/
