@@ -212,14 +212,8 @@ fn security_headers() -> DefaultHeaders {
 /// Re-reads `[defaults]` and `[[rule]]` from `path`; the old rules stay in
 /// force when the file does not validate.
 pub fn reload_rules(filter: &Filter, path: &std::path::Path) -> Result<usize, config::ConfigError> {
-    let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| config::ConfigError {
-        file,
-        place: String::new(),
-        what: format!("cannot read the file: {}", config::io_words(&e)),
-    })?;
     // The whole file must validate, though only the rules are taken.
-    let config = Config::parse(&text, path)?;
+    let config = Config::load_file(path)?;
     let n = config.rules.len();
     filter.replace_rules(config.rules);
     Ok(n)

@@ -134,29 +134,24 @@ impl Filter {
         };
         let id = match &rule.key {
             KeyKind::Ip => None,
-            KeyKind::Global => Some(("global", "all".to_string())),
-            KeyKind::Path => Some(("path", path.to_string())),
-            KeyKind::Session => self
-                .state
-                .session
-                .as_ref()
-                .and_then(|f| f(req))
-                .map(|id| ("session", id)),
+            KeyKind::Global => Some("all".to_string()),
+            KeyKind::Path => Some(path.to_string()),
+            KeyKind::Session => self.state.session.as_ref().and_then(|f| f(req)),
             KeyKind::Header(name) => normalized(
                 req.headers()
                     .get(name.as_str())
                     .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
-            )
-            .map(|v| ("header", v)),
+            ),
             KeyKind::Query(name) => {
                 normalized(key::form_value(req.query_string().as_bytes(), name))
-                    .map(|v| ("query", v))
             }
-            KeyKind::Form(name) => {
-                normalized(form.and_then(|body| key::form_value(body, name))).map(|v| ("form", v))
-            }
+            KeyKind::Form(name) => normalized(form.and_then(|body| key::form_value(body, name))),
         };
-        let (kind, id) = id.unwrap_or_else(|| ("ip", key::ip_id(self.client_addr(req))));
+        // Without a value of its own kind, a request is keyed by its address.
+        let (kind, id) = match id {
+            Some(id) => (rule.key.kind(), id),
+            None => ("ip", key::ip_id(self.client_addr(req))),
+        };
         key::redis_key(&self.state.key_prefix, &rule.name, kind, &id)
     }
 }
@@ -238,16 +233,25 @@ where
             "request header fields too large\n",
         ));
     }
-    let Ok(path) = percent_encoding::percent_decode_str(req.path()).decode_utf8() else {
-        return Ok(plain(req, StatusCode::BAD_REQUEST, "bad request path\n"));
-    };
-    let path = path.into_owned();
     let rules = filter.rules();
-    let method = req.method().as_str().to_string();
-    let matched: Vec<&Rule> = rules.iter().filter(|r| r.matches(&method, &path)).collect();
-    if matched.is_empty() {
+    // Match on the decoded path; copy it only when a rule matched, so an
+    // unguarded request allocates nothing here.
+    let (matched, path) = {
+        let Ok(decoded) = percent_encoding::percent_decode_str(req.path()).decode_utf8() else {
+            return Ok(plain(req, StatusCode::BAD_REQUEST, "bad request path\n"));
+        };
+        let method = req.method().as_str();
+        let matched: Vec<&Rule> = rules
+            .iter()
+            .filter(|r| r.matches(method, &decoded))
+            .collect();
+        let path = (!matched.is_empty()).then(|| decoded.into_owned());
+        (matched, path)
+    };
+    let Some(path) = path else {
         return service.call(req).await.map(|r| r.map_into_left_body());
-    }
+    };
+    let method = req.method().clone();
 
     // A form-keyed rule reads the urlencoded body, then hands it on intact.
     let mut form: Option<Bytes> = None;
@@ -455,7 +459,7 @@ fn add_ratelimit_fields(headers: &mut header::HeaderMap, matched: &[&Rule], deci
 }
 
 /// Whether the `Accept` field names a media type.
-fn accepts(req: &HttpRequest, media: &str) -> bool {
+pub fn accepts(req: &HttpRequest, media: &str) -> bool {
     req.headers()
         .get_all(header::ACCEPT)
         .filter_map(|v| v.to_str().ok())

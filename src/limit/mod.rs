@@ -73,19 +73,6 @@ impl Algorithm {
         };
         ((ms / 1000.0).ceil() as u64).max(1)
     }
-
-    /// The three numbers the Lua script takes: algorithm code, p1, p2.
-    pub(crate) fn script_args(&self) -> (u8, String, String) {
-        match self {
-            Algorithm::SlidingWindow { limit, window } => {
-                (1, limit.to_string(), window.as_millis().to_string())
-            }
-            Algorithm::FixedWindow { limit, window } => {
-                (2, limit.to_string(), window.as_millis().to_string())
-            }
-            Algorithm::TokenBucket { rate, burst } => (3, rate.to_string(), burst.to_string()),
-        }
-    }
 }
 
 /// One rule's question about one request: may `cost` units be taken from `key`?

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::{Check, Decision, Outcome};
+use super::{Algorithm, Check, Decision, Outcome};
 use crate::config::RedisConfig;
 
 /// The Lua that Redis runs: one function per algorithm, then the batch driver.
@@ -355,12 +355,17 @@ fn write_batch(cmd: &mut redis::Cmd, sha: &str, batch: &[Job]) -> usize {
         };
         cmd.arg(job.checks.len());
         for c in &job.checks {
-            let (code, p1, p2) = c.algorithm.script_args();
-            cmd.arg(code)
-                .arg(p1)
-                .arg(p2)
-                .arg(c.cost)
-                .arg(u8::from(c.enforce));
+            // Algorithm code, p1, p2 as the algorithm's Lua file names them.
+            match c.algorithm {
+                Algorithm::SlidingWindow { limit, window } => {
+                    cmd.arg(1).arg(limit.get()).arg(window.as_millis() as u64)
+                }
+                Algorithm::FixedWindow { limit, window } => {
+                    cmd.arg(2).arg(limit.get()).arg(window.as_millis() as u64)
+                }
+                Algorithm::TokenBucket { rate, burst } => cmd.arg(3).arg(rate).arg(burst.get()),
+            };
+            cmd.arg(c.cost).arg(u8::from(c.enforce));
         }
     }
     3 * keys

@@ -174,6 +174,35 @@ fn csrf_ok(site: &Site, visitor: &Visitor, fields: &Fields) -> bool {
             .is_some_and(|t| session::csrf_ok(&site.secret, &visitor.sid, t))
 }
 
+/// Issues a new `purpose` code for `phone` (replacing any earlier one) and
+/// texts it. A reset code is texted only when the phone has an account, but
+/// the Redis work is the same either way, so the answer tells nothing.
+async fn text_code(site: &Site, purpose: Purpose, phone: &Phone) -> Result<(), SiteError> {
+    let (store, sms) = (site.store.clone(), Arc::clone(&site.sms));
+    let to = phone.clone();
+    site.redis(move |conn| {
+        let send = match purpose {
+            Purpose::SignIn => true,
+            Purpose::Reset => store.account(conn, &to)?.is_some(),
+        };
+        let code = store.issue_code(conn, purpose, &to)?;
+        if !send {
+            return Ok(());
+        }
+        let minutes = CODE_TTL_SECS / 60;
+        let text = match purpose {
+            Purpose::SignIn => {
+                format!("Your floodgate sign-in code is {code}. It expires in {minutes} minutes.")
+            }
+            Purpose::Reset => format!(
+                "Your floodgate password reset code is {code}. It expires in {minutes} minutes. If you did not ask for it, ignore this message."
+            ),
+        };
+        sms.send(conn, &to, &text)
+    })
+    .await
+}
+
 /// `GET /login`
 pub async fn login_form(
     site: web::Data<Site>,
@@ -202,20 +231,7 @@ pub async fn send_code(
         phone,
         mut form,
     } = post;
-    let (store, sms) = (site.store.clone(), Arc::clone(&site.sms));
-    let to = phone.clone();
-    site.redis(move |conn| {
-        let code = store.issue_code(conn, Purpose::SignIn, &to)?;
-        sms.send(
-            conn,
-            &to,
-            &format!(
-                "Your floodgate sign-in code is {code}. It expires in {} minutes.",
-                CODE_TTL_SECS / 60
-            ),
-        )
-    })
-    .await?;
+    text_code(&site, Purpose::SignIn, &phone).await?;
     log::info!("sign-in code sent to {}", phone.masked());
     form.phone = phone.display();
     form.code_sent = true;
@@ -488,26 +504,7 @@ pub async fn reset_request(
         phone,
         mut form,
     } = post;
-    let (store, sms) = (site.store.clone(), Arc::clone(&site.sms));
-    let to = phone.clone();
-    site.redis(move |conn| {
-        // The same Redis work either way: the code is issued (and replaced
-        // or left to expire), and only an existing account is texted.
-        let exists = store.account(conn, &to)?.is_some();
-        let code = store.issue_code(conn, Purpose::Reset, &to)?;
-        if exists {
-            sms.send(
-                conn,
-                &to,
-                &format!(
-                    "Your floodgate password reset code is {code}. It expires in {} minutes. If you did not ask for it, ignore this message.",
-                    CODE_TTL_SECS / 60
-                ),
-            )?;
-        }
-        Ok(())
-    })
-    .await?;
+    text_code(&site, Purpose::Reset, &phone).await?;
     form.phone = phone.display();
     form.code_sent = true;
     form.notice = format!(

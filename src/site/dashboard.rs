@@ -312,20 +312,14 @@ pub async fn outbox(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
         return Ok(super::pages::not_found(req).await);
     };
     let messages = site.redis(move |conn| outbox.read(conn)).await?;
-    let wants_json = req
-        .headers()
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("application/json"));
-    if wants_json {
+    if crate::filter::accepts(&req, "application/json") {
         return Ok(HttpResponse::Ok()
             .insert_header((header::CACHE_CONTROL, "no-store"))
             .json(messages));
     }
     let page = OutboxPage {
         site_title: site.title(),
-        signed_in: super::session::read_cookie(&site.secret, &req)
-            .is_some_and(|c| c.account.is_some()),
+        signed_in: super::pages::signed_in(&site, &req),
         messages,
     };
     let mut res = render(&page, StatusCode::OK);

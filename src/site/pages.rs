@@ -206,7 +206,7 @@ fn back_link(req: &HttpRequest, rule: Option<&Rule>) -> String {
 }
 
 /// Whether the cookie names an account (for the nav only; no Redis call).
-fn signed_in(site: &Site, req: &HttpRequest) -> bool {
+pub fn signed_in(site: &Site, req: &HttpRequest) -> bool {
     super::session::read_cookie(&site.secret, req).is_some_and(|c| c.account.is_some())
 }
 
