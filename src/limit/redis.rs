@@ -23,7 +23,7 @@
 //! server went away while it sat idle fails only AFTER the next command has
 //! been written, when nobody can tell any more whether that command ran.
 //! A decision is sent a second time only when the first attempt provably
-//! never reached Redis; see [`Dispatcher::send`] for the exact rule.
+//! never reached Redis; the dispatcher's `send` spells out the exact rule.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
