@@ -14,15 +14,24 @@
 //! per argument, as `redis::Script`'s invocation makes); the Script gives
 //! the SHA, and on `NOSCRIPT` (after a restart or `SCRIPT FLUSH`) the
 //! dispatcher loads the script and sends the same call again: the first
-//! call did not run, so nothing is counted twice. After a read timeout
-//! redis-rs keeps the connection usable and discards the late reply itself,
-//! so a later batch never reads an earlier batch's answer.
+//! call did not run, so nothing is counted twice.
+//!
+//! Broken connections (see [`Conn`]): a connection that saw an I/O error
+//! is never used again (not even after a read timeout, so a later call
+//! never waits behind a late reply), and one that has been idle is checked
+//! with a PING before anything is sent on it, because a connection whose
+//! server went away while it sat idle fails only AFTER the next command has
+//! been written, when nobody can tell any more whether that command ran.
+//! A decision is sent a second time only when the first attempt provably
+//! never reached Redis; the dispatcher's `send` spells out the exact rule.
 
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use redis::ConnectionLike as _;
 use tokio::sync::oneshot;
 
 use super::{Algorithm, Check, Decision, Outcome};
@@ -46,8 +55,16 @@ const MAX_BATCH: usize = 256;
 /// Jobs that may wait for a dispatcher before new ones are refused.
 const QUEUE: usize = 16_384;
 
-/// The r2d2 pool of synchronous Redis connections.
-pub type Pool = r2d2::Pool<redis::Client>;
+/// A connection that has not been answered on for this long is checked with
+/// a PING before it is used. Shorter than any server restart (a process
+/// that dies, and a new one that starts and listens, takes milliseconds),
+/// so a connection that broke while Redis was away is always checked; and
+/// under load, when batches follow each other, no PING is added.
+const IDLE_CHECK: Duration = Duration::from_millis(1);
+
+/// The r2d2 pool of synchronous Redis connections, for the site's own Redis
+/// work and `/readyz`. (The dispatcher threads open their own.)
+pub type Pool = r2d2::Pool<Manager>;
 
 /// Why a decision could not be made. The filter applies `on_redis_error`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,35 +117,164 @@ impl std::fmt::Debug for Limiter {
     }
 }
 
-/// Sets read and write timeouts on every new pooled connection.
-#[derive(Debug)]
-struct Timeouts(Duration);
+/// A Redis connection that knows when Redis last answered on it and
+/// whether an error has left it in an unknown state. Derefs to the
+/// `redis::Connection`.
+pub struct Conn {
+    inner: redis::Connection,
+    /// When Redis last answered on this connection (or when it was opened).
+    answered: Instant,
+    /// An I/O error (or an unparsable reply) left the connection in an
+    /// unknown state: it goes back to nobody.
+    spoiled: bool,
+}
 
-impl r2d2::CustomizeConnection<redis::Connection, redis::RedisError> for Timeouts {
-    fn on_acquire(&self, conn: &mut redis::Connection) -> Result<(), redis::RedisError> {
-        conn.set_read_timeout(Some(self.0))?;
-        conn.set_write_timeout(Some(self.0))
+impl Conn {
+    /// Whether Redis answered on it so recently that it needs no check.
+    fn recently_answered(&self) -> bool {
+        self.answered.elapsed() < IDLE_CHECK
+    }
+
+    /// PING: safe to send as often as needed. Records the outcome.
+    pub fn ping(&mut self) -> redis::RedisResult<()> {
+        let result = redis::cmd("PING")
+            .query::<String>(&mut self.inner)
+            .and_then(|pong| match pong.as_str() {
+                "PONG" => Ok(()),
+                _ => Err(redis::RedisError::from((
+                    redis::ErrorKind::UnexpectedReturnType,
+                    "PING answered",
+                    pong,
+                ))),
+            });
+        self.note(&result);
+        result
+    }
+
+    /// Records what using the connection came to: an answer refreshes it;
+    /// an error that may have left it out of step with Redis (I/O, a reply
+    /// that could not be read) spoils it, and it is then dropped rather than
+    /// reused. An error reply from Redis is an answer like any other.
+    pub fn note<T>(&mut self, result: &redis::RedisResult<T>) {
+        match result {
+            Err(e) if spoils(e) => self.spoiled = true,
+            _ => self.answered = Instant::now(),
+        }
+    }
+
+    /// Marks the connection as not to be used again.
+    fn spoil(&mut self) {
+        self.spoiled = true;
+    }
+
+    /// Whether it may be used again.
+    fn usable(&self) -> bool {
+        !self.spoiled && self.inner.is_open()
+    }
+}
+
+impl Deref for Conn {
+    type Target = redis::Connection;
+
+    fn deref(&self) -> &redis::Connection {
+        &self.inner
+    }
+}
+
+impl DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut redis::Connection {
+        &mut self.inner
+    }
+}
+
+/// Whether an error leaves the connection in an unknown state: any I/O
+/// error (refused, reset, EOF, broken pipe, timeout: after a timeout the
+/// late reply is still on its way) or a reply that could not be parsed.
+fn spoils(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_unrecoverable_error()
+}
+
+/// Opens [`Conn`]s for the pool and the dispatchers: every connect is bounded
+/// by the timeout (a server that does not answer SYNs cannot hold a thread
+/// for minutes), every connection gets read and write timeouts, and a
+/// connection taken from the pool after sitting idle is checked with a PING
+/// (and replaced by the pool when the PING fails).
+#[derive(Debug, Clone)]
+pub struct Manager {
+    client: redis::Client,
+    timeout: Duration,
+}
+
+impl Manager {
+    /// A new connection, open within `within` (at most the timeout).
+    fn open(&self, within: Duration) -> redis::RedisResult<Conn> {
+        let within = within.min(self.timeout).max(Duration::from_millis(1));
+        let inner = self.client.get_connection_with_timeout(within)?;
+        inner.set_read_timeout(Some(self.timeout))?;
+        inner.set_write_timeout(Some(self.timeout))?;
+        Ok(Conn {
+            inner,
+            answered: Instant::now(),
+            spoiled: false,
+        })
+    }
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = Conn;
+    type Error = redis::RedisError;
+
+    fn connect(&self) -> Result<Conn, redis::RedisError> {
+        self.open(self.timeout)
+    }
+
+    /// Run at every checkout: a connection answered on a moment ago is
+    /// taken as is; any other gets a PING first. A dead one (Redis restarted
+    /// or closed it while it sat in the pool) fails the PING, and the pool
+    /// drops it and hands out another or a new one: nothing the caller
+    /// sends ever goes to a connection that broke while it was idle.
+    fn is_valid(&self, conn: &mut Conn) -> Result<(), redis::RedisError> {
+        if conn.recently_answered() {
+            return Ok(());
+        }
+        conn.ping()
+    }
+
+    /// Run when a connection comes back: a spoiled or closed one is dropped.
+    fn has_broken(&self, conn: &mut Conn) -> bool {
+        !conn.usable()
     }
 }
 
 /// Builds the pool without connecting: the site starts even while Redis is
 /// down, and connects when it returns.
 pub fn build_pool(config: &RedisConfig) -> Result<Pool, LimiterError> {
-    let client =
-        redis::Client::open(config.url.as_str()).map_err(|e| LimiterError::Redis(e.to_string()))?;
     Ok(r2d2::Pool::builder()
         .max_size(config.pool_size)
         .min_idle(Some(0))
-        .test_on_check_out(false)
+        .test_on_check_out(true)
         .connection_timeout(config.timeout)
-        .connection_customizer(Box::new(Timeouts(config.timeout)))
-        .build_unchecked(client))
+        .build_unchecked(manager(config)?))
+}
+
+fn manager(config: &RedisConfig) -> Result<Manager, LimiterError> {
+    let client =
+        redis::Client::open(config.url.as_str()).map_err(|e| LimiterError::Redis(e.to_string()))?;
+    Ok(Manager {
+        client,
+        timeout: config.timeout,
+    })
 }
 
 impl Limiter {
     /// Builds the pool and starts the dispatcher threads.
     pub fn new(config: &RedisConfig) -> Result<Limiter, LimiterError> {
         let pool = build_pool(config)?;
+        let manager = manager(config)?;
         let (queue, rx) = sync_channel::<Job>(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
         let script = Arc::new(redis::Script::new(SCRIPT_SOURCE));
@@ -136,11 +282,12 @@ impl Limiter {
         for i in 0..DISPATCHERS {
             let dispatcher = Dispatcher {
                 rx: Arc::clone(&rx),
-                pool: pool.clone(),
+                manager: manager.clone(),
                 script: Arc::clone(&script),
                 errors: Arc::clone(&errors),
                 conn: None,
                 cmd: redis::Cmd::new(),
+                packed: Vec::new(),
             };
             std::thread::Builder::new()
                 .name(format!("floodgate-redis-{i}"))
@@ -225,26 +372,105 @@ impl Limiter {
     }
 
     /// PING through the pool, bounded by the timeout. Blocking.
+    ///
+    /// The checkout already replaces a pooled connection that died while
+    /// idle. If the PING still fails on a broken connection (it broke a
+    /// moment ago), it is sent once more on another connection: a PING can
+    /// be repeated safely. A checkout that timed out is not retried (Redis
+    /// is away, and the answer must come within the timeout).
     pub fn ping(&self) -> Result<(), LimiterError> {
-        let mut conn = self
-            .pool
-            .get_timeout(self.timeout)
-            .map_err(|e| LimiterError::Redis(e.to_string()))?;
-        redis::cmd("PING")
-            .query::<String>(&mut *conn)
-            .map(|_| ())
-            .map_err(|e| LimiterError::Redis(e.to_string()))
+        let deadline = Instant::now() + self.timeout;
+        let mut retried = false;
+        loop {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            let mut conn = self
+                .pool
+                .get_timeout(wait)
+                .map_err(|e| LimiterError::Redis(e.to_string()))?;
+            match conn.ping() {
+                Ok(()) => return Ok(()),
+                Err(e) if spoils(&e) && !retried && Instant::now() < deadline => {
+                    log::debug!("readiness PING on a broken connection ({e}); trying another");
+                    retried = true;
+                }
+                Err(e) => return Err(LimiterError::Redis(e.to_string())),
+            }
+        }
     }
 }
 
 struct Dispatcher {
     rx: Arc<Mutex<Receiver<Job>>>,
-    pool: Pool,
+    /// Opens the dispatcher's own connection (not from the pool: a pool
+    /// that failed to connect waits out its back-off before it tries again,
+    /// and a decision must not wait for that once Redis is back).
+    manager: Manager,
     script: Arc<redis::Script>,
     errors: Arc<AtomicU64>,
-    conn: Option<r2d2::PooledConnection<redis::Client>>,
+    conn: Option<Conn>,
     /// The command being sent, kept to reuse its buffers.
     cmd: redis::Cmd,
+    /// The command as it goes on the wire, reused likewise.
+    packed: Vec<u8>,
+}
+
+/// Why a batch got no decision.
+enum SendError {
+    /// The call never reached Redis whole, so Redis did not run it: it may
+    /// be sent again.
+    Unsent(LimiterError),
+    /// Anything else: the call may have run, or there is no connection.
+    Failed(LimiterError),
+}
+
+/// How one call on a connection failed.
+enum CallError {
+    /// Writing it failed: Redis never received it whole.
+    Unsent(redis::RedisError),
+    /// Written whole, then no reply could be read: it may have run.
+    Unanswered(redis::RedisError),
+    /// Redis answered with an error, or with something unreadable.
+    Answered(redis::RedisError),
+}
+
+impl CallError {
+    fn error(&self) -> &redis::RedisError {
+        match self {
+            CallError::Unsent(e) | CallError::Unanswered(e) | CallError::Answered(e) => e,
+        }
+    }
+}
+
+/// Sends `cmd` on `conn` and reads its reply, telling apart a write that
+/// failed (nothing ran) from a reply that never came (it may have run).
+/// Records the outcome on the connection.
+fn call<T: redis::FromRedisValue>(
+    conn: &mut Conn,
+    cmd: &redis::Cmd,
+    packed: &mut Vec<u8>,
+) -> Result<T, CallError> {
+    packed.clear();
+    cmd.write_packed_command(packed);
+    if let Err(e) = conn.send_packed_command(packed) {
+        conn.spoil();
+        return Err(CallError::Unsent(e));
+    }
+    let reply = loop {
+        match conn.recv_response() {
+            // Out-of-band RESP3 pushes are no reply.
+            Ok(redis::Value::Push { .. }) => continue,
+            Ok(value) => break value,
+            Err(e) => {
+                conn.spoil();
+                return Err(CallError::Unanswered(e));
+            }
+        }
+    };
+    let result = reply
+        .extract_error()
+        .and_then(|v| redis::from_redis_value(v).map_err(redis::RedisError::from));
+    conn.note(&result);
+    result.map_err(CallError::Answered)
 }
 
 impl Dispatcher {
@@ -253,16 +479,26 @@ impl Dispatcher {
             let Some(mut batch) = self.next_batch() else {
                 return;
             };
-            let now = Instant::now();
             // Jobs whose caller has already given up are not decided: they
             // would take quota for a request that was answered without it.
-            batch.retain(|j| j.deadline > now && !j.reply.is_closed());
+            retain_waiting(&mut batch);
             if batch.is_empty() {
                 continue;
             }
-            match self.send(&batch) {
+            let mut result = self.send(&batch);
+            if let Err(SendError::Unsent(e)) = &result {
+                // Redis never received the call: send it once more, on a
+                // new connection, for the callers still waiting.
+                log::info!("redis connection broken before the call was sent ({e}); sending it again on a new connection");
+                retain_waiting(&mut batch);
+                if batch.is_empty() {
+                    continue;
+                }
+                result = self.send(&batch);
+            }
+            match result {
                 Ok(values) => deliver(batch, &values),
-                Err(e) => {
+                Err(SendError::Unsent(e) | SendError::Failed(e)) => {
                     self.errors.fetch_add(1, Ordering::Relaxed);
                     log::warn!("redis error, {} decisions affected: {e}", batch.len());
                     for job in batch {
@@ -290,48 +526,111 @@ impl Dispatcher {
         Some(batch)
     }
 
-    /// One script call for the whole batch.
-    fn send(&mut self, batch: &[Job]) -> Result<Vec<i64>, LimiterError> {
-        if self.conn.is_none() {
-            self.conn = Some(
-                self.pool
-                    .get()
-                    .map_err(|e| LimiterError::Redis(e.to_string()))?,
-            );
+    /// Makes sure the dispatcher holds a connection Redis answers on: the one
+    /// it has, if Redis answered on it a moment ago or answers a PING now;
+    /// else a new one, opened before `deadline`. The PING is what keeps a
+    /// decision off a connection that died while idle (see
+    /// [`Dispatcher::send`]); it costs one round trip, and only after the
+    /// dispatcher has been idle for [`IDLE_CHECK`].
+    fn connect(&mut self, deadline: Instant) -> Result<(), LimiterError> {
+        if let Some(conn) = self.conn.as_mut() {
+            if !conn.recently_answered() {
+                if let Err(e) = conn.ping() {
+                    log::info!("redis connection found broken ({e}); opening a new one");
+                    self.conn = None;
+                }
+            }
         }
+        if self.conn.is_none() {
+            let within = deadline.saturating_duration_since(Instant::now());
+            let conn = self
+                .manager
+                .open(within)
+                .map_err(|e| LimiterError::Redis(e.to_string()))?;
+            self.conn = Some(conn);
+        }
+        Ok(())
+    }
+
+    /// One script call for the whole batch.
+    ///
+    /// When may a call be sent again? Only when Redis cannot have run it:
+    /// - the write failed (broken pipe, reset, timeout): redis-rs writes the
+    ///   whole command or returns the error, and Redis runs only a command it
+    ///   received whole; a part it did receive dies with the connection;
+    /// - Redis answered `NOSCRIPT`: it did not run the script.
+    ///
+    /// A read that fails after a complete write (EOF, reset, timeout) is
+    /// never repeated, whatever its cause: Redis may have run the script and
+    /// then died or dropped the connection before the reply reached us, and
+    /// a second call would count those requests twice. That includes the
+    /// case of a server that restarted while the connection sat idle: the
+    /// dead socket still accepts the write (the kernel buffers it; the
+    /// peer's reset comes back later), so the error only shows on the read.
+    /// The new server never saw that call, so repeating it would be right,
+    /// but from the connection alone it is indistinguishable from a call
+    /// that ran. So that case is kept from happening instead: a connection
+    /// idle for [`IDLE_CHECK`] gets a PING first (safe to repeat), and a
+    /// failed PING means a new connection, before the batch is written.
+    /// What remains is a connection that breaks within that last moment:
+    /// its batch fails and `on_redis_error` applies; nothing counts twice.
+    fn send(&mut self, batch: &[Job]) -> Result<Vec<i64>, SendError> {
         let expected = write_batch(&mut self.cmd, self.script.get_hash(), batch);
+        let deadline = batch
+            .iter()
+            .map(|j| j.deadline)
+            .max()
+            .unwrap_or_else(Instant::now);
+        self.connect(deadline).map_err(SendError::Failed)?;
         let Some(conn) = self.conn.as_mut() else {
-            return Err(LimiterError::Stopped);
+            return Err(SendError::Failed(LimiterError::Stopped));
         };
-        let result: Result<Vec<i64>, redis::RedisError> = match self.cmd.query(&mut **conn) {
+        let result: Result<Vec<i64>, CallError> = match call(conn, &self.cmd, &mut self.packed) {
             // The script is not loaded (a new server, or SCRIPT FLUSH): the
             // call did not run, so load it and send the same batch again.
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                match self.script.load(&mut **conn) {
-                    Ok(_) => self.cmd.query(&mut **conn),
-                    Err(e) => Err(e),
+            Err(CallError::Answered(e))
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                let loaded = self.script.load(&mut **conn);
+                conn.note(&loaded);
+                match loaded {
+                    Ok(_) => call(conn, &self.cmd, &mut self.packed),
+                    Err(e) => Err(CallError::Answered(e)),
                 }
             }
             other => other,
         };
+        if self.conn.as_ref().is_some_and(|c| !c.usable()) {
+            // Let the next batch open a fresh connection.
+            self.conn = None;
+        }
         match result {
             Ok(values) if values.len() == expected => Ok(values),
-            Ok(values) => Err(LimiterError::Redis(format!(
+            Ok(values) => Err(SendError::Failed(LimiterError::Redis(format!(
                 "the script returned {} values, expected {expected}",
                 values.len()
-            ))),
+            )))),
             Err(e) => {
-                if e.is_timeout() {
-                    return Err(LimiterError::Timeout);
+                let limiter_error = if e.error().is_timeout() {
+                    LimiterError::Timeout
+                } else {
+                    LimiterError::Redis(e.error().to_string())
+                };
+                match e {
+                    CallError::Unsent(_) => Err(SendError::Unsent(limiter_error)),
+                    CallError::Unanswered(_) | CallError::Answered(_) => {
+                        Err(SendError::Failed(limiter_error))
+                    }
                 }
-                if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-                    // Let the pool open a fresh connection next time.
-                    self.conn = None;
-                }
-                Err(LimiterError::Redis(e.to_string()))
             }
         }
     }
+}
+
+/// Keeps the jobs whose caller is still waiting for the answer.
+fn retain_waiting(batch: &mut Vec<Job>) {
+    let now = Instant::now();
+    batch.retain(|j| j.deadline > now && !j.reply.is_closed());
 }
 
 /// Writes a batch as one `EVALSHA sha` into `cmd`, reusing its two buffers

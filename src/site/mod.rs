@@ -44,6 +44,13 @@ impl Site {
     }
 
     /// Runs blocking Redis work on the blocking pool with a pooled connection.
+    ///
+    /// The checkout hands out only a connection Redis answers on: one that
+    /// sat idle is checked with a PING first, and a dead one (Redis restarted
+    /// or closed it meanwhile) is replaced before `work` sees it. `work` is
+    /// run once and never repeated: it may write several keys, and after a
+    /// failure nobody can tell which of its commands ran. A connection that
+    /// saw an I/O error is dropped instead of going back to the pool.
     pub async fn redis<T, F>(&self, work: F) -> Result<T, SiteError>
     where
         F: FnOnce(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
@@ -54,7 +61,9 @@ impl Site {
             let mut conn = pool
                 .get()
                 .map_err(|e| SiteError::unavailable(format!("redis pool: {e}")))?;
-            work(&mut conn).map_err(|e| SiteError::unavailable(format!("redis: {e}")))
+            let result = work(&mut conn);
+            conn.note(&result);
+            result.map_err(|e| SiteError::unavailable(format!("redis: {e}")))
         })
         .await
         .map_err(|e| SiteError::internal(e.to_string()))?

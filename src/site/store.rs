@@ -289,6 +289,12 @@ fn random_code() -> Result<String, getrandom::Error> {
     }
 }
 
+/// The OS gave no randomness. Not an I/O error on the Redis connection, so
+/// that the connection, which is fine, goes back to the pool.
 fn io_error(e: getrandom::Error) -> redis::RedisError {
-    redis::RedisError::from(std::io::Error::other(e.to_string()))
+    redis::RedisError::from((
+        redis::ErrorKind::Client,
+        "no randomness from the OS",
+        e.to_string(),
+    ))
 }

@@ -1,13 +1,24 @@
-//! Faults (CONTRACT 3.11, 3.13, 4): Redis stopped (allow and deny policies
-//! answer within the timeout, /readyz says 503) and restarted on the same
-//! port (decisions resume without restarting the app); SCRIPT FLUSH between
-//! requests; Redis asleep (answers within the timeout, then exact counts: no
-//! late reply is handed to a later request); malformed input of every kind
-//! gets a 4xx, never a 5xx, and the app keeps serving.
+//! Faults: Redis stopped (allow and deny policies answer within the
+//! timeout, /readyz says 503, and the first decision and page after it
+//! returns succeed); Redis restarted while the app was idle (no decision,
+//! page, code or readiness check fails on a connection that broke meanwhile,
+//! and every admission is counted once); a reply lost after the script ran
+//! (the call is never repeated); SCRIPT FLUSH between requests; Redis asleep
+//! (answers within the timeout, then exact counts: no late reply is handed
+//! to a later request); malformed input of every kind gets a 4xx, never a
+//! 5xx, and the app keeps serving.
 
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::helpers::{header, metric, raw_request, remaining, spawn_app, TestApp};
+use floodgate::config::Config;
+use floodgate::limit::{Algorithm, Check, Limiter, LimiterError};
+
+use crate::helpers::{header, metric, raw_request, remaining, spawn_app, RedisServer, TestApp};
 
 /// The configured Redis timeout, and what a decision may take on top of it.
 const TIMEOUT: Duration = Duration::from_millis(200);
@@ -39,23 +50,6 @@ async fn timed_get(app: &TestApp, path: &str) -> (reqwest::Response, Duration) {
     let started = Instant::now();
     let res = app.get(path).await;
     (res, started.elapsed())
-}
-
-/// Polls `GET path` until a decision comes back from Redis again (the
-/// response carries RateLimit fields); returns that response.
-async fn await_decisions(app: &TestApp, path: &str) -> reqwest::Response {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let res = app.get(path).await;
-        if header(&res, "ratelimit").is_some() {
-            return res;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{path}: no decisions 10 s after Redis returned"
-        );
-        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Sends `GET path` until denied: exactly `left` more must be allowed.
@@ -105,17 +99,256 @@ async fn redis_down_applies_the_error_policy_in_time_and_recovers() {
         "{metrics}"
     );
 
-    // Back on the same port, empty: the same app decides again, and enforces.
+    let (res, took) = timed_get(&app, "/dev/outbox").await;
+    assert_eq!(
+        res.status(),
+        503,
+        "a page that needs Redis while it is down"
+    );
+    assert!(took <= TIMEOUT + MARGIN, "/dev/outbox took {took:?}");
+
+    // Back on the same port, empty: the very first requests are decided by
+    // Redis again (no restart of the app, no failed decision once it
+    // answers), the limits hold exactly, and the pages work again.
     app.redis.restart();
     for (path, rule) in [("/check", "soft"), ("/api/ping", "hard")] {
-        let res = await_decisions(&app, path).await;
-        assert_eq!(res.status(), 200);
-        let left = remaining(&res, rule).unwrap();
-        assert_exactly_left(&app, path, rule, left).await;
+        assert_exactly_left(&app, path, rule, 3).await;
     }
     assert_eq!(app.get("/readyz").await.status(), 200);
+    assert_eq!(app.get("/dev/outbox").await.status(), 200);
     assert_eq!(app.redis.llen("floodgate:soft:ip:127.0.0.1"), 3);
     assert_eq!(app.redis.llen("floodgate:hard:ip:127.0.0.1"), 3);
+}
+
+const RESTARTED: &str = r#"
+[redis]
+timeout = "250ms"
+
+[[rule]]
+name = "exact"
+paths = ["/check"]
+limit = 5
+window = "1m"
+deny = "status"
+on_redis_error = "deny"
+
+[[rule]]
+name = "codes"
+paths = ["/sms/send"]
+methods = ["POST"]
+key = "form:phone"
+normalize = "digits"
+limit = 3
+window = "1m"
+deny = "status"
+on_redis_error = "deny"
+"#;
+
+/// Leaves the app holding as many connections as it will: both dispatcher
+/// threads decide (sequential requests alternate between them) and the
+/// site's pool is filled by concurrent pages. All of them then sit idle.
+async fn use_every_connection(app: &TestApp) {
+    for _ in 0..4 {
+        assert_eq!(app.get("/check").await.status(), 200);
+    }
+    let pages: Vec<_> = (0..12)
+        .map(|i| {
+            let path = if i % 3 == 0 { "/readyz" } else { "/dev/outbox" };
+            actix_web::rt::spawn(app.client.get(app.url(path)).send())
+        })
+        .collect();
+    for page in pages {
+        assert_eq!(page.await.unwrap().unwrap().status(), 200);
+    }
+}
+
+#[actix_web::test]
+async fn an_idle_redis_restart_fails_no_decision_and_counts_each_admission_once() {
+    let mut app = spawn_app(RESTARTED).await;
+    use_every_connection(&app).await;
+    // Killed and started again, empty, with no request in between: every
+    // connection the app holds is dead, and Redis answers.
+    app.redis.restart();
+    // Exactly the limit is admitted after the restart: no decision fails
+    // (that would be a 503), and none is counted twice.
+    assert_exactly_left(&app, "/check", "exact", 5).await;
+    assert_eq!(app.redis.llen("floodgate:exact:ip:127.0.0.1"), 5);
+    // And again after a second restart, with the connections of the first.
+    app.redis.restart();
+    assert_exactly_left(&app, "/check", "exact", 5).await;
+    assert_eq!(app.redis.llen("floodgate:exact:ip:127.0.0.1"), 5);
+}
+
+#[actix_web::test]
+async fn an_idle_redis_restart_fails_no_page_and_no_readiness_check() {
+    let mut app = spawn_app(RESTARTED).await;
+    use_every_connection(&app).await;
+    app.redis.restart();
+    // More pages than the pool holds connections, so that every one of the
+    // dead connections is checked out.
+    for i in 0..20 {
+        let res = app.get_json("/dev/outbox").await;
+        assert_eq!(res.status(), 200, "/dev/outbox #{i} after the restart");
+    }
+    use_every_connection(&app).await;
+    app.redis.restart();
+    for i in 0..20 {
+        assert_eq!(app.get("/readyz").await.status(), 200, "/readyz #{i}");
+    }
+}
+
+/// The CSRF token on the sign-in page, for a client with a cookie jar.
+async fn csrf(app: &TestApp, client: &reqwest::Client) -> String {
+    let page = client
+        .get(app.url("/login"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let at = page.find("name=\"csrf\" value=\"").expect("a csrf field") + 19;
+    page[at..at + 64].to_string()
+}
+
+#[actix_web::test]
+async fn an_idle_redis_restart_fails_no_code_sent_and_counts_each_code_once() {
+    let mut app = spawn_app(RESTARTED).await;
+    let user = reqwest::Client::builder()
+        .cookie_store(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let token = csrf(&app, &user).await;
+    let url = app.url("/sms/send");
+    let send = |phone: &'static str| {
+        user.post(&url)
+            .form(&[("phone", phone), ("csrf", token.as_str())])
+            .send()
+    };
+    assert_eq!(send("+1 555 010 7001").await.unwrap().status(), 200);
+    use_every_connection(&app).await;
+    app.redis.restart();
+    // A code takes a decision and the site's own Redis work (the code, the
+    // outbox): the first three both succeed, the fourth is the limit.
+    for i in 0..3 {
+        let res = send("+1 555 010 7002").await.unwrap();
+        assert_eq!(res.status(), 200, "code #{i} after the restart");
+        assert_eq!(remaining(&res, "codes"), Some(2 - i), "code #{i}");
+    }
+    assert_eq!(send("+1 555 010 7002").await.unwrap().status(), 429);
+    assert_eq!(app.redis.llen("floodgate:codes:form:15550107002"), 3);
+    let outbox: serde_json::Value = app.get_json("/dev/outbox").await.json().await.unwrap();
+    let texts = outbox
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["phone"] == "+15550107002")
+        .count();
+    assert_eq!(texts, 3, "{outbox}");
+}
+
+/// A relay in front of Redis that can lose the reply to a script call: it
+/// passes the call on, waits for Redis's answer (so the call has run), and
+/// then closes the client's connection instead of answering.
+struct ReplyLosingRelay {
+    port: u16,
+    lose_next_script_reply: Arc<AtomicBool>,
+}
+
+impl ReplyLosingRelay {
+    fn start(upstream: String) -> ReplyLosingRelay {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let armed = Arc::new(AtomicBool::new(false));
+        let relay_armed = Arc::clone(&armed);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let doomed = Arc::new(AtomicBool::new(false));
+                // Client to Redis: marks the connection whose script call
+                // must go unanswered.
+                let (mut from, mut to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let (armed, mark) = (Arc::clone(&relay_armed), Arc::clone(&doomed));
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16 * 1024];
+                    while let Ok(n @ 1..) = from.read(&mut buf) {
+                        let chunk = &buf[..n];
+                        if chunk.windows(7).any(|w| w == b"EVALSHA")
+                            && armed.swap(false, Ordering::SeqCst)
+                        {
+                            mark.store(true, Ordering::SeqCst);
+                        }
+                        if to.write_all(chunk).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(Shutdown::Both);
+                });
+                // Redis to client: drops the connection at the doomed reply.
+                let (mut from, mut to) = (server, client);
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16 * 1024];
+                    while let Ok(n @ 1..) = from.read(&mut buf) {
+                        if doomed.load(Ordering::SeqCst) || to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(Shutdown::Both);
+                    let _ = from.shutdown(Shutdown::Both);
+                });
+            }
+        });
+        ReplyLosingRelay {
+            port,
+            lose_next_script_reply: armed,
+        }
+    }
+}
+
+#[actix_web::test]
+async fn a_script_call_whose_reply_is_lost_is_never_sent_twice() {
+    let redis = RedisServer::start();
+    let upstream = redis
+        .url()
+        .trim_start_matches("redis://")
+        .trim_end_matches("/0")
+        .to_string();
+    let relay = ReplyLosingRelay::start(upstream);
+    let mut config = Config::parse("", Path::new("test.toml")).unwrap();
+    config.redis.url = format!("redis://127.0.0.1:{}/0", relay.port);
+    config.redis.timeout = Duration::from_secs(2);
+    let limiter = Limiter::new(&config.redis).unwrap();
+    let key = "floodgate:lost:ip:127.0.0.1";
+    let checks = || {
+        vec![Check {
+            key: key.to_string(),
+            algorithm: Algorithm::SlidingWindow {
+                limit: std::num::NonZeroU32::new(10).unwrap(),
+                window: Duration::from_secs(60),
+            },
+            cost: 1,
+            enforce: true,
+        }]
+    };
+    // Loads the script, so that the lost reply is the script's own.
+    let first = limiter.decide(checks()).await.unwrap();
+    assert_eq!(first.outcomes[0].remaining, 9);
+
+    relay.lose_next_script_reply.store(true, Ordering::SeqCst);
+    let lost = limiter.decide(checks()).await;
+    assert!(matches!(lost, Err(LimiterError::Redis(_))), "{lost:?}");
+    assert!(!relay.lose_next_script_reply.load(Ordering::SeqCst));
+    // Redis ran the call once; the limiter did not send it again.
+    assert_eq!(redis.llen(key), 2);
+
+    // The next decision goes through on a new connection.
+    let next = limiter.decide(checks()).await.unwrap();
+    assert_eq!(next.outcomes[0].remaining, 7);
+    assert_eq!(redis.llen(key), 3);
 }
 
 #[actix_web::test]
@@ -190,8 +423,8 @@ deny = "status"
         }
     }
     asleep.join().unwrap();
-    // The late answers to the calls above are still on the dispatchers'
-    // connections: none may be taken for the answer to a later call.
+    // The late answers to the calls above arrive after their callers gave
+    // up: none may be taken for the answer to a later call.
     assert_exactly_left(&app, "/check", "after", 3).await;
     assert_eq!(app.redis.llen("floodgate:after:ip:127.0.0.1"), 3);
 }
