@@ -795,6 +795,8 @@ fn check_error_page(e: &str) -> Result<(), String> {
     let allowed = |c: char| c.is_ascii_alphanumeric() || "-._~!$&'()*+,;=:@/".contains(c);
     let problem = if !e.starts_with('/') {
         Some("must start with \"/\"")
+    } else if e.starts_with("//") {
+        Some("must not start with \"//\" (a browser reads that as another host)")
     } else if e.len() > MAX_ERROR_PAGE {
         Some("is longer than 256 bytes")
     } else if e.contains(['?', '#']) {
@@ -826,10 +828,10 @@ fn check_path_chars(p: &str) -> Result<(), String> {
         "\"#\" (a fragment is never sent)"
     } else if p.contains('%') {
         "\"%\" (paths are matched percent-decoded: write \"/café\", not \"/caf%C3%A9\")"
-    } else if p.chars().any(char::is_whitespace) {
-        "a space"
     } else if p.chars().any(char::is_control) {
         "a control character"
+    } else if p.chars().any(char::is_whitespace) {
+        "a space"
     } else {
         return Ok(());
     };
@@ -914,7 +916,8 @@ fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Result<Rule, S
             };
             if !(rate.is_finite() && rate > 0.0 && rate <= MAX_RATE) {
                 return Err(format!(
-                    "rate must be greater than 0 and at most {MAX_RATE} (tokens per second), got {rate}"
+                    "rate must be greater than 0 and at most {MAX_RATE} (tokens per second), got {}",
+                    number(rate)
                 ));
             }
             let burst = u32::try_from(burst)
@@ -925,12 +928,15 @@ fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Result<Rule, S
             // Every time the bucket's script derives (its TTL, a wait) is at
             // most burst / rate: bounding it keeps them whole milliseconds
             // that Redis takes as integers.
-            let refill_secs = f64::from(burst.get()) / rate;
-            if refill_secs > MAX_WINDOW.as_secs_f64() {
+            let max_secs = MAX_WINDOW.as_secs_f64();
+            // (A hair of slack, so the least rate the message names is accepted
+            // when written back despite float rounding.)
+            if f64::from(burst.get()) / rate > max_secs * (1.0 + 1e-9) {
                 return Err(format!(
-                    "a bucket of {burst} at rate {rate} per second takes {} days to refill from empty; at most {} is allowed (rate must be at least burst / {})",
-                    (refill_secs / 86_400.0).ceil(),
+                    "a bucket of {burst} refilling at rate {} per second needs more than {} to refill from empty; rate must be at least {} (burst / {} seconds)",
+                    number(rate),
                     amount_of_time(MAX_WINDOW),
+                    number(f64::from(burst.get()) / max_secs),
                     MAX_WINDOW.as_secs()
                 ));
             }
@@ -1176,6 +1182,15 @@ fn duration_setting(text: &str, max: Duration) -> Result<Duration, SettingError>
         Ok(0) => Err(SettingError::Range("must be greater than 0".into())),
         Ok(ms) if Duration::from_millis(ms) > max => Err(too_long()),
         Ok(ms) => Ok(Duration::from_millis(ms)),
+    }
+}
+
+/// A float for a message: plain when readable that way, else `1e-15`.
+fn number(x: f64) -> String {
+    if x == 0.0 || (1e-4..1e7).contains(&x.abs()) {
+        format!("{x}")
+    } else {
+        format!("{x:e}")
     }
 }
 

@@ -1,13 +1,26 @@
 //! `Application::build(config)`: the bound listener and the server, used by
 //! `main` and by the tests (which bind port 0).
 
+use std::cell::Cell;
+use std::future::{ready, Future, Ready};
 use std::net::TcpListener;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::rc::Rc;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
-use actix_web::dev::{Server, ServerHandle};
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{
+    Payload, Server, ServerHandle, Service, ServiceRequest, ServiceResponse, Transform,
+};
+use actix_web::error::PayloadError;
 use actix_web::middleware::DefaultHeaders;
-use actix_web::{web, App, HttpServer};
+use actix_web::web::Bytes;
+use actix_web::{web, App, Error, HttpMessage, HttpResponse, HttpServer};
+use futures_util::future::{Either, MapOk, TryFutureExt};
+use futures_util::Stream;
 
 use crate::config::SmsProvider;
 use crate::config::{self, Config};
@@ -91,6 +104,7 @@ impl Application {
         );
         let workers = config.server.workers;
         let max_form = config.server.max_form;
+        let body_timeout = BodyTimeout::new(config.server.body_timeout);
         let config_path = config.path.clone();
         let store = Store::new(&config.redis.key_prefix, secret.clone());
         let outbox = (config.sms.provider == SmsProvider::Outbox).then(|| {
@@ -120,6 +134,7 @@ impl Application {
                 .configure(site::routes)
                 .default_service(web::to(site::pages::not_found))
                 .wrap(app_filter.clone())
+                .wrap(body_timeout)
                 .wrap(security_headers())
         })
         .shutdown_timeout(10)
@@ -233,6 +248,154 @@ async fn reload_on_sighup(filter: Filter, path: PathBuf) {
         match reload_rules(&filter, &path) {
             Ok(n) => log::info!("SIGHUP: reloaded {n} rules from {}", path.display()),
             Err(e) => log::error!("SIGHUP: kept the old rules: {e}"),
+        }
+    }
+}
+
+/// Bounds how long a request body may take to arrive: a body not fully
+/// received `timeout` after its head gets `408 Request Timeout` and the
+/// connection is closed. actix-web's own `client_request_timeout` covers
+/// only the head, so a client that announces `Content-Length: 100` and
+/// sends 7 bytes would otherwise hold a connection (and a handler, or the
+/// filter reading a `form:` key) for as long as it likes.
+///
+/// Wrap it outside everything that reads bodies (the rate-limit filter
+/// reads form bodies itself). It wraps the request's payload stream: a read
+/// still waiting when the time is up fails, and the response, whatever the
+/// reader made of that failure, is replaced by the 408. Requests without a
+/// body pass untouched; a body read in time never starts a timer.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyTimeout {
+    timeout: Duration,
+}
+
+impl BodyTimeout {
+    /// Bodies must arrive within `timeout` of the request head.
+    pub fn new(timeout: Duration) -> BodyTimeout {
+        BodyTimeout { timeout }
+    }
+}
+
+impl<S, B> Transform<S, ServiceRequest> for BodyTimeout
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error> + 'static,
+    B: MessageBody + 'static,
+{
+    type Response = ServiceResponse<EitherBody<B>>;
+    type Error = Error;
+    type Transform = BodyTimeoutService<S>;
+    type InitError = ();
+    type Future = Ready<Result<Self::Transform, Self::InitError>>;
+
+    fn new_transform(&self, service: S) -> Self::Future {
+        ready(Ok(BodyTimeoutService {
+            service: Rc::new(service),
+            timeout: self.timeout,
+        }))
+    }
+}
+
+/// The per-worker service [`BodyTimeout`] builds.
+#[doc(hidden)]
+pub struct BodyTimeoutService<S> {
+    service: Rc<S>,
+    timeout: Duration,
+}
+
+type Left<B> = fn(ServiceResponse<B>) -> ServiceResponse<EitherBody<B>>;
+
+impl<S, B> Service<ServiceRequest> for BodyTimeoutService<S>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error> + 'static,
+    B: MessageBody + 'static,
+{
+    type Response = ServiceResponse<EitherBody<B>>;
+    type Error = Error;
+    #[allow(clippy::type_complexity)]
+    type Future = Either<
+        MapOk<S::Future, Left<B>>,
+        Pin<Box<dyn Future<Output = Result<Self::Response, Error>>>>,
+    >;
+
+    actix_web::dev::forward_ready!(service);
+
+    fn call(&self, mut req: ServiceRequest) -> Self::Future {
+        let payload = req.take_payload();
+        if matches!(payload, Payload::None) {
+            let left: Left<B> = ServiceResponse::map_into_left_body;
+            return Either::Left(self.service.call(req).map_ok(left));
+        }
+        let expired = Rc::new(Cell::new(false));
+        req.set_payload(Payload::Stream {
+            payload: Box::pin(TimedPayload {
+                inner: payload,
+                deadline: tokio::time::Instant::now() + self.timeout,
+                sleep: None,
+                expired: Rc::clone(&expired),
+            }),
+        });
+        let request = req.request().clone();
+        let timeout = self.timeout;
+        let answer = self.service.call(req);
+        Either::Right(Box::pin(async move {
+            let result = answer.await;
+            if !expired.get() {
+                return result.map(ServiceResponse::map_into_left_body);
+            }
+            log::info!(
+                "{} {}: the body did not arrive within {}, 408",
+                request.method(),
+                request.path(),
+                config::format_duration(timeout)
+            );
+            let response = HttpResponse::RequestTimeout()
+                .force_close()
+                .content_type("text/plain; charset=utf-8")
+                .body("the request body did not arrive in time\n");
+            Ok(ServiceResponse::new(request, response).map_into_right_body())
+        }))
+    }
+}
+
+/// A request payload that fails once its deadline has passed while a read
+/// is still waiting for data.
+struct TimedPayload {
+    inner: Payload,
+    deadline: tokio::time::Instant,
+    /// Started the first time a read has to wait.
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Set when the deadline failed a read.
+    expired: Rc<Cell<bool>>,
+}
+
+fn body_timed_out() -> PayloadError {
+    PayloadError::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "the request body did not arrive in time",
+    ))
+}
+
+impl Stream for TimedPayload {
+    type Item = Result<Bytes, PayloadError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.expired.get() {
+            return Poll::Ready(Some(Err(body_timed_out())));
+        }
+        if let Poll::Ready(item) = Pin::new(&mut this.inner).poll_next(cx) {
+            return Poll::Ready(item);
+        }
+        let deadline = this.deadline;
+        let sleep = this
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                this.expired.set(true);
+                Poll::Ready(Some(Err(body_timed_out())))
+            }
+            Poll::Pending => Poll::Pending,
         }
     }
 }
