@@ -1,7 +1,7 @@
 //! `Application::build(config)`: the bound listener and the server, used by
 //! `main` and by the tests (which bind port 0).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::future::{ready, Future, Ready};
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use actix_web::body::{EitherBody, MessageBody};
+use actix_web::body::{BodySize, BoxBody, EitherBody, MessageBody};
 use actix_web::dev::{
     Payload, Server, ServerHandle, Service, ServiceRequest, ServiceResponse, Transform,
 };
@@ -264,6 +264,11 @@ async fn reload_on_sighup(filter: Filter, path: PathBuf) {
 /// still waiting when the time is up fails, and the response, whatever the
 /// reader made of that failure, is replaced by the 408. Requests without a
 /// body pass untouched; a body read in time never starts a timer.
+///
+/// A body still unfinished when the response leaves (timed out, or never
+/// read by the handler) is kept open until the response is written, so that
+/// actix-http closes the connection after it instead of reading on, for as
+/// long as the client likes, to drain a chunked body.
 #[derive(Debug, Clone, Copy)]
 pub struct BodyTimeout {
     timeout: Duration,
@@ -304,6 +309,54 @@ pub struct BodyTimeoutService<S> {
 
 type Left<B> = fn(ServiceResponse<B>) -> ServiceResponse<EitherBody<B>>;
 
+/// Where a timed body stands; shared by the payload stream and the middleware.
+struct BodyState {
+    /// The request's own payload.
+    payload: RefCell<Payload>,
+    /// The payload ended (or failed on its own).
+    finished: Cell<bool>,
+    /// The deadline failed a read.
+    expired: Cell<bool>,
+}
+
+/// A response body that holds an unfinished request payload open until the
+/// body has been written: actix-http decides whether to close for an
+/// unread payload when the response body ends, and closes only if the
+/// payload's reader still exists (see [`BodyTimeout`]).
+struct HoldingPayload {
+    body: BoxBody,
+    _payload: Rc<BodyState>,
+}
+
+impl MessageBody for HoldingPayload {
+    type Error = Box<dyn std::error::Error>;
+
+    fn size(&self) -> BodySize {
+        self.body.size()
+    }
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
+        Pin::new(&mut self.body).poll_next(cx)
+    }
+}
+
+/// `res` with its body holding `state` open (see [`HoldingPayload`]).
+fn holding_payload<In: MessageBody + 'static, B>(
+    res: ServiceResponse<In>,
+    state: Rc<BodyState>,
+) -> ServiceResponse<EitherBody<B>> {
+    res.map_body(|_, body| {
+        BoxBody::new(HoldingPayload {
+            body: BoxBody::new(body),
+            _payload: state,
+        })
+    })
+    .map_into_right_body()
+}
+
 impl<S, B> Service<ServiceRequest> for BodyTimeoutService<S>
 where
     S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error> + 'static,
@@ -325,23 +378,45 @@ where
             let left: Left<B> = ServiceResponse::map_into_left_body;
             return Either::Left(self.service.call(req).map_ok(left));
         }
-        let expired = Rc::new(Cell::new(false));
+        let state = Rc::new(BodyState {
+            payload: RefCell::new(payload),
+            finished: Cell::new(false),
+            expired: Cell::new(false),
+        });
         req.set_payload(Payload::Stream {
             payload: Box::pin(TimedPayload {
-                inner: payload,
+                state: Rc::clone(&state),
                 deadline: tokio::time::Instant::now() + self.timeout,
                 sleep: None,
-                expired: Rc::clone(&expired),
             }),
         });
-        let request = req.request().clone();
+        // (No clone of the HttpRequest may be held across the call: the
+        // router needs it unshared. The 408 takes it back from the response.)
         let timeout = self.timeout;
         let answer = self.service.call(req);
         Either::Right(Box::pin(async move {
             let result = answer.await;
-            if !expired.get() {
-                return result.map(ServiceResponse::map_into_left_body);
+            if !state.expired.get() {
+                let res = result?;
+                if state.finished.get() {
+                    return Ok(res.map_into_left_body());
+                }
+                return Ok(holding_payload(res, state));
             }
+            let what = "the request body did not arrive in time\n";
+            let res = match result {
+                Ok(res) => res,
+                // Errors become responses in actix-web's handlers; should one
+                // arrive here, it still answers 408.
+                Err(_) => {
+                    return Err(actix_web::error::InternalError::new(
+                        what,
+                        actix_web::http::StatusCode::REQUEST_TIMEOUT,
+                    )
+                    .into())
+                }
+            };
+            let (request, _) = res.into_parts();
             log::info!(
                 "{} {}: the body did not arrive within {}, 408",
                 request.method(),
@@ -351,8 +426,11 @@ where
             let response = HttpResponse::RequestTimeout()
                 .force_close()
                 .content_type("text/plain; charset=utf-8")
-                .body("the request body did not arrive in time\n");
-            Ok(ServiceResponse::new(request, response).map_into_right_body())
+                .body(what);
+            Ok(holding_payload(
+                ServiceResponse::new(request, response),
+                state,
+            ))
         }))
     }
 }
@@ -360,12 +438,10 @@ where
 /// A request payload that fails once its deadline has passed while a read
 /// is still waiting for data.
 struct TimedPayload {
-    inner: Payload,
+    state: Rc<BodyState>,
     deadline: tokio::time::Instant,
     /// Started the first time a read has to wait.
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// Set when the deadline failed a read.
-    expired: Rc<Cell<bool>>,
 }
 
 fn body_timed_out() -> PayloadError {
@@ -380,11 +456,18 @@ impl Stream for TimedPayload {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
-        if this.expired.get() {
+        let state = &*this.state;
+        if state.expired.get() {
             return Poll::Ready(Some(Err(body_timed_out())));
         }
-        if let Poll::Ready(item) = Pin::new(&mut this.inner).poll_next(cx) {
-            return Poll::Ready(item);
+        let polled = Pin::new(&mut *state.payload.borrow_mut()).poll_next(cx);
+        match polled {
+            Poll::Ready(Some(Ok(chunk))) => return Poll::Ready(Some(Ok(chunk))),
+            Poll::Ready(other) => {
+                state.finished.set(true);
+                return Poll::Ready(other);
+            }
+            Poll::Pending => {}
         }
         let deadline = this.deadline;
         let sleep = this
@@ -392,7 +475,7 @@ impl Stream for TimedPayload {
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
         match sleep.as_mut().poll(cx) {
             Poll::Ready(()) => {
-                this.expired.set(true);
+                state.expired.set(true);
                 Poll::Ready(Some(Err(body_timed_out())))
             }
             Poll::Pending => Poll::Pending,
