@@ -575,11 +575,9 @@ impl Config {
         }
         let max_form = parse_size(s.max_form.as_deref().unwrap_or("16KiB"))
             .map_err(|w| err("[server] max_form", w))?;
-        let body_timeout = duration_setting(
-            s.body_timeout.as_deref().unwrap_or("10s"),
-            MAX_BODY_TIMEOUT,
-        )
-        .map_err(|w| err("[server] body_timeout", w.text()))?;
+        let body_timeout =
+            duration_setting(s.body_timeout.as_deref().unwrap_or("10s"), MAX_BODY_TIMEOUT)
+                .map_err(|w| err("[server] body_timeout", w.text()))?;
         let server = ServerConfig {
             bind,
             workers,
@@ -621,7 +619,9 @@ impl Config {
         let key_prefix = r.key_prefix.unwrap_or_else(|| "floodgate".into());
         if key_prefix.is_empty()
             || key_prefix.len() > 64
-            || key_prefix.chars().any(|c| c.is_whitespace() || c.is_control())
+            || key_prefix
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
         {
             return Err(err(
                 "[redis] key_prefix",
@@ -1391,6 +1391,93 @@ mod tests {
         }
         assert_eq!(format_duration(Duration::from_secs(600)), "10m");
         assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
+    }
+
+    #[test]
+    fn durations_that_overflow_are_refused_not_wrapped() {
+        assert!(parse_duration("213503982335d").is_err());
+        assert!(parse_duration("99999999999999999999999ms").is_err());
+        assert_eq!(
+            parse_duration("18446744073709551615ms").unwrap(),
+            Duration::from_millis(u64::MAX)
+        );
+        assert_eq!(
+            duration_setting("213503982335d", MAX_WINDOW),
+            Err(SettingError::Range(
+                "must be at most 366 days, got \"213503982335d\"".into()
+            ))
+        );
+        assert_eq!(duration_setting("366d", MAX_WINDOW).unwrap(), MAX_WINDOW);
+        assert_eq!(
+            duration_setting("0s", MAX_WINDOW),
+            Err(SettingError::Range("must be greater than 0".into()))
+        );
+    }
+
+    #[test]
+    fn error_pages() {
+        for good in ["/err", "/errors/rate-limited", "/a:b@c/~x_y.z", "/err/"] {
+            assert_eq!(check_error_page(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "", "err", "//x", "/a//b", "/a/./b", "/a/..", "/err?x", "/err#x", "/e%72r", "/e r",
+            "/e\tr", "/\u{e9}", "/\"x\"", "/<x>",
+        ] {
+            assert!(check_error_page(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_error_page(&format!("/{}", "a".repeat(MAX_ERROR_PAGE))).is_err());
+    }
+
+    #[test]
+    fn binds() {
+        for good in [
+            "127.0.0.1:8080",
+            "0.0.0.0:0",
+            "[::1]:80",
+            "localhost:8080",
+            "web-1.example.:443",
+        ] {
+            assert!(check_bind(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "127.0.0.1",
+            ":80",
+            "999.1.1.1:80",
+            "::1:80",
+            "[::1]",
+            "host:+80",
+            "host:65536",
+            "a b:80",
+            "-x:80",
+        ] {
+            assert!(check_bind(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn redirect_rule_may_cover_its_error_page_only_for_other_methods() {
+        let toml = |methods: &str, deny: &str| {
+            format!(
+                "[[rule]]\nname = \"r\"\npaths = [\"/*\"]\nmethods = {methods}\nlimit = 1\nwindow = \"1s\"\ndeny = \"{deny}\"\n"
+            )
+        };
+        let parse = |t: String| Config::parse(&t, Path::new("t.toml"));
+        assert!(parse(toml("[]", "redirect")).is_err());
+        assert!(parse(toml("[\"GET\"]", "redirect")).is_err());
+        assert!(parse(toml("[\"POST\"]", "redirect")).is_ok());
+        assert!(parse(toml("[]", "status")).is_ok());
+    }
+
+    #[test]
+    fn new_keys_have_their_defaults() {
+        let config = Config::parse("", Path::new("t.toml")).unwrap();
+        assert_eq!(config.server.body_timeout, Duration::from_secs(10));
+        assert!(config.limiter.deny_cache);
+        assert_eq!(config.limiter.breaker, Duration::from_secs(1));
+        assert!(config.redis.sentinel.is_empty());
+        assert_eq!(config.redis.sentinel_master, "");
+        assert_eq!(config.redis.pool_size, 16);
+        assert!(config.redis.pool_size >= min_pool_size());
     }
 
     #[test]

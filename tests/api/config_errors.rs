@@ -65,7 +65,10 @@ fn serve(file: &str) -> Output {
 /// Both commands refuse the fixture with exactly `FILE: what`.
 fn assert_refused(fixture: &str, what: &str) {
     let file = format!("tests/fixtures/config/{fixture}");
-    for (command, output) in [("check-config", check_config(&file)), ("serve", serve(&file))] {
+    for (command, output) in [
+        ("check-config", check_config(&file)),
+        ("serve", serve(&file)),
+    ] {
         let stderr = String::from_utf8(output.stderr).unwrap();
         assert_eq!(output.status.code(), Some(2), "{command} {file}: {stderr}");
         assert_eq!(
