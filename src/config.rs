@@ -319,7 +319,7 @@ pub struct SiteConfig {
 /// What identifies the caller for a rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyKind {
-    /// The client address (CONTRACT 3.5).
+    /// The client address (behind trusted proxies, see `filter::key`).
     Ip,
     /// One key for the whole rule.
     Global,

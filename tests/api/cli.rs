@@ -1,8 +1,9 @@
-//! The real binary, `floodgate serve --config FILE` (CONTRACT 1, 4): the
-//! startup line names the file, bind address, Redis target and rule count;
-//! decisions are logged at debug level; SIGHUP reloads the rules from the
-//! edited file, and keeps them (saying why) when the file is invalid;
-//! SIGTERM stops accepting, finishes the request in flight and exits 0.
+//! The real binary, `floodgate serve --config FILE`: the startup line names
+//! the file, bind address, Redis target and rule count; decisions are logged
+//! at debug level; SIGHUP reloads the rules from the edited file, and keeps
+//! them (saying why) when the file is invalid; SIGTERM stops accepting,
+//! finishes the request in flight and exits 0; a body that does not arrive
+//! within `[server] body_timeout` gets 408 and a closed connection.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
