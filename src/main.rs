@@ -96,16 +96,6 @@ fn serve(path: PathBuf) -> ExitCode {
         Ok(c) => c,
         Err(e) => return unusable(&e),
     };
-    if !config.redis.cluster.is_empty() {
-        // Refuse rather than quietly use `url`: a user who lists cluster
-        // nodes expects their counts to live there.
-        return unusable(&ConfigError {
-            file: path.display().to_string(),
-            place: "[redis] cluster".into(),
-            what: "Redis Cluster mode is not built yet; leave cluster empty and set [redis] url"
-                .into(),
-        });
-    }
     let target = without_password(&config.redis.url);
     let (bind, rules) = (config.server.bind.clone(), config.rules.len());
     let result = actix_web::rt::System::new().block_on(async move {
