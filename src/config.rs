@@ -866,9 +866,11 @@ fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Result<Rule, S
         "digits" => Normalize::Digits,
         "lowercase" => Normalize::Lowercase,
         "e164" => Normalize::E164(policy.region),
-        other => return Err(format!(
+        other => {
+            return Err(format!(
             "unknown normalize {other:?}, expected \"none\", \"digits\", \"lowercase\" or \"e164\""
-        )),
+        ))
+        }
     };
 
     let cost = match r.cost {
