@@ -206,7 +206,8 @@ async fn form_charsets_are_read_as_the_handler_reads_them_or_refused() {
     // Charsets no handler reads the same way, undecodable bodies, content
     // codings: 415, and nothing counted.
     let before = app.redis.keys("floodgate:*");
-    let refused: [(&str, Vec<u8>, &[(&str, &str)]); 6] = [
+    type Case<'a> = (&'a str, Vec<u8>, &'a [(&'a str, &'a str)]);
+    let refused: [Case; 6] = [
         ("utf-7", b"phone=%2B15550108000".to_vec(), &[]),
         ("iso-2022-kr", b"phone=%2B15550108000".to_vec(), &[]),
         ("x-unknown", b"phone=%2B15550108000".to_vec(), &[]),
