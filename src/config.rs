@@ -277,7 +277,7 @@ pub struct SiteConfig {
 /// What identifies the caller for a rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyKind {
-    /// The client address (CONTRACT 3.5).
+    /// The client address (behind trusted proxies).
     Ip,
     /// One key for the whole rule.
     Global,

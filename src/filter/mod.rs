@@ -252,7 +252,7 @@ where
 }
 
 /// Largest header block accepted (names, values and separators): a larger
-/// one gets 431 (CONTRACT 3.13), well below actix-http's own 128 KiB bound.
+/// one gets 431, well below actix-http's own 128 KiB bound.
 pub const MAX_HEADER_BYTES: usize = 32 * 1024;
 
 /// Why a body could not be read for a `form:` key.
@@ -594,7 +594,7 @@ pub fn accepts(req: &HttpRequest, media: &str) -> bool {
         })
 }
 
-/// The response to a denied request (CONTRACT 3.8, 3.9).
+/// The response to a denied request: a 303 to the error page, or a 429.
 fn denial(filter: &Filter, req: &HttpRequest, rule: &Rule, retry: u64) -> HttpResponse {
     let json = accepts(req, "application/json");
     let redirect = rule.deny == Deny::Redirect && (!json || accepts(req, "text/html"));
