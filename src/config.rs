@@ -1208,4 +1208,42 @@ mod tests {
             .unwrap()
             .contains("fd12::1".parse().unwrap()));
     }
+
+    fn rules(toml: &str) -> Result<Vec<Rule>, String> {
+        Config::parse(toml, Path::new("t.toml"))
+            .map(|c| c.rules)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn keys_regions_and_counts() {
+        let r = rules(
+            "[defaults]\nregion = \"gb\"\ncount = \"failures\"\n[[rule]]\nname = \"a\"\npaths = [\"/a\"]\nkey = [\"form:phone\", \"ip\"]\nnormalize = \"e164\"\nlimit = 1\nwindow = \"1m\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            r[0].key,
+            Key(vec![KeyKind::Form("phone".into()), KeyKind::Ip])
+        );
+        assert_eq!(r[0].key.to_string(), "[\"form:phone\", \"ip\"]");
+        assert_eq!(
+            r[0].normalize,
+            Normalize::E164(Region::parse("GB").unwrap())
+        );
+        assert_eq!(r[0].count, Count::Failures);
+        let base = "[[rule]]\nname = \"a\"\npaths = [\"/a\"]\nlimit = 1\nwindow = \"1m\"\n";
+        for (extra, says) in [
+            ("region = \"XX\"\n", "unknown region \"XX\""),
+            ("count = \"some\"\n", "unknown count \"some\""),
+            ("key = []\n", "key must name at least one kind"),
+            ("key = [\"ip\", \"ip\"]\n", "key lists \"ip\" twice"),
+            ("key = [\"ip\", \"nope\"]\n", "unknown key \"nope\""),
+            ("normalize = \"phone\"\n", "unknown normalize \"phone\""),
+        ] {
+            let err = rules(&format!("{base}{extra}")).unwrap_err();
+            assert!(err.contains(says), "{extra}: {err}");
+        }
+        let err = rules(&format!("[defaults]\nregion = \"Mars\"\n{base}")).unwrap_err();
+        assert!(err.contains("[defaults] region"), "{err}");
+    }
 }
