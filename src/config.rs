@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::filter::key::Region;
 use crate::filter::route::PathPattern;
 use crate::limit::Algorithm;
 
@@ -160,6 +161,24 @@ pub struct RawPolicy {
     pub on_redis_error: Option<String>,
     /// `enforce` | `shadow`
     pub mode: Option<String>,
+    /// Region of phone numbers written without `+` (`normalize = "e164"`).
+    pub region: Option<String>,
+    /// `all` | `failures`
+    pub count: Option<String>,
+}
+
+/// A rule's `key` as written: one kind, or a list of kinds (one counter
+/// per combination of their values).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a key kind such as \"ip\", or a list of kinds such as [\"form:phone\", \"ip\"]"
+)]
+pub enum RawKey {
+    /// `key = "ip"`
+    One(String),
+    /// `key = ["form:phone", "ip"]`
+    Many(Vec<String>),
 }
 
 /// One `[[rule]]` as written.
@@ -173,9 +192,9 @@ pub struct RawRule {
     /// Methods; empty = all.
     #[serde(default)]
     pub methods: Vec<String>,
-    /// Key kind.
-    pub key: Option<String>,
-    /// `none` | `digits` | `lowercase`
+    /// Key kind, or a list of them.
+    pub key: Option<RawKey>,
+    /// `none` | `digits` | `lowercase` | `e164`
     pub normalize: Option<String>,
     /// Requests per window.
     pub limit: Option<i64>,
@@ -200,6 +219,10 @@ pub struct RawRule {
     pub on_redis_error: Option<String>,
     /// Overrides `[defaults]` mode.
     pub mode: Option<String>,
+    /// Overrides `[defaults]` region.
+    pub region: Option<String>,
+    /// Overrides `[defaults]` count.
+    pub count: Option<String>,
 }
 
 /// `[sms]` as written.
@@ -237,6 +260,9 @@ pub struct Config {
     pub limiter: LimiterConfig,
     /// `[[rule]]`, with `[defaults]` applied.
     pub rules: Vec<Rule>,
+    /// `[defaults] region`: how the site reads the phone numbers people
+    /// type (with the same function as the `e164` rules).
+    pub region: Region,
     /// `[sms]`
     pub sms: SmsConfig,
     /// `[site]`
@@ -319,7 +345,7 @@ pub struct SiteConfig {
 /// What identifies the caller for a rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyKind {
-    /// The client address (behind trusted proxies, see `filter::key`).
+    /// The client address (behind trusted proxies).
     Ip,
     /// One key for the whole rule.
     Global,
@@ -361,6 +387,47 @@ impl fmt::Display for KeyKind {
     }
 }
 
+/// What a rule counts by: one kind, or several (one counter per
+/// combination of their values, e.g. per phone number per address).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Key(pub Vec<KeyKind>);
+
+impl Key {
+    /// The kinds, in the order written (never empty).
+    pub fn kinds(&self) -> &[KeyKind] {
+        &self.0
+    }
+
+    /// Whether any part reads the form body.
+    pub fn reads_form(&self) -> bool {
+        self.0.iter().any(|k| matches!(k, KeyKind::Form(_)))
+    }
+
+    /// The only kind, when the key is not composite.
+    pub fn single(&self) -> Option<&KeyKind> {
+        match self.0.as_slice() {
+            [one] => Some(one),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.single() {
+            Some(one) => write!(f, "{one}"),
+            None => {
+                let parts: Vec<String> = self
+                    .0
+                    .iter()
+                    .map(|k| format!("{:?}", k.to_string()))
+                    .collect();
+                write!(f, "[{}]", parts.join(", "))
+            }
+        }
+    }
+}
+
 /// How a header/query/form value is normalized before it becomes a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Normalize {
@@ -370,6 +437,19 @@ pub enum Normalize {
     Digits,
     /// Lower-cased and trimmed (e-mail addresses, user names).
     Lowercase,
+    /// A phone number in E.164 (`+DIGITS`); numbers written without `+`
+    /// are read with this region's prefixes. Not a possible number: none.
+    E164(Region),
+}
+
+/// Which requests a rule charges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    /// Every request it allows.
+    All,
+    /// Every request it allows is charged, and a request answered below 400
+    /// gets its units back (failed sign-ins count, good ones do not).
+    Failures,
 }
 
 /// What a denied request gets.
@@ -411,7 +491,7 @@ pub struct Rule {
     /// Upper-case methods; empty = every method.
     pub methods: Vec<String>,
     /// What identifies the caller.
-    pub key: KeyKind,
+    pub key: Key,
     /// Normalization of header/query/form values.
     pub normalize: Normalize,
     /// The algorithm and its parameters.
@@ -426,6 +506,8 @@ pub struct Rule {
     pub on_redis_error: OnRedisError,
     /// Enforce or shadow.
     pub mode: Mode,
+    /// Whether answers below 400 give their units back.
+    pub count: Count,
     /// The limit in human words.
     pub description: String,
 }
@@ -646,6 +728,9 @@ impl Config {
             breaker: duration_setting(l.breaker.as_deref().unwrap_or("1s"), MAX_BREAKER)
                 .map_err(|w| err("[limiter] breaker", w.text()))?,
         };
+        let region = check_policy(&raw.defaults, &Policy::builtin())
+            .map(|p| p.region)
+            .map_err(|(key, what)| err(&format!("[defaults] {key}"), what))?;
         let rules = rules_from_raw(&raw.defaults, raw.rule, file)?;
 
         let sms = SmsConfig {
@@ -671,6 +756,7 @@ impl Config {
             redis,
             limiter,
             rules,
+            region,
             sms,
             site,
         })
@@ -710,6 +796,8 @@ struct Policy {
     error_page: String,
     on_redis_error: OnRedisError,
     mode: Mode,
+    region: Region,
+    count: Count,
 }
 
 impl Policy {
@@ -720,6 +808,8 @@ impl Policy {
             error_page: "/err".into(),
             on_redis_error: OnRedisError::Allow,
             mode: Mode::Enforce,
+            region: Region::us(),
+            count: Count::All,
         }
     }
 }
@@ -777,6 +867,26 @@ fn check_policy(raw: &RawPolicy, base: &Policy) -> Result<Policy, (&'static str,
                 return Err((
                     "mode",
                     format!("unknown mode {m:?}, expected \"enforce\" or \"shadow\""),
+                ))
+            }
+        };
+    }
+    if let Some(r) = &raw.region {
+        p.region = Region::parse(r).ok_or_else(|| {
+            (
+                "region",
+                format!("unknown region {r:?}, expected a two-letter region code such as \"US\" or \"GB\""),
+            )
+        })?;
+    }
+    if let Some(c) = &raw.count {
+        p.count = match c.as_str() {
+            "all" => Count::All,
+            "failures" => Count::Failures,
+            _ => {
+                return Err((
+                    "count",
+                    format!("unknown count {c:?}, expected \"all\" or \"failures\""),
                 ))
             }
         };
@@ -864,6 +974,8 @@ fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Result<Rule, S
         error_page: r.error_page.clone(),
         on_redis_error: r.on_redis_error.clone(),
         mode: r.mode.clone(),
+        region: r.region.clone(),
+        count: r.count.clone(),
     };
     let policy = check_policy(&own, defaults).map_err(|(_, what)| what)?;
 
@@ -885,15 +997,36 @@ fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Result<Rule, S
         methods.push(up);
     }
 
-    let key = parse_key(r.key.as_deref().unwrap_or("ip"))?;
+    let key = match &r.key {
+        None => Key(vec![KeyKind::Ip]),
+        Some(RawKey::One(text)) => Key(vec![parse_key(text)?]),
+        Some(RawKey::Many(list)) => {
+            if list.is_empty() {
+                return Err("key must name at least one kind".into());
+            }
+            if list.len() > 4 {
+                return Err("key may combine at most 4 kinds".into());
+            }
+            let mut kinds: Vec<KeyKind> = Vec::with_capacity(list.len());
+            for text in list {
+                let kind = parse_key(text)?;
+                if kinds.contains(&kind) {
+                    return Err(format!("key lists {text:?} twice"));
+                }
+                kinds.push(kind);
+            }
+            Key(kinds)
+        }
+    };
     let normalize = match r.normalize.as_deref().unwrap_or("none") {
         "none" => Normalize::None,
         "digits" => Normalize::Digits,
         "lowercase" => Normalize::Lowercase,
+        "e164" => Normalize::E164(policy.region),
         other => {
             return Err(format!(
-                "unknown normalize {other:?}, expected \"none\", \"digits\" or \"lowercase\""
-            ))
+            "unknown normalize {other:?}, expected \"none\", \"digits\", \"lowercase\" or \"e164\""
+        ))
         }
     };
 
@@ -1000,6 +1133,7 @@ fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Result<Rule, S
         error_page: policy.error_page,
         on_redis_error: policy.on_redis_error,
         mode: policy.mode,
+        count: policy.count,
     };
     // A browser sent to the error page would be sent there again, forever.
     if rule.deny == Deny::Redirect && rule.matches("GET", &rule.error_page) {
@@ -1012,14 +1146,19 @@ fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Result<Rule, S
 }
 
 /// A rule in human words: "at most 5 requests per 10 seconds for your address".
-fn describe(algorithm: &Algorithm, cost: u32, key: &KeyKind) -> String {
-    let whose = match key {
-        KeyKind::Ip => "from your address".to_string(),
-        KeyKind::Session => "for your account".to_string(),
-        KeyKind::Global => "for everyone together".to_string(),
-        KeyKind::Path => "for this page".to_string(),
-        KeyKind::Header(n) | KeyKind::Query(n) | KeyKind::Form(n) => format!("for each {n}"),
-    };
+fn describe(algorithm: &Algorithm, cost: u32, key: &Key) -> String {
+    let whose = key
+        .kinds()
+        .iter()
+        .map(|k| match k {
+            KeyKind::Ip => "from your address".to_string(),
+            KeyKind::Session => "for your account".to_string(),
+            KeyKind::Global => "for everyone together".to_string(),
+            KeyKind::Path => "for this page".to_string(),
+            KeyKind::Header(n) | KeyKind::Query(n) | KeyKind::Form(n) => format!("for each {n}"),
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
     let per = |n: u32| {
         if cost > 1 {
             format!("{n} units (this request takes {cost})")
@@ -1502,5 +1641,43 @@ mod tests {
         assert!(Cidr::parse("fd00::/8")
             .unwrap()
             .contains("fd12::1".parse().unwrap()));
+    }
+
+    fn rules(toml: &str) -> Result<Vec<Rule>, String> {
+        Config::parse(toml, Path::new("t.toml"))
+            .map(|c| c.rules)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn keys_regions_and_counts() {
+        let r = rules(
+            "[defaults]\nregion = \"gb\"\ncount = \"failures\"\n[[rule]]\nname = \"a\"\npaths = [\"/a\"]\nkey = [\"form:phone\", \"ip\"]\nnormalize = \"e164\"\nlimit = 1\nwindow = \"1m\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            r[0].key,
+            Key(vec![KeyKind::Form("phone".into()), KeyKind::Ip])
+        );
+        assert_eq!(r[0].key.to_string(), "[\"form:phone\", \"ip\"]");
+        assert_eq!(
+            r[0].normalize,
+            Normalize::E164(Region::parse("GB").unwrap())
+        );
+        assert_eq!(r[0].count, Count::Failures);
+        let base = "[[rule]]\nname = \"a\"\npaths = [\"/a\"]\nlimit = 1\nwindow = \"1m\"\n";
+        for (extra, says) in [
+            ("region = \"XX\"\n", "unknown region \"XX\""),
+            ("count = \"some\"\n", "unknown count \"some\""),
+            ("key = []\n", "key must name at least one kind"),
+            ("key = [\"ip\", \"ip\"]\n", "key lists \"ip\" twice"),
+            ("key = [\"ip\", \"nope\"]\n", "unknown key \"nope\""),
+            ("normalize = \"phone\"\n", "unknown normalize \"phone\""),
+        ] {
+            let err = rules(&format!("{base}{extra}")).unwrap_err();
+            assert!(err.contains(says), "{extra}: {err}");
+        }
+        let err = rules(&format!("[defaults]\nregion = \"Mars\"\n{base}")).unwrap_err();
+        assert!(err.contains("[defaults] region"), "{err}");
     }
 }

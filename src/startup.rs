@@ -124,6 +124,7 @@ impl Application {
             store,
             sms,
             outbox,
+            hashing: site::auth::Hashing::default(),
         });
         let app_filter = filter.clone();
         let mut server = HttpServer::new(move || {

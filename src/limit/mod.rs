@@ -6,6 +6,7 @@
 //! it hands the checks to a dispatcher thread (see [`redis`]) and awaits the
 //! answer without ever blocking the caller's thread.
 
+pub mod give_back;
 pub mod redis;
 
 use std::num::NonZeroU32;

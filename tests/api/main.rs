@@ -8,6 +8,7 @@ mod config_errors;
 mod faults;
 mod filter;
 mod helpers;
+mod keys;
 mod limits;
 mod site;
 mod webdriver;
