@@ -9,11 +9,18 @@
 -- to fit a limit: a lowered limit denies until enough entries leave, and a
 -- limit raised again finds them all. Admission needs used + cost <= limit,
 -- so the list never holds more than the largest limit in force (MAX_LIMIT).
--- The list is newest-first and entries are pushed at now_eff, never
--- earlier than the head, so it stays sorted when the clock steps back.
--- The work per decision does not grow with the limit or with how many
--- entries expire: the cut between live and expired entries is found by
--- binary search with LINDEX and removed with one LTRIM.
+--
+-- Time: the state's own time is its newest entry, and a decision's clock is
+-- now_eff = max(now, newest), so a clock that steps back meets the entries
+-- it made room with. Entries are pushed at now_eff (the list stays
+-- newest-first) and expired entries are dropped only by an admission, when
+-- the state's time moves to now_eff: a denial drops nothing that an earlier
+-- clock would still count.
+--
+-- Work: entries live at now_eff are found by binary search with LINDEX
+-- (the list is sorted) and dropped with one LTRIM, so a decision costs
+-- O(log n) list reads whatever the limit and however many entries leave at
+-- once; only a request's own units cost one entry each.
 --
 -- The key lives until its newest entry leaves the window in force at the
 -- last decision: every decision on a live key sets its TTL again, so a
@@ -24,8 +31,10 @@
 --   denied:  ms until enough entries leave for this request to fit
 local PUSH_CHUNK = 1000
 
+-- The state at now_eff: `len` entries, of which the first `used` (from the
+-- head) are in the window.
 local function sliding_window_read(key, now, limit, window)
-  local s = { alg = 1, now = now, limit = limit, window = window, used = 0, now_eff = now }
+  local s = { alg = 1, now = now, limit = limit, window = window, used = 0, len = 0, now_eff = now }
   local head = redis.call('LINDEX', key, 0)
   if not head then
     return s
@@ -33,21 +42,22 @@ local function sliding_window_read(key, now, limit, window)
   local newest = stored(head)
   local now_eff = math.max(now, newest)
   local horizon = now_eff - window
-  if newest <= horizon then
-    -- Everything has left the window.
-    redis.call('DEL', key)
-    return s
-  end
   local n = redis.call('LLEN', key)
   if n > MAX_LIMIT then
     -- Only a list this code did not write: no limit can look past MAX_LIMIT entries.
     redis.call('LTRIM', key, 0, MAX_LIMIT - 1)
     n = MAX_LIMIT
   end
+  s.len, s.newest, s.now_eff = n, newest, now_eff
+  if newest <= horizon then
+    -- Everything has left the window.
+    return s
+  end
   local oldest = newest
   if n > 1 then
     oldest = stored(redis.call('LINDEX', key, n - 1))
   end
+  local used = n
   if oldest <= horizon then
     -- Entry lo is live, entry hi has left; halve until they are neighbours.
     local lo, hi, lo_t = 0, n - 1, newest
@@ -60,10 +70,9 @@ local function sliding_window_read(key, now, limit, window)
         lo, lo_t = mid, t
       end
     end
-    redis.call('LTRIM', key, 0, hi - 1)
-    n, oldest = hi, lo_t
+    used, oldest = hi, lo_t
   end
-  s.used, s.oldest, s.newest, s.now_eff = n, oldest, newest, now_eff
+  s.used, s.oldest = used, oldest
   return s
 end
 
@@ -87,14 +96,27 @@ local function sliding_window_peek(key, now, limit, window, cost)
   return false, limit - used, freeing + window - now, s
 end
 
+-- A request pushes one entry per unit, PUSH_CHUNK per LPUSH, as text
+-- formatted once (Redis would format a Lua number again for every entry).
+-- This is the one cost that grows: with the request's own cost, about
+-- 0.15 us per unit.
 local function sliding_window_commit(key, now, _, window, cost, s)
   local t = s.now_eff
+  -- The state's time moves to t: what has left the window by then goes.
+  if s.len > s.used then
+    if s.used == 0 then
+      redis.call('DEL', key)
+    else
+      redis.call('LTRIM', key, 0, s.used - 1)
+    end
+  end
+  local entry = string.format('%d', t)
   if cost == 1 then
-    redis.call('LPUSH', key, t)
+    redis.call('LPUSH', key, entry)
   else
     local args = {}
     for i = 1, math.min(cost, PUSH_CHUNK) do
-      args[i] = t
+      args[i] = entry
     end
     local left = cost
     while left > 0 do
@@ -104,6 +126,7 @@ local function sliding_window_commit(key, now, _, window, cost, s)
     end
   end
   s.used = s.used + cost
+  s.len = s.used
   s.newest = t
   s.oldest = s.oldest or t
   set_ttl(key, t + window - now)
