@@ -440,3 +440,50 @@ async fn a_fixed_window_gains_nothing_when_the_clock_steps_back() {
     assert_eq!(at(&limiter, 500, key, w, 1).await, (false, 0, 1500));
     assert_eq!(at(&limiter, 2000, key, w, 1).await, (true, 1, 1000));
 }
+
+// ---------------------------------------------------------------------------
+// State written before windows stored their start
+// ---------------------------------------------------------------------------
+
+#[actix_web::test]
+async fn a_fixed_window_counter_from_before_keeps_its_count_and_closing_time() {
+    let redis = RedisServer::start();
+    let limiter = pinned_limiter(&redis);
+    let key = "floodgate:legacy:ip:1";
+    // The old layout: a plain counter whose TTL was what was left of the window.
+    redis::cmd("SET")
+        .arg(key)
+        .arg(2)
+        .arg("PX")
+        .arg(30_000)
+        .query::<()>(&mut redis.connection())
+        .unwrap();
+    let (allowed, left, wait) = at(&limiter, 0, key, fixed(3, 60_000), 1).await;
+    assert!(allowed);
+    assert_eq!(left, 0);
+    assert!(wait > 29_000 && wait <= 30_000, "closes in {wait} ms");
+    assert!(!at(&limiter, 0, key, fixed(3, 60_000), 1).await.0);
+    let ttl = redis.pttl(key);
+    assert!(ttl > 29_000 && ttl <= 30_000, "PTTL {ttl}");
+}
+
+#[actix_web::test]
+async fn the_limits_page_reads_a_fixed_window() {
+    let app = spawn_app(
+        r#"
+[[rule]]
+name = "fixed"
+paths = ["/check"]
+algorithm = "fixed_window"
+limit = 3
+window = "1m"
+"#,
+    )
+    .await;
+    for _ in 0..2 {
+        assert_eq!(app.get("/check").await.status(), 200);
+    }
+    let page = app.get("/limits").await.text().await.unwrap();
+    assert!(page.contains("2 of 3 used"), "{page}");
+    assert!(page.contains("the window closes in"), "{page}");
+}

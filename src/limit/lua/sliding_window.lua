@@ -55,7 +55,7 @@ local function sliding_window_read(key, now, limit, window)
   end
   local oldest = newest
   if n > 1 then
-    oldest = stored(redis.call('LINDEX', key, n - 1))
+    oldest = stored(redis.call('LINDEX', key, -1))
   end
   local used = n
   if oldest <= horizon then
