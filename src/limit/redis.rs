@@ -582,4 +582,35 @@ mod tests {
             String::from_utf8_lossy(&expected.get_packed_command())
         );
     }
+
+    #[test]
+    fn a_failed_job_is_an_error_naming_its_key_and_the_next_job_is_read_after_it() {
+        let n = |v| NonZeroU32::new(v).unwrap();
+        let w = Algorithm::SlidingWindow {
+            limit: n(5),
+            window: Duration::from_secs(1),
+        };
+        let failed = [check("p:a:ip:1", w, 1, true), check("p:b:ip:1", w, 1, true)];
+        let decided = [
+            check("p:a:ip:2", w, 1, true),
+            check("p:b:ip:2", w, 1, false),
+        ];
+        // Job one failed on its second check (type error); job two decided.
+        let values = [-1, 1, 1, -1, 1, 1, 1, 4, 900, 0, 0, 250];
+        let mut at = 0;
+        match decision(&failed, &values, &mut at) {
+            Err(LimiterError::Check(text)) => assert!(text.contains("p:b:ip:1"), "{text}"),
+            other => panic!("{other:?}"),
+        }
+        let d = decision(&decided, &values, &mut at).unwrap();
+        assert!(d.allowed, "a shadow check's denial does not deny");
+        assert_eq!(d.outcomes[0].remaining, 4);
+        assert_eq!(d.outcomes[1].wait, Duration::from_millis(250));
+        assert_eq!(at, values.len());
+        // A reply too short for the checks is an error, not a panic.
+        assert!(matches!(
+            decision(&decided, &values, &mut at),
+            Err(LimiterError::Redis(_))
+        ));
+    }
 }
