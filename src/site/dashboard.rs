@@ -177,18 +177,28 @@ fn usage(
                 })
                 .collect();
         }
-        Algorithm::FixedWindow { limit, .. } => {
-            let ttl: i64 = conn.pttl(&subject.key)?;
-            let used: u64 = if ttl > 0 {
-                conn.get::<_, Option<u64>>(&subject.key)?.unwrap_or(0)
-            } else {
-                0
+        Algorithm::FixedWindow { limit, window } => {
+            // The limiter's hash: the window's start, the units used, and
+            // the window it was last decided under.
+            let (start, used, was): (Option<u64>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
+                .arg(&subject.key)
+                .arg("start")
+                .arg("used")
+                .arg("window")
+                .query(conn)?;
+            let window_ms = window.as_millis() as u64;
+            let open = match (start, used) {
+                (Some(start), Some(used))
+                    if now < start + was.unwrap_or(window_ms) && now < start + window_ms =>
+                {
+                    Some((used, start + window_ms - now))
+                }
+                _ => None,
             };
-            fill(&mut view, used, u64::from(limit.get()));
-            view.next = if ttl > 0 {
-                format!("the window closes in {}", secs_words(ttl as u64))
-            } else {
-                "nothing used".into()
+            fill(&mut view, open.map_or(0, |o| o.0), u64::from(limit.get()));
+            view.next = match open {
+                Some((_, closes)) => format!("the window closes in {}", secs_words(closes)),
+                None => "nothing used".into(),
             };
         }
         Algorithm::TokenBucket { rate, burst } => {

@@ -3,12 +3,15 @@
 //! installed) and its own app, so tests run in parallel without sharing state.
 
 mod browser;
+mod changes;
 mod cli;
 mod config_errors;
 mod faults;
 mod filter;
 mod helpers;
+mod isolation;
 mod keys;
 mod limits;
+mod model;
 mod site;
 mod webdriver;
