@@ -468,6 +468,8 @@ pub enum OnRedisError {
     Allow,
     /// Answer `503`.
     Deny,
+    /// Enforce the rule in this process alone, in memory.
+    Local,
 }
 
 /// Whether a rule may deny.
@@ -851,10 +853,13 @@ fn check_policy(raw: &RawPolicy, base: &Policy) -> Result<Policy, (&'static str,
         p.on_redis_error = match o.as_str() {
             "allow" => OnRedisError::Allow,
             "deny" => OnRedisError::Deny,
+            "local" => OnRedisError::Local,
             _ => {
                 return Err((
                     "on_redis_error",
-                    format!("unknown on_redis_error {o:?}, expected \"allow\" or \"deny\""),
+                    format!(
+                        "unknown on_redis_error {o:?}, expected \"allow\", \"deny\" or \"local\""
+                    ),
                 ))
             }
         };

@@ -80,6 +80,7 @@ fn check_config(path: PathBuf) -> ExitCode {
             match r.on_redis_error {
                 OnRedisError::Allow => "allow",
                 OnRedisError::Deny => "deny",
+                OnRedisError::Local => "local",
             },
             match r.mode {
                 Mode::Enforce => "enforce",

@@ -1,11 +1,14 @@
 //! Prometheus counters for `/metrics`: decisions per rule and outcome,
-//! Redis errors, and a histogram of decision times.
+//! denials answered from the denial cache, Redis errors, the breaker, and a
+//! histogram of decision times.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::RwLock;
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
+
+use crate::limit::Limiter;
 
 /// What happened to a request under one rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -20,6 +23,10 @@ pub enum Outcome {
     ErrorAllowed,
     /// Redis failed; `on_redis_error = "deny"` answered 503.
     ErrorDenied,
+    /// Redis failed; `on_redis_error = "local"`: this process allowed it.
+    LocalAllowed,
+    /// Redis failed; `on_redis_error = "local"`: this process denied it.
+    LocalDenied,
 }
 
 impl Outcome {
@@ -31,6 +38,8 @@ impl Outcome {
             Outcome::ShadowDenied => "shadow_denied",
             Outcome::ErrorAllowed => "error_allowed",
             Outcome::ErrorDenied => "error_denied",
+            Outcome::LocalAllowed => "local_allowed",
+            Outcome::LocalDenied => "local_denied",
         }
     }
 }
@@ -41,16 +50,21 @@ const BUCKETS: [f64; 12] = [
 ];
 
 /// Outcomes in label order, for rendering.
-const OUTCOMES: [Outcome; 5] = [
+const OUTCOMES: [Outcome; 7] = [
     Outcome::Allowed,
     Outcome::Denied,
     Outcome::ShadowDenied,
     Outcome::ErrorAllowed,
     Outcome::ErrorDenied,
+    Outcome::LocalAllowed,
+    Outcome::LocalDenied,
 ];
 
-/// One rule's counters, one per outcome.
-type RuleCounters = [AtomicU64; 5];
+/// The slot after the outcomes: denials answered from the denial cache.
+const CACHE_HITS: usize = OUTCOMES.len();
+
+/// One rule's counters, one per outcome, then cache hits.
+type RuleCounters = [AtomicU64; OUTCOMES.len() + 1];
 
 /// All counters of the process.
 #[derive(Debug, Default)]
@@ -62,12 +76,28 @@ pub struct Metrics {
     buckets: [AtomicU64; BUCKETS.len()],
     count: AtomicU64,
     sum_micros: AtomicU64,
+    /// The limiter whose breaker and late decisions are shown.
+    limiter: OnceLock<Arc<Limiter>>,
 }
 
 impl Metrics {
+    /// Shows `limiter`'s breaker state and skipped late decisions (the
+    /// first limiter attached stays).
+    pub fn watch(&self, limiter: &Arc<Limiter>) {
+        let _ = self.limiter.set(Arc::clone(limiter));
+    }
+
     /// Counts one rule's outcome for one request.
     pub fn decision(&self, rule: &str, outcome: Outcome) {
-        let slot = outcome as usize;
+        self.add(rule, outcome as usize);
+    }
+
+    /// Counts one request denied from the denial cache under `rule`.
+    pub fn deny_cache_hit(&self, rule: &str) {
+        self.add(rule, CACHE_HITS);
+    }
+
+    fn add(&self, rule: &str, slot: usize) {
         {
             let map = match self.decisions.read() {
                 Ok(m) => m,
@@ -122,6 +152,39 @@ impl Metrics {
                 }
             }
         }
+        out.push_str(
+            "# HELP floodgate_deny_cache_hits_total Denials answered from the denial cache, by rule.\n",
+        );
+        out.push_str("# TYPE floodgate_deny_cache_hits_total counter\n");
+        {
+            let map = match self.decisions.read() {
+                Ok(m) => m,
+                Err(p) => p.into_inner(),
+            };
+            for (rule, counters) in map.iter() {
+                let n = counters[CACHE_HITS].load(Ordering::Relaxed);
+                if n > 0 {
+                    let _ = writeln!(
+                        out,
+                        "floodgate_deny_cache_hits_total{{rule=\"{rule}\"}} {n}"
+                    );
+                }
+            }
+        }
+        let (open, late) = self
+            .limiter
+            .get()
+            .map_or((false, 0), |l| (l.breaker_open(), l.late_count()));
+        out.push_str(
+            "# HELP floodgate_breaker_open 1 while Redis is not asked after a failure, else 0.\n",
+        );
+        out.push_str("# TYPE floodgate_breaker_open gauge\n");
+        let _ = writeln!(out, "floodgate_breaker_open {}", u8::from(open));
+        out.push_str(
+            "# HELP floodgate_late_decisions_skipped_total Calls that reached Redis after their caller gave up; Redis decided nothing for them.\n",
+        );
+        out.push_str("# TYPE floodgate_late_decisions_skipped_total counter\n");
+        let _ = writeln!(out, "floodgate_late_decisions_skipped_total {late}");
         out.push_str("# HELP floodgate_redis_errors_total Redis errors and timeouts.\n");
         out.push_str("# TYPE floodgate_redis_errors_total counter\n");
         let _ = writeln!(out, "floodgate_redis_errors_total {redis_errors}");
@@ -162,12 +225,19 @@ mod tests {
         m.decision("check", Outcome::Allowed);
         m.decision("check", Outcome::Allowed);
         m.decision("check", Outcome::Denied);
+        m.decision("check", Outcome::LocalDenied);
+        m.deny_cache_hit("check");
+        m.deny_cache_hit("check");
         m.observe(Duration::from_micros(50));
         m.observe(Duration::from_millis(3));
         let text = m.render(7);
         assert!(text.contains("floodgate_decisions_total{rule=\"check\",decision=\"allowed\"} 2\n"));
         assert!(text.contains("floodgate_decisions_total{rule=\"check\",decision=\"denied\"} 1\n"));
         assert!(!text.contains("shadow_denied"));
+        assert!(text
+            .contains("floodgate_decisions_total{rule=\"check\",decision=\"local_denied\"} 1\n"));
+        assert!(text.contains("floodgate_deny_cache_hits_total{rule=\"check\"} 2\n"));
+        assert!(text.contains("floodgate_breaker_open 0\n"));
         assert!(text.contains("floodgate_redis_errors_total 7\n"));
         assert!(text.contains("floodgate_decision_duration_seconds_bucket{le=\"0.0001\"} 1\n"));
         assert!(text.contains("floodgate_decision_duration_seconds_bucket{le=\"0.0025\"} 1\n"));

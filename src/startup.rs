@@ -25,7 +25,7 @@ use futures_util::Stream;
 use crate::config::SmsProvider;
 use crate::config::{self, Config};
 use crate::filter::{Filter, FilterOptions};
-use crate::limit::{Limiter, LimiterError};
+use crate::limit::{Limiter, LimiterError, LimiterOptions};
 use crate::metrics::Metrics;
 use crate::site::session::{self, Secret};
 use crate::site::sms::{LogSender, Outbox, SmsSender};
@@ -79,7 +79,11 @@ impl Application {
             .local_addr()
             .map_err(|e| StartError::Bind(config.server.bind.clone(), e))?
             .port();
-        let limiter = Arc::new(Limiter::new(&config.redis).map_err(StartError::Limiter)?);
+        let options = LimiterOptions {
+            deny_cache: config.limiter.deny_cache,
+            breaker: config.limiter.breaker,
+        };
+        let limiter = Arc::new(Limiter::new(&config.redis, options).map_err(StartError::Limiter)?);
         let metrics = Arc::new(Metrics::default());
         let title = config.site.title.clone();
         let secret = Secret::new(&config.server.secret)

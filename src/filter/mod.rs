@@ -4,9 +4,11 @@
 //! For each request: find the rules that match its method and decoded path;
 //! build each rule's key; ask the [`Limiter`] once for all of them; then
 //! pass the request on with `RateLimit` fields, or answer a denial (303 to
-//! the error page, or 429), or apply the Redis error policy.
+//! the error page, or 429), or apply the Redis error policy (see [`policy`]:
+//! the denial cache, and `on_redis_error`).
 
 pub mod key;
+mod policy;
 pub mod route;
 
 use std::future::{ready, Future, Ready};
@@ -25,10 +27,11 @@ use actix_web::web::{Bytes, BytesMut};
 use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
 
-use crate::config::{Cidr, Count, Deny, KeyKind, Mode, OnRedisError, Rule};
+use crate::config::{Cidr, Count, Deny, KeyKind, Mode, Rule};
 use crate::limit::give_back::Refund;
-use crate::limit::{Check, Decision, Limiter};
+use crate::limit::{Check, Decision, Limiter, Outcome};
 use crate::metrics::{Metrics, Outcome as Counted};
+use policy::Verdict;
 
 /// Renders the HTML error page for a denial: `(rule, retry_after_secs)`.
 pub type DenialPage = dyn Fn(&Rule, u64) -> String + Send + Sync;
@@ -76,6 +79,7 @@ impl Filter {
         metrics: Arc<Metrics>,
         options: FilterOptions,
     ) -> Filter {
+        metrics.watch(&limiter);
         Filter {
             state: Arc::new(FilterState {
                 rules: RwLock::new(Arc::new(rules)),
@@ -99,12 +103,16 @@ impl Filter {
     }
 
     /// Puts new rules in force; requests already deciding keep the old ones.
+    /// What the process remembered about keys under the old rules (cached
+    /// denials, local counts) is forgotten.
     pub fn replace_rules(&self, rules: Vec<Rule>) {
         let mut slot = match self.state.rules.write() {
             Ok(r) => r,
             Err(p) => p.into_inner(),
         };
         *slot = Arc::new(rules);
+        drop(slot);
+        self.state.limiter.forget_keys();
     }
 
     /// The limiter the filter decides with.
@@ -354,11 +362,11 @@ where
         .iter()
         .any(|r| r.count == Count::Failures)
         .then(|| checks.clone());
-    let decision = filter.state.limiter.decide(checks).await;
+    let verdict = policy::decide(&filter.state.limiter, metrics, &matched, checks, started).await;
     metrics.observe(started.elapsed());
 
-    match decision {
-        Ok(decision) if decision.allowed => {
+    match verdict {
+        Verdict::Redis(decision) if decision.allowed => {
             count_allowed(metrics, &matched, &decision);
             log::debug!(
                 "{method} {path}: allowed ({})",
@@ -372,16 +380,10 @@ where
             add_ratelimit_fields(res.headers_mut(), &matched, &decision);
             Ok(res.map_into_left_body())
         }
-        Ok(decision) => {
+        Verdict::Redis(decision) => {
             // The denying rule that frees last names the denial, so that
             // Retry-After holds for every rule.
-            let Some((rule, outcome)) = matched
-                .iter()
-                .zip(&decision.outcomes)
-                .filter(|(r, o)| r.mode == Mode::Enforce && !o.allowed)
-                .max_by_key(|(_, o)| o.wait)
-                .map(|(r, o)| (*r, *o))
-            else {
+            let Some((rule, outcome)) = denying(&matched, &decision) else {
                 // Not reachable: a request is denied only by an enforce rule.
                 return service.call(req).await.map(|r| r.map_into_left_body());
             };
@@ -399,30 +401,80 @@ where
             let response = denial(&filter, req.request(), rule, outcome.retry_after_secs());
             Ok(req.into_response(response).map_into_right_body())
         }
-        Err(e) => {
-            let deny = matched
-                .iter()
-                .any(|r| r.mode == Mode::Enforce && r.on_redis_error == OnRedisError::Deny);
-            let outcome = if deny {
-                Counted::ErrorDenied
-            } else {
-                Counted::ErrorAllowed
-            };
-            for r in &matched {
-                metrics.decision(&r.name, outcome);
+        Verdict::Cached { rule, wait } => {
+            let rule = matched[rule];
+            let retry = Outcome {
+                allowed: false,
+                remaining: 0,
+                wait,
             }
-            log::warn!("{method} {path}: no decision ({e}), {}", outcome.label());
-            if deny {
-                let response = HttpResponse::ServiceUnavailable()
-                    .insert_header((header::RETRY_AFTER, "1"))
-                    .insert_header((header::CACHE_CONTROL, "no-store"))
-                    .content_type("text/plain; charset=utf-8")
-                    .body("the rate limiter is unavailable; try again in a second\n");
+            .retry_after_secs();
+            log::debug!(
+                "{method} {path}: denied by {} for {retry}s (remembered denial)",
+                rule.name
+            );
+            let response = denial(&filter, req.request(), rule, retry);
+            Ok(req.into_response(response).map_into_right_body())
+        }
+        Verdict::Unavailable(e) => {
+            log::warn!("{method} {path}: no decision ({e}), error_denied");
+            let response = HttpResponse::ServiceUnavailable()
+                .insert_header((header::RETRY_AFTER, "1"))
+                .insert_header((header::CACHE_CONTROL, "no-store"))
+                .content_type("text/plain; charset=utf-8")
+                .body("the rate limiter is unavailable; try again in a second\n");
+            Ok(req.into_response(response).map_into_right_body())
+        }
+        Verdict::Fallback {
+            error,
+            local,
+            checks,
+            decision,
+        } => {
+            // Only the rules this process decided have outcomes.
+            let rules: Vec<&Rule> = local.iter().map(|&i| matched[i]).collect();
+            if !decision.allowed {
+                let Some((rule, outcome)) = denying(&rules, &decision) else {
+                    return service.call(req).await.map(|r| r.map_into_left_body());
+                };
+                log::warn!(
+                    "{method} {path}: no decision ({error}), denied here by {} for {}s",
+                    rule.name,
+                    outcome.retry_after_secs()
+                );
+                let response = denial(&filter, req.request(), rule, outcome.retry_after_secs());
                 return Ok(req.into_response(response).map_into_right_body());
             }
-            service.call(req).await.map(|r| r.map_into_left_body())
+            log::warn!(
+                "{method} {path}: no decision ({error}), allowed{}",
+                if rules.is_empty() { "" } else { " here" }
+            );
+            let mut res = service.call(req).await?;
+            let mut decision = decision;
+            if res.status().as_u16() < 400 {
+                // Units taken here go back here; Redis took none.
+                for ((r, c), o) in rules.iter().zip(&checks).zip(&mut decision.outcomes) {
+                    if r.count == Count::Failures && o.allowed {
+                        filter.state.limiter.local().give_back(c, started.elapsed());
+                        o.remaining =
+                            (o.remaining + u64::from(c.cost)).min(u64::from(r.algorithm.quota()));
+                    }
+                }
+            }
+            add_ratelimit_fields(res.headers_mut(), &rules, &decision);
+            Ok(res.map_into_left_body())
         }
     }
+}
+
+/// The enforce rule that denies and frees last, with its outcome.
+fn denying<'r>(matched: &[&'r Rule], decision: &Decision) -> Option<(&'r Rule, Outcome)> {
+    matched
+        .iter()
+        .zip(&decision.outcomes)
+        .filter(|(r, o)| r.mode == Mode::Enforce && !o.allowed)
+        .max_by_key(|(_, o)| o.wait)
+        .map(|(r, o)| (*r, *o))
 }
 
 /// `count = "failures"`: a request answered below 400 gets back the units

@@ -6,13 +6,35 @@
 //! it hands the checks to a dispatcher thread (see [`redis`]) and awaits the
 //! answer without ever blocking the caller's thread.
 
+pub mod deny_cache;
 pub mod give_back;
+pub mod local;
 pub mod redis;
 
 use std::num::NonZeroU32;
 use std::time::Duration;
 
 pub use self::redis::{Limiter, LimiterError};
+
+/// How the limiter behaves besides talking to Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimiterOptions {
+    /// Remember denials in-process until their retry time, and answer a
+    /// flood on a denied key without a Redis call.
+    pub deny_cache: bool,
+    /// After a call failed, how long no call is made (the error policy
+    /// applies at once) before one call probes Redis again.
+    pub breaker: Duration,
+}
+
+impl Default for LimiterOptions {
+    fn default() -> Self {
+        LimiterOptions {
+            deny_cache: true,
+            breaker: Duration::from_secs(1),
+        }
+    }
+}
 
 /// A rate-limiting algorithm with its parameters. Invalid ones cannot be
 /// built: limits and bursts are non-zero, windows are checked by the config.

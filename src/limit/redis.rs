@@ -26,7 +26,7 @@
 //! never reached Redis; the dispatcher's `send` spells out the exact rule.
 
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,7 +34,9 @@ use std::time::{Duration, Instant};
 use redis::ConnectionLike as _;
 use tokio::sync::oneshot;
 
-use super::{Algorithm, Check, Decision, Outcome};
+use super::deny_cache::DenyCache;
+use super::local::LocalLimiter;
+use super::{Algorithm, Check, Decision, LimiterOptions, Outcome};
 use crate::config::RedisConfig;
 
 /// The Lua that Redis runs: one function per algorithm, then the batch driver.
@@ -78,8 +80,12 @@ pub enum LimiterError {
     /// of the same batch were decided normally, so this says nothing about
     /// Redis's health.
     Check(String),
-    /// No answer within `redis.timeout`.
+    /// No answer within `redis.timeout` (or the answer came too late to be
+    /// used, and Redis was told to decide nothing).
     Timeout,
+    /// Redis failed to answer a moment ago: until the breaker period has
+    /// passed, no call is made and the error policy applies at once.
+    BreakerOpen,
     /// Too many requests are already waiting for Redis.
     Overloaded,
     /// The dispatcher threads are gone (the process is stopping).
@@ -92,6 +98,9 @@ impl std::fmt::Display for LimiterError {
             LimiterError::Redis(e) => write!(f, "redis: {e}"),
             LimiterError::Check(e) => write!(f, "undecidable check: {e}"),
             LimiterError::Timeout => f.write_str("redis did not answer in time"),
+            LimiterError::BreakerOpen => f.write_str(
+                "redis failed a moment ago; not asked again until the breaker period ends",
+            ),
             LimiterError::Overloaded => f.write_str("too many decisions waiting for redis"),
             LimiterError::Stopped => f.write_str("the limiter is stopped"),
         }
@@ -104,8 +113,176 @@ struct Job {
     checks: Vec<Check>,
     /// Pinned clock in ms (tests); `None` = Redis `TIME`.
     now_ms: Option<u64>,
+    /// When the caller stops waiting.
     deadline: Instant,
+    /// Whether this job probes Redis for the open breaker.
+    probe: bool,
     reply: oneshot::Sender<Result<Decision, LimiterError>>,
+}
+
+/// How much earlier than its caller's deadline a job's deadline in Redis
+/// time is set: the time a reply may take to travel back and be handed
+/// over. A script that runs before the deadline it was sent answers in
+/// time; one that runs after it decides nothing.
+fn deadline_margin(timeout: Duration) -> Duration {
+    (timeout / 10).clamp(Duration::from_millis(2), Duration::from_millis(25))
+}
+
+/// The dispatchers' estimate of Redis's clock: the offset from the local
+/// monotonic clock, taken from the last reply that carried Redis's time.
+/// It is a lower bound: Redis read its clock before the reply arrived, so
+/// Redis's clock at any later local instant is at least the local instant
+/// plus the offset (unless Redis's clock is stepped back).
+#[derive(Debug)]
+struct RedisClock {
+    epoch: Instant,
+    offset_us: AtomicI64,
+    known: AtomicBool,
+}
+
+impl RedisClock {
+    fn new() -> RedisClock {
+        RedisClock {
+            epoch: Instant::now(),
+            offset_us: AtomicI64::new(0),
+            known: AtomicBool::new(false),
+        }
+    }
+
+    fn local_us(&self, at: Instant) -> i64 {
+        at.saturating_duration_since(self.epoch).as_micros() as i64
+    }
+
+    /// Redis said its clock read `redis_us` in a reply that arrived at `received`.
+    fn sample(&self, redis_us: i64, received: Instant) {
+        // One microsecond off for the local reading's rounding.
+        let offset = redis_us - self.local_us(received) - 1;
+        self.offset_us.store(offset, Ordering::Relaxed);
+        self.known.store(true, Ordering::Release);
+    }
+
+    /// Redis's clock at local instant `at`, in ms, at least (`None` until
+    /// Redis has told its time once).
+    fn redis_ms(&self, at: Instant) -> Option<i64> {
+        if !self.known.load(Ordering::Acquire) {
+            return None;
+        }
+        let us = self.local_us(at) + self.offset_us.load(Ordering::Relaxed);
+        Some(us.div_euclid(1000))
+    }
+}
+
+/// The breaker: after a call failed (timeout, refused, broken), no call is
+/// made for `period`; then one request's call probes Redis, and its answer
+/// closes the breaker (or its failure opens it for another period).
+#[derive(Debug)]
+struct Breaker {
+    period: Duration,
+    epoch: Instant,
+    /// µs after `epoch` until which no call is made; 0 = closed.
+    open_until: AtomicU64,
+    /// A probe is on its way.
+    probing: AtomicBool,
+}
+
+/// What the breaker lets a request do.
+enum Gate {
+    /// Ask Redis.
+    Closed,
+    /// Ask Redis, as the probe.
+    Probe,
+    /// Do not ask.
+    Open,
+}
+
+impl Breaker {
+    fn new(period: Duration) -> Breaker {
+        Breaker {
+            period,
+            epoch: Instant::now(),
+            open_until: AtomicU64::new(0),
+            probing: AtomicBool::new(false),
+        }
+    }
+
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+
+    fn gate(&self) -> Gate {
+        let until = self.open_until.load(Ordering::Acquire);
+        if until == 0 {
+            return Gate::Closed;
+        }
+        if self.now_us() < until {
+            return Gate::Open;
+        }
+        match self
+            .probing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Gate::Probe,
+            Err(_) => Gate::Open,
+        }
+    }
+
+    /// Whether calls are held back now (the period has not run out).
+    fn holding(&self) -> bool {
+        let until = self.open_until.load(Ordering::Acquire);
+        until != 0 && self.now_us() < until
+    }
+
+    fn is_open(&self) -> bool {
+        self.open_until.load(Ordering::Acquire) != 0
+    }
+
+    fn trip(&self, why: &LimiterError) {
+        let until = (self.now_us() + self.period.as_micros() as u64).max(1);
+        let was = self.open_until.swap(until, Ordering::AcqRel);
+        self.probing.store(false, Ordering::Release);
+        if was == 0 {
+            log::warn!(
+                "breaker open for {:?}: {why}; rules apply on_redis_error meanwhile",
+                self.period
+            );
+        }
+    }
+
+    fn close(&self) {
+        if self.open_until.swap(0, Ordering::AcqRel) != 0 {
+            log::info!("redis answers again; breaker closed");
+        }
+        self.probing.store(false, Ordering::Release);
+    }
+
+    /// Moves the breaker on what a call came to.
+    fn observe(&self, result: &Result<Decision, LimiterError>, probe: bool) {
+        match result {
+            // Redis answered (a check it could not decide is an answer too).
+            Ok(_) | Err(LimiterError::Check(_)) => {
+                if probe || self.is_open() {
+                    self.close();
+                }
+            }
+            Err(e @ (LimiterError::Timeout | LimiterError::Redis(_))) => self.trip(e),
+            // No call was made: let the next request probe.
+            Err(LimiterError::Overloaded | LimiterError::Stopped | LimiterError::BreakerOpen) => {
+                if probe {
+                    self.probing.store(false, Ordering::Release);
+                }
+            }
+        }
+    }
+}
+
+/// What the limiter and its dispatcher threads share.
+#[derive(Debug)]
+struct Shared {
+    errors: AtomicU64,
+    /// Jobs the script skipped because their deadline had passed.
+    late: AtomicU64,
+    clock: RedisClock,
+    breaker: Breaker,
 }
 
 /// Decides checks against Redis. Cheap to share (`Arc`); dropping the last
@@ -114,7 +291,9 @@ pub struct Limiter {
     queue: SyncSender<Job>,
     pool: Pool,
     timeout: Duration,
-    errors: Arc<AtomicU64>,
+    shared: Arc<Shared>,
+    deny_cache: Option<DenyCache>,
+    local: LocalLimiter,
 }
 
 impl std::fmt::Debug for Limiter {
@@ -157,6 +336,17 @@ impl Conn {
             });
         self.note(&result);
         result
+    }
+
+    /// `TIME`: like a PING (safe to send as often as needed), and it tells
+    /// `clock` Redis's time. Records the outcome.
+    fn time(&mut self, clock: &RedisClock) -> redis::RedisResult<()> {
+        let result = redis::cmd("TIME").query::<(i64, i64)>(&mut self.inner);
+        let received = Instant::now();
+        self.note(&result);
+        let (secs, micros) = result?;
+        clock.sample(secs * 1_000_000 + micros, received);
+        Ok(())
     }
 
     /// Records what using the connection came to: an answer refreshes it;
@@ -280,19 +470,25 @@ fn manager(config: &RedisConfig) -> Result<Manager, LimiterError> {
 
 impl Limiter {
     /// Builds the pool and starts the dispatcher threads.
-    pub fn new(config: &RedisConfig) -> Result<Limiter, LimiterError> {
+    pub fn new(config: &RedisConfig, options: LimiterOptions) -> Result<Limiter, LimiterError> {
         let pool = build_pool(config)?;
         let manager = manager(config)?;
         let (queue, rx) = sync_channel::<Job>(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
         let script = Arc::new(redis::Script::new(SCRIPT_SOURCE));
-        let errors = Arc::new(AtomicU64::new(0));
+        let shared = Arc::new(Shared {
+            errors: AtomicU64::new(0),
+            late: AtomicU64::new(0),
+            clock: RedisClock::new(),
+            breaker: Breaker::new(options.breaker),
+        });
         for i in 0..DISPATCHERS {
             let dispatcher = Dispatcher {
                 rx: Arc::clone(&rx),
                 manager: manager.clone(),
                 script: Arc::clone(&script),
-                errors: Arc::clone(&errors),
+                shared: Arc::clone(&shared),
+                margin: deadline_margin(config.timeout),
                 conn: None,
                 cmd: redis::Cmd::new(),
                 packed: Vec::new(),
@@ -306,8 +502,39 @@ impl Limiter {
             queue,
             pool,
             timeout: config.timeout,
-            errors,
+            shared,
+            deny_cache: options.deny_cache.then(DenyCache::default),
+            local: LocalLimiter::default(),
         })
+    }
+
+    /// The denial cache, when `deny_cache` is on.
+    pub fn deny_cache(&self) -> Option<&DenyCache> {
+        self.deny_cache.as_ref()
+    }
+
+    /// The in-process limiter for `on_redis_error = "local"`.
+    pub fn local(&self) -> &LocalLimiter {
+        &self.local
+    }
+
+    /// Forgets what the process remembers about keys (cached denials and
+    /// local counts): the rules changed.
+    pub fn forget_keys(&self) {
+        if let Some(cache) = &self.deny_cache {
+            cache.clear();
+        }
+        self.local.clear();
+    }
+
+    /// Whether the breaker is open (Redis failed and has not answered since).
+    pub fn breaker_open(&self) -> bool {
+        self.shared.breaker.is_open()
+    }
+
+    /// Decisions the script skipped because their caller had given up.
+    pub fn late_count(&self) -> u64 {
+        self.shared.late.load(Ordering::Relaxed)
     }
 
     /// Decides the checks of one request, atomically: either every check is
@@ -339,11 +566,28 @@ impl Limiter {
                 allowed: true,
             });
         }
+        let probe = match self.shared.breaker.gate() {
+            Gate::Closed => false,
+            Gate::Probe => true,
+            Gate::Open => return Err(LimiterError::BreakerOpen),
+        };
+        let result = self.call(checks, now_ms, probe).await;
+        self.shared.breaker.observe(&result, probe);
+        result
+    }
+
+    async fn call(
+        &self,
+        checks: Vec<Check>,
+        now_ms: Option<u64>,
+        probe: bool,
+    ) -> Result<Decision, LimiterError> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             checks,
             now_ms,
             deadline: Instant::now() + self.timeout,
+            probe,
             reply,
         };
         match self.queue.try_send(job) {
@@ -359,13 +603,13 @@ impl Limiter {
     }
 
     fn count(&self, e: LimiterError) -> LimiterError {
-        self.errors.fetch_add(1, Ordering::Relaxed);
+        self.shared.errors.fetch_add(1, Ordering::Relaxed);
         e
     }
 
     /// Redis errors and timeouts seen so far (for `/metrics`).
     pub fn error_count(&self) -> u64 {
-        self.errors.load(Ordering::Relaxed)
+        self.shared.errors.load(Ordering::Relaxed)
     }
 
     /// The connection pool, for the site's own Redis work (use it from
@@ -414,7 +658,9 @@ struct Dispatcher {
     /// and a decision must not wait for that once Redis is back).
     manager: Manager,
     script: Arc<redis::Script>,
-    errors: Arc<AtomicU64>,
+    shared: Arc<Shared>,
+    /// See [`deadline_margin`].
+    margin: Duration,
     conn: Option<Conn>,
     /// The command being sent, kept to reuse its buffers.
     cmd: redis::Cmd,
@@ -490,6 +736,15 @@ impl Dispatcher {
             // Jobs whose caller has already given up are not decided: they
             // would take quota for a request that was answered without it.
             retain_waiting(&mut batch);
+            if self.shared.breaker.holding() {
+                // Redis failed a moment ago: these callers get the error
+                // policy now instead of waiting behind it (a probe is sent).
+                let (probes, held): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|j| j.probe);
+                for job in held {
+                    let _ = job.reply.send(Err(LimiterError::BreakerOpen));
+                }
+                batch = probes;
+            }
             if batch.is_empty() {
                 continue;
             }
@@ -506,11 +761,12 @@ impl Dispatcher {
             }
             match result {
                 Ok(values) => {
-                    let failed = deliver(batch, &values);
-                    self.errors.fetch_add(failed, Ordering::Relaxed);
+                    let (failed, late) = deliver(batch, &values);
+                    self.shared.errors.fetch_add(failed, Ordering::Relaxed);
+                    self.shared.late.fetch_add(late, Ordering::Relaxed);
                 }
                 Err(SendError::Unsent(e) | SendError::Failed(e)) => {
-                    self.errors.fetch_add(1, Ordering::Relaxed);
+                    self.shared.errors.fetch_add(1, Ordering::Relaxed);
                     log::warn!("redis error, {} decisions affected: {e}", batch.len());
                     for job in batch {
                         let _ = job.reply.send(Err(e.clone()));
@@ -538,15 +794,17 @@ impl Dispatcher {
     }
 
     /// Makes sure the dispatcher holds a connection Redis answers on: the one
-    /// it has, if Redis answered on it a moment ago or answers a PING now;
-    /// else a new one, opened before `deadline`. The PING is what keeps a
-    /// decision off a connection that died while idle (see
-    /// [`Dispatcher::send`]); it costs one round trip, and only after the
-    /// dispatcher has been idle for [`IDLE_CHECK`].
+    /// it has, if Redis answered on it a moment ago or answers a `TIME` now;
+    /// else a new one, opened before `deadline`, that answers a `TIME`. The
+    /// check is what keeps a decision off a connection that died while idle
+    /// (see [`Dispatcher::send`]); it costs one round trip, and only after
+    /// the dispatcher has been idle for [`IDLE_CHECK`]. `TIME` (safe to
+    /// repeat, like PING) also tells Redis's clock, so a job never leaves
+    /// without a deadline on it.
     fn connect(&mut self, deadline: Instant) -> Result<(), LimiterError> {
         if let Some(conn) = self.conn.as_mut() {
             if !conn.recently_answered() {
-                if let Err(e) = conn.ping() {
+                if let Err(e) = conn.time(&self.shared.clock) {
                     log::info!("redis connection found broken ({e}); opening a new one");
                     self.conn = None;
                 }
@@ -554,10 +812,17 @@ impl Dispatcher {
         }
         if self.conn.is_none() {
             let within = deadline.saturating_duration_since(Instant::now());
-            let conn = self
+            let mut conn = self
                 .manager
                 .open(within)
                 .map_err(|e| LimiterError::Redis(e.to_string()))?;
+            conn.time(&self.shared.clock).map_err(|e| {
+                if e.is_timeout() {
+                    LimiterError::Timeout
+                } else {
+                    LimiterError::Redis(e.to_string())
+                }
+            })?;
             self.conn = Some(conn);
         }
         Ok(())
@@ -586,13 +851,16 @@ impl Dispatcher {
     /// What remains is a connection that breaks within that last moment:
     /// its batch fails and `on_redis_error` applies; nothing counts twice.
     fn send(&mut self, batch: &[Job]) -> Result<Vec<i64>, SendError> {
-        let expected = write_batch(&mut self.cmd, self.script.get_hash(), batch);
         let deadline = batch
             .iter()
             .map(|j| j.deadline)
             .max()
             .unwrap_or_else(Instant::now);
         self.connect(deadline).map_err(SendError::Failed)?;
+        let (clock, margin) = (&self.shared.clock, self.margin);
+        let expected = write_batch(&mut self.cmd, self.script.get_hash(), batch, |job| {
+            clock.redis_ms(job.deadline - margin)
+        });
         let Some(conn) = self.conn.as_mut() else {
             return Err(SendError::Failed(LimiterError::Stopped));
         };
@@ -616,10 +884,16 @@ impl Dispatcher {
             self.conn = None;
         }
         match result {
-            Ok(values) if values.len() == expected => Ok(values),
+            Ok(values) if values.len() == expected + 1 => {
+                if let Some(&redis_us) = values.last() {
+                    self.shared.clock.sample(redis_us, Instant::now());
+                }
+                Ok(values)
+            }
             Ok(values) => Err(SendError::Failed(LimiterError::Redis(format!(
-                "the script returned {} values, expected {expected}",
-                values.len()
+                "the script returned {} values, expected {}",
+                values.len(),
+                expected + 1
             )))),
             Err(e) => {
                 let limiter_error = if e.error().is_timeout() {
@@ -646,9 +920,16 @@ fn retain_waiting(batch: &mut Vec<Job>) {
 
 /// Writes a batch as one `EVALSHA sha` into `cmd`, reusing its two buffers
 /// (not one allocation per argument, as a `ScriptInvocation` makes). KEYS
-/// and ARGV are laid out as `lua/batch.lua` reads them. Returns the number
-/// of values the reply must hold.
-fn write_batch(cmd: &mut redis::Cmd, sha: &str, batch: &[Job]) -> usize {
+/// and ARGV are laid out as `lua/batch.lua` reads them; `deadline` gives
+/// each job's deadline in ms on Redis's clock (`None`: none). Returns the
+/// number of decision values the reply must hold (Redis's clock follows
+/// them).
+fn write_batch(
+    cmd: &mut redis::Cmd,
+    sha: &str,
+    batch: &[Job],
+    deadline: impl Fn(&Job) -> Option<i64>,
+) -> usize {
     cmd.clear();
     let keys: usize = batch.iter().map(|j| j.checks.len()).sum();
     cmd.arg("EVALSHA").arg(sha).arg(keys);
@@ -660,6 +941,10 @@ fn write_batch(cmd: &mut redis::Cmd, sha: &str, batch: &[Job]) -> usize {
     cmd.arg(batch.len());
     for job in batch {
         match job.now_ms {
+            Some(ms) => cmd.arg(ms),
+            None => cmd.arg(""),
+        };
+        match deadline(job) {
             Some(ms) => cmd.arg(ms),
             None => cmd.arg(""),
         };
@@ -682,18 +967,21 @@ fn write_batch(cmd: &mut redis::Cmd, sha: &str, batch: &[Job]) -> usize {
 }
 
 /// Sends every job its decision from the script's reply; returns how many
-/// jobs failed alone (the script could not decide one of their checks).
-fn deliver(batch: Vec<Job>, values: &[i64]) -> u64 {
+/// jobs failed alone (the script could not decide one of their checks) and
+/// how many the script skipped as late.
+fn deliver(batch: Vec<Job>, values: &[i64]) -> (u64, u64) {
     let mut at = 0;
-    let mut failed = 0;
+    let (mut failed, mut late) = (0, 0);
     for job in batch {
         let result = decision(&job.checks, values, &mut at);
-        if result.is_err() {
-            failed += 1;
+        match result {
+            Err(LimiterError::Timeout) => late += 1,
+            Err(_) => failed += 1,
+            Ok(_) => {}
         }
         let _ = job.reply.send(result);
     }
-    failed
+    (failed, late)
 }
 
 /// Reads the decision for `checks` from the reply at `at` (three values per
@@ -706,6 +994,10 @@ fn decision(checks: &[Check], values: &[i64], at: &mut usize) -> Result<Decision
             "the script's reply is too short".into(),
         ));
     };
+    if let [-2, ..] = *values {
+        // Skipped: it reached Redis after its deadline.
+        return Err(LimiterError::Timeout);
+    }
     if let [-1, code, index, ..] = *values {
         let key = usize::try_from(index)
             .ok()
@@ -743,28 +1035,51 @@ pub fn decide_batch(
     conn: &mut redis::Connection,
     jobs: Vec<(Option<u64>, Vec<Check>)>,
 ) -> Result<Vec<Result<Decision, LimiterError>>, LimiterError> {
+    let jobs = jobs
+        .into_iter()
+        .map(|(now, checks)| (now, None, checks))
+        .collect();
+    decide_batch_with_deadlines(conn, jobs)
+}
+
+/// As [`decide_batch`], each job with a deadline in ms on Redis's clock
+/// (`None`: none): a job that reaches Redis at or after it is skipped and
+/// comes back as [`LimiterError::Timeout`]. Blocking.
+#[doc(hidden)]
+pub fn decide_batch_with_deadlines(
+    conn: &mut redis::Connection,
+    jobs: Vec<(Option<u64>, Option<i64>, Vec<Check>)>,
+) -> Result<Vec<Result<Decision, LimiterError>>, LimiterError> {
     let script = redis::Script::new(SCRIPT_SOURCE);
     script
         .load(conn)
         .map_err(|e| LimiterError::Redis(e.to_string()))?;
+    let deadlines: Vec<Option<i64>> = jobs.iter().map(|j| j.1).collect();
     let batch: Vec<Job> = jobs
         .into_iter()
-        .map(|(now_ms, checks)| Job {
+        .map(|(now_ms, _, checks)| Job {
             checks,
             now_ms,
             deadline: Instant::now(),
+            probe: false,
             reply: oneshot::channel().0,
         })
         .collect();
     let mut cmd = redis::Cmd::new();
-    let expected = write_batch(&mut cmd, script.get_hash(), &batch);
+    let next = std::cell::Cell::new(0);
+    let expected = write_batch(&mut cmd, script.get_hash(), &batch, |_| {
+        let i = next.get();
+        next.set(i + 1);
+        deadlines.get(i).copied().flatten()
+    });
     let values: Vec<i64> = cmd
         .query(conn)
         .map_err(|e| LimiterError::Redis(e.to_string()))?;
-    if values.len() != expected {
+    if values.len() != expected + 1 {
         return Err(LimiterError::Redis(format!(
-            "the script returned {} values, expected {expected}",
-            values.len()
+            "the script returned {} values, expected {}",
+            values.len(),
+            expected + 1
         )));
     }
     let mut at = 0;
@@ -787,6 +1102,7 @@ mod tests {
             checks,
             now_ms,
             deadline: Instant::now(),
+            probe: false,
             reply,
         }
     }
@@ -843,7 +1159,10 @@ mod tests {
         let mut cmd = redis::Cmd::new();
         // A reused command starts afresh.
         cmd.arg("LEFTOVER");
-        let expected_values = write_batch(&mut cmd, "SHA", &batch);
+        let deadlines = [Some(1_700_000_000_300), None];
+        let expected_values = write_batch(&mut cmd, "SHA", &batch, |job| {
+            deadlines[usize::from(job.now_ms.is_none())]
+        });
         assert_eq!(expected_values, 9);
         let mut expected = redis::Cmd::new();
         for arg in [
@@ -855,6 +1174,7 @@ mod tests {
             "p:c:global:all",
             "2",
             "1700000000123",
+            "1700000000300",
             "2",
             "1",
             "5",
@@ -866,6 +1186,7 @@ mod tests {
             "20",
             "2",
             "0",
+            "",
             "",
             "1",
             "2",

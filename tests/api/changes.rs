@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use floodgate::config::Config;
 use floodgate::limit::redis::decide_batch;
-use floodgate::limit::{Algorithm, Check, Decision, Limiter, LimiterError};
+use floodgate::limit::{Algorithm, Check, Decision, Limiter, LimiterError, LimiterOptions};
 
 use crate::helpers::{header, remaining, spawn_app, RedisServer};
 
@@ -27,7 +27,7 @@ pub fn pinned_limiter(redis: &RedisServer) -> Limiter {
     let mut config = Config::parse("", Path::new("test.toml")).unwrap();
     config.redis.url = redis.url();
     config.redis.timeout = Duration::from_secs(5);
-    Limiter::new(&config.redis).unwrap()
+    Limiter::new(&config.redis, LimiterOptions::default()).unwrap()
 }
 
 pub fn sliding(limit: u32, window_ms: u64) -> Algorithm {

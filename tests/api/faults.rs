@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate::config::Config;
-use floodgate::limit::{Algorithm, Check, Limiter, LimiterError};
+use floodgate::limit::{Algorithm, Check, Limiter, LimiterError, LimiterOptions};
 
 use crate::helpers::{header, metric, raw_request, remaining, spawn_app, RedisServer, TestApp};
 
@@ -321,7 +321,12 @@ async fn a_script_call_whose_reply_is_lost_is_never_sent_twice() {
     let mut config = Config::parse("", Path::new("test.toml")).unwrap();
     config.redis.url = format!("redis://127.0.0.1:{}/0", relay.port);
     config.redis.timeout = Duration::from_secs(2);
-    let limiter = Limiter::new(&config.redis).unwrap();
+    // No breaker period: the next decision probes Redis at once.
+    let options = LimiterOptions {
+        breaker: Duration::ZERO,
+        ..LimiterOptions::default()
+    };
+    let limiter = Limiter::new(&config.redis, options).unwrap();
     let key = "floodgate:lost:ip:127.0.0.1";
     let checks = || {
         vec![Check {

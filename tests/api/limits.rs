@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use floodgate::config::Config;
-use floodgate::limit::{Algorithm, Check, Limiter};
+use floodgate::limit::{Algorithm, Check, Limiter, LimiterOptions};
 
 use crate::helpers::{header, metric, remaining, spawn_app, RedisServer};
 
@@ -169,7 +169,7 @@ async fn sliding_window_is_exact_on_a_pinned_clock() {
     let mut config = Config::parse("", Path::new("test.toml")).unwrap();
     config.redis.url = redis.url();
     config.redis.timeout = Duration::from_secs(5);
-    let limiter = Limiter::new(&config.redis).unwrap();
+    let limiter = Limiter::new(&config.redis, LimiterOptions::default()).unwrap();
     // A long window on the pinned clock, so the key's real TTL (the window)
     // outlives the test.
     let window = 60_000;
@@ -592,7 +592,7 @@ async fn token_bucket_starts_full_and_refills_at_rate() {
     let mut config = Config::parse("", Path::new("test.toml")).unwrap();
     config.redis.url = redis.url();
     config.redis.timeout = Duration::from_secs(5);
-    let limiter = Limiter::new(&config.redis).unwrap();
+    let limiter = Limiter::new(&config.redis, LimiterOptions::default()).unwrap();
     let check = |cost| Check {
         key: "floodgate:bucket:ip:1.2.3.4".into(),
         algorithm: Algorithm::TokenBucket {

@@ -6,6 +6,8 @@
 -- KEYS  one key per check, jobs one after another
 -- ARGV  [1] number of jobs, then per job:
 --         now override in ms ("" = Redis TIME; tests pin the clock with it),
+--         deadline in ms on Redis's clock ("" = none): a job that reaches
+--         Redis at or after it is skipped, because its caller has given up,
 --         number of checks, then per check:
 --           algorithm (1 sliding_window, 2 fixed_window, 3 token_bucket),
 --           p1, p2 (see each algorithm), cost, enforce (1) or shadow (0)
@@ -14,6 +16,9 @@
 --             (ms: retry-after when denied, time to reset when allowed)
 --   failed:   -1, error code (see common.lua), index of the failing check
 --             within its job (every check of a failed job says the same)
+--   skipped:  -2, 0, 0 (past its deadline: nothing read, nothing recorded)
+-- and, last, Redis's clock in microseconds (the dispatcher keeps its
+-- estimate of Redis time from it).
 -- A job that fails (a key of a type no algorithm writes, parameters out of
 -- range, unreadable state) fails alone: it records nothing, and the other
 -- jobs are decided as if it had not been there. A key that holds another
@@ -22,12 +27,11 @@
 local peeks = { sliding_window_peek, fixed_window_peek, token_bucket_peek }
 local commits = { sliding_window_commit, fixed_window_commit, token_bucket_commit }
 
-local clock
+-- Redis's clock, read once: every job of the call is decided at this moment.
+local time = redis.call('TIME')
+local clock_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local clock = math.floor(clock_us / 1000)
 local function redis_now()
-  if not clock then
-    local t = redis.call('TIME')
-    clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
   return clock
 end
 
@@ -157,8 +161,18 @@ local a = 2
 local k = 1
 for _ = 1, tonumber(ARGV[1]) do
   local now = tonumber(ARGV[a]) or redis_now()
-  local n = tonumber(ARGV[a + 1])
-  local ok, e = pcall(decide_job, n, now, k, a + 2)
+  local deadline = tonumber(ARGV[a + 1])
+  local n = tonumber(ARGV[a + 2])
+  local ok, e = true, nil
+  if deadline and clock >= deadline then
+    -- Its caller has stopped waiting: decide nothing.
+    for i = k, k + n - 1 do
+      local at = 3 * i - 2
+      out[at], out[at + 1], out[at + 2] = -2, 0, 0
+    end
+  else
+    ok, e = pcall(decide_job, n, now, k, a + 3)
+  end
   if not ok then
     local code = type(e) == 'table' and e.floodgate
     if not code then
@@ -171,10 +185,11 @@ for _ = 1, tonumber(ARGV[1]) do
       out[at], out[at + 1], out[at + 2] = -1, code, failing
     end
   end
-  a = a + 2 + 5 * n
+  a = a + 3 + 5 * n
   k = k + n
 end
 for key, ms in pairs(expire_in) do
   redis.call('PEXPIRE', key, ms)
 end
+out[3 * (k - 1) + 1] = clock_us
 return out

@@ -1,0 +1,127 @@
+//! How a request's checks are decided: from the denial cache when one of
+//! them is certainly denied, else by Redis, else (Redis failed, or the
+//! breaker is open) by each rule's `on_redis_error`: `deny` answers 503,
+//! `local` has this process enforce the rule alone, `allow` lets it pass.
+
+use std::time::{Duration, Instant};
+
+use crate::config::{Count, Mode, OnRedisError, Rule};
+use crate::limit::{Check, Decision, Limiter, LimiterError};
+use crate::metrics::{Metrics, Outcome as Counted};
+
+/// What the filter does with a request.
+pub(crate) enum Verdict {
+    /// Redis decided.
+    Redis(Decision),
+    /// Denied without a call: the rule (index into the matched rules) that
+    /// denies, and when the request surely fits again.
+    Cached { rule: usize, wait: Duration },
+    /// Redis did not decide and an enforce rule says `deny`: 503.
+    Unavailable(LimiterError),
+    /// Redis did not decide; the rules with `local` were decided in this
+    /// process (`local`: their indexes, their checks, the decision), the
+    /// others let the request pass.
+    Fallback {
+        error: LimiterError,
+        local: Vec<usize>,
+        checks: Vec<Check>,
+        decision: Decision,
+    },
+}
+
+/// Whether a rule's denials may be answered from the cache: enforce rules
+/// whose units only time gives back (`count = "failures"` gives units back
+/// after a success, so its denials are not certain).
+fn cacheable(rule: &Rule) -> bool {
+    rule.mode == Mode::Enforce && rule.count == Count::All
+}
+
+/// Decides `checks` (one per rule in `matched`) for a request whose
+/// decision started at `started`; counts the outcome in `metrics`.
+pub(crate) async fn decide(
+    limiter: &Limiter,
+    metrics: &Metrics,
+    matched: &[&Rule],
+    checks: Vec<Check>,
+    started: Instant,
+) -> Verdict {
+    if let Some(cache) = limiter.deny_cache() {
+        let hit = matched
+            .iter()
+            .zip(&checks)
+            .enumerate()
+            .filter(|(_, (r, _))| cacheable(r))
+            .filter_map(|(i, (_, c))| cache.denied(&c.key, c.cost, started).map(|w| (i, w)))
+            .max_by_key(|(_, w)| *w);
+        if let Some((rule, wait)) = hit {
+            metrics.deny_cache_hit(&matched[rule].name);
+            metrics.decision(&matched[rule].name, Counted::Denied);
+            return Verdict::Cached { rule, wait };
+        }
+    }
+    let result = limiter.decide(checks.clone()).await;
+    match result {
+        Ok(decision) => {
+            if let Some(cache) = limiter.deny_cache() {
+                let answered = Instant::now();
+                for ((r, c), o) in matched.iter().zip(&checks).zip(&decision.outcomes) {
+                    if !o.allowed && cacheable(r) {
+                        cache.remember(&c.key, c.cost, o.wait, started, answered);
+                    }
+                }
+            }
+            Verdict::Redis(decision)
+        }
+        Err(error) => fallback(limiter, metrics, matched, checks, error),
+    }
+}
+
+/// Applies each rule's `on_redis_error`.
+fn fallback(
+    limiter: &Limiter,
+    metrics: &Metrics,
+    matched: &[&Rule],
+    checks: Vec<Check>,
+    error: LimiterError,
+) -> Verdict {
+    let deny = matched
+        .iter()
+        .any(|r| r.mode == Mode::Enforce && r.on_redis_error == OnRedisError::Deny);
+    if deny {
+        for r in matched {
+            metrics.decision(&r.name, Counted::ErrorDenied);
+        }
+        return Verdict::Unavailable(error);
+    }
+    let local: Vec<usize> = (0..matched.len())
+        .filter(|&i| matched[i].on_redis_error == OnRedisError::Local)
+        .collect();
+    let checks: Vec<Check> = checks
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| local.contains(i))
+        .map(|(_, c)| c)
+        .collect();
+    let decision = if checks.is_empty() {
+        Decision {
+            outcomes: Vec::new(),
+            allowed: true,
+        }
+    } else {
+        limiter.local().decide(&checks)
+    };
+    for (i, r) in matched.iter().enumerate() {
+        let counted = match local.iter().position(|&l| l == i) {
+            Some(at) if decision.outcomes[at].allowed => Counted::LocalAllowed,
+            Some(_) => Counted::LocalDenied,
+            None => Counted::ErrorAllowed,
+        };
+        metrics.decision(&r.name, counted);
+    }
+    Verdict::Fallback {
+        error,
+        local,
+        checks,
+        decision,
+    }
+}
