@@ -283,6 +283,7 @@ struct Shared {
     late: AtomicU64,
     clock: RedisClock,
     breaker: Breaker,
+    deny_cache: Option<DenyCache>,
 }
 
 /// Decides checks against Redis. Cheap to share (`Arc`); dropping the last
@@ -292,7 +293,6 @@ pub struct Limiter {
     pool: Pool,
     timeout: Duration,
     shared: Arc<Shared>,
-    deny_cache: Option<DenyCache>,
     local: LocalLimiter,
 }
 
@@ -481,6 +481,7 @@ impl Limiter {
             late: AtomicU64::new(0),
             clock: RedisClock::new(),
             breaker: Breaker::new(options.breaker),
+            deny_cache: options.deny_cache.then(DenyCache::default),
         });
         for i in 0..DISPATCHERS {
             let dispatcher = Dispatcher {
@@ -503,14 +504,13 @@ impl Limiter {
             pool,
             timeout: config.timeout,
             shared,
-            deny_cache: options.deny_cache.then(DenyCache::default),
             local: LocalLimiter::default(),
         })
     }
 
     /// The denial cache, when `deny_cache` is on.
     pub fn deny_cache(&self) -> Option<&DenyCache> {
-        self.deny_cache.as_ref()
+        self.shared.deny_cache.as_ref()
     }
 
     /// The in-process limiter for `on_redis_error = "local"`.
@@ -521,7 +521,7 @@ impl Limiter {
     /// Forgets what the process remembers about keys (cached denials and
     /// local counts): the rules changed.
     pub fn forget_keys(&self) {
-        if let Some(cache) = &self.deny_cache {
+        if let Some(cache) = self.deny_cache() {
             cache.clear();
         }
         self.local.clear();
@@ -867,9 +867,14 @@ impl Dispatcher {
         let result: Result<Vec<i64>, CallError> = match call(conn, &self.cmd, &mut self.packed) {
             // The script is not loaded (a new server, or SCRIPT FLUSH): the
             // call did not run, so load it and send the same batch again.
+            // A new server may have lost every key: the denials remembered
+            // from the old one are forgotten.
             Err(CallError::Answered(e))
                 if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
+                if let Some(cache) = &self.shared.deny_cache {
+                    cache.clear();
+                }
                 let loaded = self.script.load(&mut **conn);
                 conn.note(&loaded);
                 match loaded {

@@ -43,7 +43,30 @@ limit = 3
 window = "1m"
 deny = "status"
 on_redis_error = "deny"
+
+[[rule]]
+name = "probe"
+paths = ["/probe"]
+limit = 100000
+window = "1m"
 "#;
+
+/// Sends `GET path` until Redis decides it (its rule's `RateLimit` field is
+/// there): after a failure the breaker holds calls back for its period, and
+/// the first call after that probes Redis. Panics after 10 s.
+pub async fn until_redis_decides(app: &TestApp, path: &str, rule: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if remaining(&app.get(path).await, rule).is_some() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Redis did not decide {path} again within 10 s"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+    }
+}
 
 /// `GET path`, and how long the answer took.
 async fn timed_get(app: &TestApp, path: &str) -> (reqwest::Response, Duration) {
@@ -94,8 +117,15 @@ async fn redis_down_applies_the_error_policy_in_time_and_recovers() {
     };
     assert_eq!(m("soft", "error_allowed"), Some(4), "{metrics}");
     assert_eq!(m("hard", "error_denied"), Some(4), "{metrics}");
+    // The first failure opens the breaker; the requests after it are not
+    // sent to Redis at all.
     assert!(
-        metric(&metrics, "floodgate_redis_errors_total").unwrap() >= 8,
+        metric(&metrics, "floodgate_redis_errors_total").unwrap() >= 1,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(&metrics, "floodgate_breaker_open"),
+        Some(1),
         "{metrics}"
     );
 
@@ -107,10 +137,16 @@ async fn redis_down_applies_the_error_policy_in_time_and_recovers() {
     );
     assert!(took <= TIMEOUT + MARGIN, "/dev/outbox took {took:?}");
 
-    // Back on the same port, empty: the very first requests are decided by
-    // Redis again (no restart of the app, no failed decision once it
-    // answers), the limits hold exactly, and the pages work again.
+    // Back on the same port, empty: once the breaker's probe finds Redis
+    // answering, requests are decided by Redis again (no restart of the
+    // app, no failed decision), the limits hold exactly, and the pages work
+    // again.
     app.redis.restart();
+    until_redis_decides(&app, "/probe", "probe").await;
+    assert_eq!(
+        metric(&app.metrics().await, "floodgate_breaker_open"),
+        Some(0)
+    );
     for (path, rule) in [("/check", "soft"), ("/api/ping", "hard")] {
         assert_exactly_left(&app, path, rule, 3).await;
     }
@@ -120,9 +156,14 @@ async fn redis_down_applies_the_error_policy_in_time_and_recovers() {
     assert_eq!(app.redis.llen("floodgate:hard:ip:127.0.0.1"), 3);
 }
 
+// Connections, not cached denials, are what these tests are about: a
+// denial remembered before a restart would still deny after it (by design).
 const RESTARTED: &str = r#"
 [redis]
 timeout = "250ms"
+
+[limiter]
+deny_cache = false
 
 [[rule]]
 name = "exact"
@@ -428,6 +469,7 @@ deny = "status"
         }
     }
     asleep.join().unwrap();
+    until_redis_decides(&app, "/api/ping", "during").await;
     // The late answers to the calls above arrive after their callers gave
     // up: none may be taken for the answer to a later call.
     assert_exactly_left(&app, "/check", "after", 3).await;
