@@ -13,5 +13,6 @@ mod isolation;
 mod keys;
 mod limits;
 mod model;
+mod resilience;
 mod site;
 mod webdriver;

@@ -1,0 +1,385 @@
+//! Under flood and failure: a call that reaches Redis after its caller gave
+//! up decides nothing; a denied key is answered from memory without a Redis
+//! call until its retry time; after a failure the breaker answers at once
+//! without calling Redis; `on_redis_error = "local"` enforces the limit in
+//! the process while Redis is away, and Redis decides again once it answers.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use floodgate::config::Config;
+use floodgate::limit::redis::decide_batch_with_deadlines;
+use floodgate::limit::{Algorithm, Check, Limiter, LimiterError, LimiterOptions};
+
+use crate::faults::until_redis_decides;
+use crate::helpers::{header, metric, remaining, spawn_app, wait_until, RedisServer};
+
+/// `cmdstat_NAME:calls=N` from `INFO commandstats`: how many times Redis ran NAME.
+fn calls(redis: &RedisServer, name: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.connection())
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Pauses every client of `redis` for `ms` (from a connection of its own).
+fn pause(redis: &RedisServer, ms: u64) {
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(ms)
+        .arg("ALL")
+        .exec(&mut redis.connection())
+        .unwrap();
+}
+
+#[test]
+fn a_job_past_its_deadline_in_redis_time_decides_nothing() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(&mut conn).unwrap();
+    let now_ms = secs * 1000 + micros / 1000;
+    let check = |key: &str| Check {
+        key: key.into(),
+        algorithm: Algorithm::SlidingWindow {
+            limit: std::num::NonZeroU32::new(5).unwrap(),
+            window: Duration::from_secs(60),
+        },
+        cost: 1,
+        enforce: true,
+    };
+    let decided = decide_batch_with_deadlines(
+        &mut conn,
+        vec![
+            (None, Some(now_ms - 1), vec![check("late")]),
+            (None, Some(now_ms + 60_000), vec![check("in_time")]),
+            (None, None, vec![check("no_deadline")]),
+        ],
+    )
+    .unwrap();
+    assert_eq!(decided[0], Err(LimiterError::Timeout));
+    assert!(decided[1].as_ref().unwrap().allowed);
+    assert!(decided[2].as_ref().unwrap().allowed);
+    assert_eq!(redis.llen("late"), 0, "a late job records nothing");
+    assert_eq!(redis.llen("in_time"), 1);
+    assert_eq!(redis.llen("no_deadline"), 1);
+}
+
+/// A relay in front of Redis that, while armed, holds each script call for
+/// `hold` before passing it on (the network, or a stalled Redis, made it
+/// late), and keeps the call going to Redis even when the client has hung
+/// up by then. Everything else passes at once.
+struct LateRelay {
+    port: u16,
+    armed: Arc<AtomicBool>,
+}
+
+impl LateRelay {
+    fn start(upstream: String, hold: Duration) -> LateRelay {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let armed = Arc::new(AtomicBool::new(false));
+        let relay_armed = Arc::clone(&armed);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let (mut from, mut to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let armed = Arc::clone(&relay_armed);
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16 * 1024];
+                    while let Ok(n @ 1..) = from.read(&mut buf) {
+                        let chunk = &buf[..n];
+                        if chunk.windows(7).any(|w| w == b"EVALSHA") && armed.load(Ordering::SeqCst)
+                        {
+                            // The simulated delay on the way to Redis.
+                            std::thread::sleep(hold);
+                        }
+                        if to.write_all(chunk).is_err() {
+                            break;
+                        }
+                    }
+                    // Half-close only: Redis still runs what it received.
+                    let _ = to.shutdown(Shutdown::Write);
+                });
+                let (mut from, mut to) = (server, client);
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16 * 1024];
+                    while let Ok(n @ 1..) = from.read(&mut buf) {
+                        let _ = to.write_all(&buf[..n]);
+                    }
+                });
+            }
+        });
+        LateRelay { port, armed }
+    }
+}
+
+#[actix_web::test]
+async fn a_call_that_reaches_redis_after_its_caller_gave_up_takes_nothing() {
+    let redis = RedisServer::start();
+    let upstream = redis
+        .url()
+        .trim_start_matches("redis://")
+        .trim_end_matches("/0")
+        .to_string();
+    let relay = LateRelay::start(upstream, Duration::from_millis(500));
+    let mut config = Config::parse("", Path::new("test.toml")).unwrap();
+    config.redis.url = format!("redis://127.0.0.1:{}/0", relay.port);
+    config.redis.timeout = Duration::from_millis(200);
+    let limiter = Limiter::new(&config.redis, LimiterOptions::default()).unwrap();
+    let key = "floodgate:late:ip:127.0.0.1";
+    let checks = || {
+        vec![Check {
+            key: key.to_string(),
+            algorithm: Algorithm::SlidingWindow {
+                limit: std::num::NonZeroU32::new(10).unwrap(),
+                window: Duration::from_secs(60),
+            },
+            cost: 1,
+            enforce: true,
+        }]
+    };
+    // Redis's clock is known from the first call.
+    assert_eq!(
+        limiter.decide(checks()).await.unwrap().outcomes[0].remaining,
+        9
+    );
+    let before = calls(&redis, "evalsha");
+
+    relay.armed.store(true, Ordering::SeqCst);
+    let late = limiter.decide(checks()).await;
+    assert_eq!(late, Err(LimiterError::Timeout));
+    // The call reaches Redis after its caller gave up: it decides nothing.
+    wait_until(Duration::from_secs(5), "the late call to run", || {
+        calls(&redis, "evalsha") > before
+    });
+    assert_eq!(redis.llen(key), 1, "the late call took quota");
+}
+
+#[actix_web::test]
+async fn a_denied_key_is_answered_from_memory_until_its_retry_time() {
+    let app = spawn_app(
+        r#"
+[[rule]]
+name = "flood"
+paths = ["/check"]
+limit = 2
+window = "1s"
+deny = "status"
+
+[[rule]]
+name = "other"
+paths = ["/other"]
+limit = 1000
+window = "1m"
+"#,
+    )
+    .await;
+    assert_eq!(app.get("/check").await.status(), 200);
+    assert_eq!(app.get("/check").await.status(), 200);
+    // Redis denies once; the process remembers it.
+    let res = app.get_json("/check").await;
+    assert_eq!(res.status(), 429);
+    let before = calls(&app.redis, "evalsha");
+    for _ in 0..50 {
+        let res = app.get_json("/check").await;
+        assert_eq!(res.status(), 429);
+        assert_eq!(header(&res, "retry-after").as_deref(), Some("1"));
+        assert_eq!(header(&res, "cache-control").as_deref(), Some("no-store"));
+        assert_eq!(
+            res.text().await.unwrap(),
+            r#"{"error":"rate_limited","rule":"flood","retry_after":1}"#
+        );
+    }
+    assert_eq!(
+        calls(&app.redis, "evalsha"),
+        before,
+        "a remembered denial makes no Redis call"
+    );
+    // Another key still goes to Redis.
+    assert_eq!(remaining(&app.get("/other").await, "other"), Some(999));
+    assert_eq!(calls(&app.redis, "evalsha"), before + 1);
+    let metrics = app.metrics().await;
+    assert_eq!(
+        metric(&metrics, "floodgate_deny_cache_hits_total{rule=\"flood\"}"),
+        Some(50),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "floodgate_decisions_total{rule=\"flood\",decision=\"denied\"}"
+        ),
+        Some(51),
+        "{metrics}"
+    );
+    // After the retry time the same request is allowed (by Redis).
+    actix_web::rt::time::sleep(Duration::from_secs(1)).await;
+    let res = app.get("/check").await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(remaining(&res, "flood"), Some(1));
+}
+
+#[actix_web::test]
+async fn while_the_breaker_is_open_decisions_are_immediate_and_never_reach_redis() {
+    let app = spawn_app(
+        r#"
+[redis]
+timeout = "1s"
+
+[limiter]
+breaker = "1m"
+
+[[rule]]
+name = "soft"
+paths = ["/check"]
+limit = 100
+window = "1m"
+deny = "status"
+on_redis_error = "allow"
+
+[[rule]]
+name = "hard"
+paths = ["/api/*"]
+limit = 100
+window = "1m"
+deny = "status"
+on_redis_error = "deny"
+"#,
+    )
+    .await;
+    assert_eq!(remaining(&app.get("/check").await, "soft"), Some(99));
+    let before = calls(&app.redis, "evalsha");
+    pause(&app.redis, 3000);
+    // The first decision waits out the timeout and opens the breaker.
+    let res = app.get("/check").await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(header(&res, "ratelimit"), None);
+    let started = Instant::now();
+    for _ in 0..20 {
+        let res = app.get("/check").await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(header(&res, "ratelimit"), None);
+        let res = app.get("/api/ping").await;
+        assert_eq!(res.status(), 503);
+        assert_eq!(header(&res, "retry-after").as_deref(), Some("1"));
+    }
+    let during = started.elapsed();
+    let metrics = app.metrics().await;
+    assert_eq!(metric(&metrics, "floodgate_breaker_open"), Some(1));
+    assert_eq!(
+        metric(
+            &metrics,
+            "floodgate_decisions_total{rule=\"soft\",decision=\"error_allowed\"}"
+        ),
+        Some(21)
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "floodgate_decisions_total{rule=\"hard\",decision=\"error_denied\"}"
+        ),
+        Some(20)
+    );
+    // None of the 40 waited for Redis: 40 timeouts would take 40 s, and the
+    // pause (3 s) has not even ended while they were answered.
+    assert!(during < Duration::from_secs(3), "{during:?}");
+    // The decisions under 250 ms: the 40 answered while the breaker held,
+    // and the one before the pause (the first after it waited 1 s).
+    assert_eq!(
+        metric(
+            &metrics,
+            "floodgate_decision_duration_seconds_bucket{le=\"0.25\"}"
+        ),
+        Some(41),
+        "{metrics}"
+    );
+    // Once Redis resumes, at most the call made before the breaker opened
+    // has reached it (a paused client that hung up is not run at all).
+    wait_until(Duration::from_secs(10), "Redis to resume", || {
+        app.redis.ping(Duration::from_millis(100))
+    });
+    assert!(calls(&app.redis, "evalsha") <= before + 1);
+    assert_eq!(app.redis.llen("floodgate:hard:ip:127.0.0.1"), 0);
+}
+
+const LOCAL: &str = r#"
+[redis]
+timeout = "200ms"
+
+[limiter]
+breaker = "200ms"
+
+[[rule]]
+name = "local"
+paths = ["/check"]
+limit = 3
+window = "1m"
+deny = "status"
+on_redis_error = "local"
+
+[[rule]]
+name = "probe"
+paths = ["/probe"]
+limit = 100000
+window = "1m"
+"#;
+
+#[actix_web::test]
+async fn local_enforces_the_limit_while_redis_is_down_and_redis_decides_once_it_answers() {
+    let mut app = spawn_app(LOCAL).await;
+    assert_eq!(remaining(&app.get("/check").await, "local"), Some(2));
+
+    app.redis.stop();
+    // This process alone counts now, from nothing, with the same answers.
+    for left in [2, 1, 0] {
+        let res = app.get("/check").await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(remaining(&res, "local"), Some(left));
+        assert_eq!(
+            header(&res, "ratelimit-policy").as_deref(),
+            Some("\"local\";q=3;w=60")
+        );
+    }
+    let res = app.get_json("/check").await;
+    assert_eq!(res.status(), 429);
+    let retry: u64 = header(&res, "retry-after").unwrap().parse().unwrap();
+    assert!((59..=60).contains(&retry), "{retry}");
+    assert_eq!(
+        res.text().await.unwrap(),
+        format!(r#"{{"error":"rate_limited","rule":"local","retry_after":{retry}}}"#)
+    );
+    let metrics = app.metrics().await;
+    let m = |d: &str| {
+        metric(
+            &metrics,
+            &format!("floodgate_decisions_total{{rule=\"local\",decision=\"{d}\"}}"),
+        )
+    };
+    assert_eq!(m("local_allowed"), Some(3), "{metrics}");
+    assert_eq!(m("local_denied"), Some(1), "{metrics}");
+    assert_eq!(m("error_allowed"), None, "{metrics}");
+
+    // Redis returns, empty: once the probe finds it, Redis decides again
+    // and none of the local admissions were written to it.
+    app.redis.restart();
+    until_redis_decides(&app, "/probe", "probe").await;
+    let res = app.get("/check").await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(remaining(&res, "local"), Some(2));
+    assert_eq!(app.redis.llen("floodgate:local:ip:127.0.0.1"), 1);
+    assert_eq!(
+        metric(&app.metrics().await, "floodgate_breaker_open"),
+        Some(0)
+    );
+}
