@@ -82,6 +82,7 @@ impl Application {
         let options = LimiterOptions {
             deny_cache: config.limiter.deny_cache,
             breaker: config.limiter.breaker,
+            ..LimiterOptions::default()
         };
         let limiter = Arc::new(Limiter::new(&config.redis, options).map_err(StartError::Limiter)?);
         let metrics = Arc::new(Metrics::default());

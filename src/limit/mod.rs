@@ -25,6 +25,8 @@ pub struct LimiterOptions {
     /// After a call failed, how long no call is made (the error policy
     /// applies at once) before one call probes Redis again.
     pub breaker: Duration,
+    /// How decisions travel to Redis.
+    pub dispatch: Dispatch,
 }
 
 impl Default for LimiterOptions {
@@ -32,8 +34,27 @@ impl Default for LimiterOptions {
         LimiterOptions {
             deny_cache: true,
             breaker: Duration::from_secs(1),
+            dispatch: Dispatch::default(),
         }
     }
+}
+
+/// How decisions travel to Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Dispatch {
+    /// Two dispatcher threads with a connection each take queued jobs and
+    /// send each batch as one script call; callers await a oneshot. No
+    /// worker ever blocks on Redis, at the price of a thread hand-off (and
+    /// its wake-ups) both ways for every request.
+    Threads,
+    /// Each actix worker has a connection of its own: the requests that
+    /// become ready in one scheduler tick queue on the worker, and one task
+    /// sends them as one script call, blocking the worker for that round
+    /// trip (a stalled Redis blocks it until the read timeout, once per
+    /// breaker period). Off an actix worker thread, the dispatcher threads
+    /// serve.
+    #[default]
+    Worker,
 }
 
 /// A rate-limiting algorithm with its parameters. Invalid ones cannot be

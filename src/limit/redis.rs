@@ -25,7 +25,10 @@
 //! A decision is sent a second time only when the first attempt provably
 //! never reached Redis; the dispatcher's `send` spells out the exact rule.
 
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -36,7 +39,7 @@ use tokio::sync::oneshot;
 
 use super::deny_cache::DenyCache;
 use super::local::LocalLimiter;
-use super::{Algorithm, Check, Decision, LimiterOptions, Outcome};
+use super::{Algorithm, Check, Decision, Dispatch, LimiterOptions, Outcome};
 use crate::config::RedisConfig;
 
 /// The Lua that Redis runs: one function per algorithm, then the batch driver.
@@ -294,6 +297,49 @@ pub struct Limiter {
     timeout: Duration,
     shared: Arc<Shared>,
     local: LocalLimiter,
+    dispatch: Dispatch,
+    /// Tells this limiter's worker lanes apart from other limiters'.
+    id: u64,
+    /// What a worker lane is made of.
+    rx: Arc<Mutex<Receiver<Job>>>,
+    manager: Manager,
+    script: Arc<redis::Script>,
+}
+
+/// Source of [`Limiter`] ids.
+static LIMITERS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// This thread's worker lane of each limiter used on it.
+    static LANES: RefCell<HashMap<u64, Rc<Lane>>> = RefCell::new(HashMap::new());
+}
+
+/// One actix worker's way to Redis ([`Dispatch::Worker`]): the jobs of the
+/// current scheduler tick, and a connection of its own.
+struct Lane {
+    queue: RefCell<Vec<Job>>,
+    /// A task that will send the queue is spawned and has not run yet.
+    scheduled: Cell<bool>,
+    sender: RefCell<Dispatcher>,
+}
+
+impl Lane {
+    /// Sends what the tick gathered: ONE script call per [`MAX_BATCH`]
+    /// jobs, blocking this worker for the round trip.
+    fn flush(&self) {
+        self.scheduled.set(false);
+        let mut jobs = std::mem::take(&mut *self.queue.borrow_mut());
+        let Ok(mut sender) = self.sender.try_borrow_mut() else {
+            // Not reachable: a flush runs to its end before another starts.
+            self.queue.borrow_mut().append(&mut jobs);
+            return;
+        };
+        while !jobs.is_empty() {
+            let rest = jobs.split_off(jobs.len().min(MAX_BATCH));
+            sender.process(jobs);
+            jobs = rest;
+        }
+    }
 }
 
 impl std::fmt::Debug for Limiter {
@@ -476,6 +522,7 @@ impl Limiter {
         let (queue, rx) = sync_channel::<Job>(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
         let script = Arc::new(redis::Script::new(SCRIPT_SOURCE));
+        let id = LIMITERS.fetch_add(1, Ordering::Relaxed);
         let shared = Arc::new(Shared {
             errors: AtomicU64::new(0),
             late: AtomicU64::new(0),
@@ -505,6 +552,11 @@ impl Limiter {
             timeout: config.timeout,
             shared,
             local: LocalLimiter::default(),
+            dispatch: options.dispatch,
+            id,
+            rx,
+            manager,
+            script,
         })
     }
 
@@ -590,16 +642,52 @@ impl Limiter {
             probe,
             reply,
         };
-        match self.queue.try_send(job) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => return Err(self.count(LimiterError::Overloaded)),
-            Err(TrySendError::Disconnected(_)) => return Err(LimiterError::Stopped),
+        if self.dispatch == Dispatch::Worker && actix_rt::Arbiter::try_current().is_some() {
+            let lane = self.lane();
+            lane.queue.borrow_mut().push(job);
+            if !lane.scheduled.replace(true) {
+                actix_rt::spawn(async move {
+                    // Every request made ready in this tick joins the batch.
+                    tokio::task::yield_now().await;
+                    lane.flush();
+                });
+            }
+        } else {
+            match self.queue.try_send(job) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) => return Err(self.count(LimiterError::Overloaded)),
+                Err(TrySendError::Disconnected(_)) => return Err(LimiterError::Stopped),
+            }
         }
         match tokio::time::timeout(self.timeout, answer).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(LimiterError::Stopped),
             Err(_) => Err(self.count(LimiterError::Timeout)),
         }
+    }
+
+    /// This thread's lane for this limiter (made on first use).
+    fn lane(&self) -> Rc<Lane> {
+        LANES.with(|lanes| {
+            let mut lanes = lanes.borrow_mut();
+            let lane = lanes.entry(self.id).or_insert_with(|| {
+                Rc::new(Lane {
+                    queue: RefCell::new(Vec::new()),
+                    scheduled: Cell::new(false),
+                    sender: RefCell::new(Dispatcher {
+                        rx: Arc::clone(&self.rx),
+                        manager: self.manager.clone(),
+                        script: Arc::clone(&self.script),
+                        shared: Arc::clone(&self.shared),
+                        margin: deadline_margin(self.timeout),
+                        conn: None,
+                        cmd: redis::Cmd::new(),
+                        packed: Vec::new(),
+                    }),
+                })
+            });
+            Rc::clone(lane)
+        })
     }
 
     fn count(&self, e: LimiterError) -> LimiterError {
@@ -729,10 +817,15 @@ fn call<T: redis::FromRedisValue>(
 
 impl Dispatcher {
     fn run(mut self) {
-        loop {
-            let Some(mut batch) = self.next_batch() else {
-                return;
-            };
+        while let Some(batch) = self.next_batch() {
+            self.process(batch);
+        }
+    }
+
+    /// Decides one batch with one script call and answers every job.
+    /// Blocking.
+    fn process(&mut self, mut batch: Vec<Job>) {
+        {
             // Jobs whose caller has already given up are not decided: they
             // would take quota for a request that was answered without it.
             retain_waiting(&mut batch);
@@ -746,7 +839,7 @@ impl Dispatcher {
                 batch = probes;
             }
             if batch.is_empty() {
-                continue;
+                return;
             }
             let mut result = self.send(&batch);
             if let Err(SendError::Unsent(e)) = &result {
@@ -755,7 +848,7 @@ impl Dispatcher {
                 log::info!("redis connection broken before the call was sent ({e}); sending it again on a new connection");
                 retain_waiting(&mut batch);
                 if batch.is_empty() {
-                    continue;
+                    return;
                 }
                 result = self.send(&batch);
             }
