@@ -75,6 +75,14 @@ CASES = [
         "deny",
     ),
     (
+        "sliding_threads",
+        "2t. one sliding_window rule, dispatcher threads",
+        "floodgate",
+        [window_rule("sw")],
+        "/healthz",
+        "allow",
+    ),
+    (
         "two_rules",
         "4. two rules: ip + header",
         "floodgate",
@@ -364,6 +372,8 @@ def run_case(case, redis, bins, work):
             FLOODGATE_REDIS_URL=redis.url,
             RUST_LOG="info",
         )
+        if key == "sliding_threads":
+            env["FLOODGATE_DISPATCH"] = "threads"
         cmd = [bins["floodgate"], "serve", "--config", cfg]
     elif server == "peer":
         env = dict(os.environ, RUST_LOG="error")
@@ -625,6 +635,8 @@ def main():
     targets = [
         ("one rule (2) / unguarded (1) ≥ 0.75", ratio("sliding", "unguarded"), 0.75, ">="),
         ("two rules (4) / one rule (2) ≥ 0.9", ratio("two_rules", "sliding"), 0.9, ">="),
+        ("per-worker tick batch (2) / dispatcher threads (2t) ≥ 1",
+         ratio("sliding", "sliding_threads"), 1.0, ">="),
         ("one rule (2) / async reference (7) ≥ 1.2", ratio("sliding", "reference"), 1.2, ">="),
         ("one rule (2) / actix-limitation (6) ≥ 5", ratio("sliding", "actix_limitation"), 5.0, ">="),
         ("denied flood on one key (3a) / unguarded (1) ≥ 0.9",

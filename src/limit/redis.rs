@@ -306,6 +306,16 @@ pub struct Limiter {
     script: Arc<redis::Script>,
 }
 
+/// `FLOODGATE_DISPATCH=threads` (or `worker`) overrides the dispatch the
+/// options ask for: for comparing the two on one build (`scripts/bench`).
+fn dispatch(asked: Dispatch) -> Dispatch {
+    match std::env::var("FLOODGATE_DISPATCH").as_deref() {
+        Ok("threads") => Dispatch::Threads,
+        Ok("worker") => Dispatch::Worker,
+        _ => asked,
+    }
+}
+
 /// Source of [`Limiter`] ids.
 static LIMITERS: AtomicU64 = AtomicU64::new(0);
 
@@ -552,7 +562,7 @@ impl Limiter {
             timeout: config.timeout,
             shared,
             local: LocalLimiter::default(),
-            dispatch: options.dispatch,
+            dispatch: dispatch(options.dispatch),
             id,
             rx,
             manager,
