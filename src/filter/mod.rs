@@ -430,6 +430,7 @@ where
             local,
             checks,
             decision,
+            at,
         } => {
             // Only the rules this process decided have outcomes.
             let rules: Vec<&Rule> = local.iter().map(|&i| matched[i]).collect();
@@ -455,7 +456,7 @@ where
                 // Units taken here go back here; Redis took none.
                 for ((r, c), o) in rules.iter().zip(&checks).zip(&mut decision.outcomes) {
                     if r.count == Count::Failures && o.allowed {
-                        filter.state.limiter.local().give_back(c, started.elapsed());
+                        filter.state.limiter.local().give_back(c, at);
                         o.remaining =
                             (o.remaining + u64::from(c.cost)).min(u64::from(r.algorithm.quota()));
                     }

@@ -26,6 +26,8 @@ pub(crate) enum Verdict {
         local: Vec<usize>,
         checks: Vec<Check>,
         decision: Decision,
+        /// When the local decision was made, on the local limiter's clock.
+        at: u64,
     },
 }
 
@@ -102,13 +104,14 @@ fn fallback(
         .filter(|(i, _)| local.contains(i))
         .map(|(_, c)| c)
         .collect();
-    let decision = if checks.is_empty() {
-        Decision {
+    let (decision, at) = if checks.is_empty() {
+        let allowed = Decision {
             outcomes: Vec::new(),
             allowed: true,
-        }
+        };
+        (allowed, 0)
     } else {
-        limiter.local().decide(&checks)
+        limiter.local().decide_stamped(&checks)
     };
     for (i, r) in matched.iter().enumerate() {
         let counted = match local.iter().position(|&l| l == i) {
@@ -123,5 +126,6 @@ fn fallback(
         local,
         checks,
         decision,
+        at,
     }
 }

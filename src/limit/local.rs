@@ -103,6 +103,12 @@ impl LocalLimiter {
     /// Decides `checks` together: recorded all, when every enforce check
     /// allows, or none.
     pub fn decide(&self, checks: &[Check]) -> Decision {
+        self.decide_stamped(checks).0
+    }
+
+    /// As [`LocalLimiter::decide`], with the moment of the decision on the
+    /// limiter's clock, for [`LocalLimiter::give_back`].
+    pub fn decide_stamped(&self, checks: &[Check]) -> (Decision, u64) {
         let now = self.now_ms();
         let mut inner = self.lock();
         let peeks: Vec<Peek> = checks
@@ -128,14 +134,14 @@ impl LocalLimiter {
                 wait: Duration::from_millis(p.wait_ms.max(0.0).ceil() as u64),
             })
             .collect();
-        Decision { outcomes, allowed }
+        (Decision { outcomes, allowed }, now)
     }
 
-    /// Gives back `check.cost` units admitted `ago` (a `count = "failures"`
-    /// request that succeeded).
-    pub fn give_back(&self, check: &Check, ago: Duration) {
-        let now = self.now_ms();
-        let at = now.saturating_sub(ago.as_millis() as u64);
+    /// Gives back `check.cost` units admitted at `at` (from
+    /// [`LocalLimiter::decide_stamped`]): a `count = "failures"` request
+    /// that succeeded. Units that already left (their window closed, the
+    /// state was pushed out) are not given back.
+    pub fn give_back(&self, check: &Check, at: u64) {
         let mut inner = self.lock();
         let Some(slot) = inner.slots.get_mut(&check.key) else {
             return;
@@ -143,9 +149,9 @@ impl LocalLimiter {
         let mut freed = 0;
         match (&mut slot.state, check.algorithm) {
             (State::Sliding(log), Algorithm::SlidingWindow { .. }) => {
-                // The request's own entries: the newest at or before its admission.
+                // The request's own entries, pushed at its decision's time.
                 for _ in 0..check.cost {
-                    match log.iter().rposition(|&t| t <= now && t >= at) {
+                    match log.iter().rposition(|&t| t == at) {
                         Some(i) => {
                             log.remove(i);
                             freed += 1;
@@ -425,7 +431,8 @@ mod tests {
             assert!(local.decide(one).allowed);
             assert!(local.decide(one).allowed);
             assert!(!local.decide(one).allowed, "{c:?}");
-            local.give_back(&c, Duration::ZERO);
+            let (_, at) = local.decide_stamped(&[]);
+            local.give_back(&c, at);
             assert!(local.decide(one).allowed, "given back: {c:?}");
         }
     }

@@ -383,3 +383,95 @@ async fn local_enforces_the_limit_while_redis_is_down_and_redis_decides_once_it_
         Some(0)
     );
 }
+
+#[actix_web::test]
+async fn an_undecidable_check_does_not_open_the_breaker() {
+    let app = spawn_app(
+        r#"
+[redis]
+timeout = "200ms"
+
+[limiter]
+breaker = "1m"
+
+[[rule]]
+name = "broken"
+paths = ["/broken"]
+limit = 5
+window = "1m"
+
+[[rule]]
+name = "fine"
+paths = ["/check"]
+limit = 5
+window = "1m"
+deny = "status"
+"#,
+    )
+    .await;
+    // A key of a type no algorithm writes: the script cannot decide it.
+    redis::cmd("SADD")
+        .arg("floodgate:broken:ip:127.0.0.1")
+        .arg("x")
+        .exec(&mut app.redis.connection())
+        .unwrap();
+    let res = app.get("/broken").await;
+    assert_eq!(
+        res.status(),
+        404,
+        "allowed by its error policy, then routed"
+    );
+    assert_eq!(header(&res, "ratelimit"), None);
+    let metrics = app.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "floodgate_decisions_total{rule=\"broken\",decision=\"error_allowed\"}"
+        ),
+        Some(1),
+        "{metrics}"
+    );
+    // Redis answered: the very next request is decided by Redis.
+    assert_eq!(metric(&metrics, "floodgate_breaker_open"), Some(0));
+    assert_eq!(remaining(&app.get("/check").await, "fine"), Some(4));
+}
+
+#[actix_web::test]
+async fn local_give_backs_stay_in_the_process() {
+    let mut app = spawn_app(
+        r#"
+[redis]
+timeout = "200ms"
+
+[[rule]]
+name = "failures"
+paths = ["/healthz", "/missing"]
+limit = 2
+window = "1m"
+deny = "status"
+count = "failures"
+on_redis_error = "local"
+"#,
+    )
+    .await;
+    app.redis.stop();
+    // Successes give their unit back to the local count: never denied.
+    for _ in 0..5 {
+        let res = app.get("/healthz").await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(remaining(&res, "failures"), Some(2));
+    }
+    // Failures keep theirs.
+    assert_eq!(app.get("/missing").await.status(), 404);
+    assert_eq!(app.get("/missing").await.status(), 404);
+    assert_eq!(app.get("/missing").await.status(), 429);
+    let metrics = app.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "floodgate_decisions_total{rule=\"failures\",decision=\"local_allowed\"}"
+        ),
+        Some(7),
+        "{metrics}"
+    );
+}
