@@ -129,6 +129,7 @@ async fn decide(guard: &Guard, key: &str) -> Option<(bool, i64, i64)> {
     call.key(key)
         .arg(1) // jobs
         .arg("") // now: Redis TIME
+        .arg("") // deadline: none
         .arg(1) // checks
         .arg(1) // sliding_window
         .arg(guard.limit)
@@ -138,7 +139,8 @@ async fn decide(guard: &Guard, key: &str) -> Option<(bool, i64, i64)> {
     let mut conn = guard.conn.clone();
     let reply = tokio::time::timeout(TIMEOUT, call.invoke_async::<Vec<i64>>(&mut conn)).await;
     match reply {
-        Ok(Ok(v)) if v.len() == 3 => Some((v[0] == 1, v[1], v[2])),
+        // Three values, then Redis's clock.
+        Ok(Ok(v)) if v.len() == 4 => Some((v[0] == 1, v[1], v[2])),
         _ => None,
     }
 }
@@ -213,6 +215,7 @@ async fn batch(
     for now in nows {
         call.key(key)
             .arg(now)
+            .arg("") // deadline: none
             .arg(1)
             .arg(1)
             .arg(limit)
@@ -220,7 +223,10 @@ async fn batch(
             .arg(1)
             .arg(1);
     }
-    call.invoke_async(conn).await
+    let mut out: Vec<i64> = call.invoke_async(conn).await?;
+    // The last value is Redis's clock.
+    out.pop();
+    Ok(out)
 }
 
 async fn cost(args: &[String]) -> std::io::Result<()> {
