@@ -1,11 +1,4 @@
-//! floodgate: an actix-web site whose routes are guarded by a per-route
-//! rate-limit filter that keeps its counts in Redis.
-//!
-//! - [`config`]: the TOML schema, validation, environment overrides
-//! - [`filter`]: the actix-service middleware (rules, keys, denials)
-//! - [`limit`]: algorithms and the Redis dispatcher (one Lua call per batch)
-//! - [`site`]: the demo site and operational endpoints
-//! - [`startup`]: `Application::build`, used by `main` and the tests
+//! floodgate: a per-route, Redis-backed rate-limit filter for actix-web.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -13,5 +6,7 @@ pub mod config;
 pub mod filter;
 pub mod limit;
 pub mod metrics;
+pub mod net;
+pub mod rule;
 pub mod site;
 pub mod startup;

@@ -3,9 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use floodgate::config::{
-    format_duration, Config, ConfigError, Deny, Mode, OnRedisError, DEFAULT_PATH,
-};
+use floodgate::config::{format_duration, Config, ConfigError, DEFAULT_PATH};
 use floodgate::limit::Algorithm;
 use floodgate::startup::Application;
 
@@ -73,18 +71,9 @@ fn check_config(path: PathBuf) -> ExitCode {
             r.key,
             r.algorithm.name(),
             r.cost,
-            match r.deny {
-                Deny::Redirect => "redirect",
-                Deny::Status => "status",
-            },
-            match r.on_redis_error {
-                OnRedisError::Allow => "allow",
-                OnRedisError::Deny => "deny",
-            },
-            match r.mode {
-                Mode::Enforce => "enforce",
-                Mode::Shadow => "shadow",
-            }
+            r.deny,
+            r.on_redis_error,
+            r.mode
         );
     }
     ExitCode::SUCCESS
@@ -96,7 +85,7 @@ fn serve(path: PathBuf) -> ExitCode {
         Ok(c) => c,
         Err(e) => return unusable(&e),
     };
-    let target = without_password(&config.redis.url);
+    let target = floodgate::limit::without_password(&config.redis.url);
     let (bind, rules) = (config.server.bind.clone(), config.rules.len());
     let result = actix_web::rt::System::new().block_on(async move {
         let app = Application::build(config)?;
@@ -119,17 +108,5 @@ fn serve(path: PathBuf) -> ExitCode {
             eprintln!("floodgate: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// `redis://user:secret@host/0` → `redis://user:***@host/0`, for the log.
-fn without_password(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_string(),
     }
 }

@@ -83,7 +83,7 @@ impl Application {
         let metrics = Arc::new(Metrics::default());
         let title = config.site.title.clone();
         let secret = Secret::new(&config.server.secret)
-            .map_err(|e| StartError::Limiter(LimiterError::Redis(format!("no randomness: {e}"))))?;
+            .map_err(|e| StartError::Limiter(LimiterError::Other(format!("no randomness: {e}"))))?;
         let cookie_secret = secret.clone();
         let filter = Filter::new(
             config.rules.clone(),

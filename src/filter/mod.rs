@@ -7,7 +7,6 @@
 //! the error page, or 429), or apply the Redis error policy.
 
 pub mod key;
-pub mod route;
 
 use std::future::{ready, Future, Ready};
 use std::net::{IpAddr, Ipv4Addr};
@@ -25,10 +24,11 @@ use actix_web::web::{Bytes, BytesMut};
 use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
 
-use crate::config::{Cidr, Count, Deny, KeyKind, Mode, OnRedisError, Rule};
 use crate::limit::give_back::Refund;
 use crate::limit::{Check, Decision, Limiter};
 use crate::metrics::{Metrics, Outcome as Counted};
+use crate::net::{self, Cidr};
+use crate::rule::{self, Count, Deny, KeyKind, Mode, OnRedisError, Rule};
 
 /// Renders the HTML error page for a denial: `(rule, retry_after_secs)`.
 pub type DenialPage = dyn Fn(&Rule, u64) -> String + Send + Sync;
@@ -117,7 +117,7 @@ impl Filter {
         let peer = req
             .peer_addr()
             .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
-        key::client_addr(peer, req.headers(), &self.state.trusted_proxies)
+        net::client_addr(peer, req.headers(), &self.state.trusted_proxies)
     }
 
     /// The Redis key a rule uses for a request. `form` is the urlencoded
@@ -135,17 +135,17 @@ impl Filter {
         let mut parts: Vec<(&'static str, String)> = Vec::with_capacity(rule.key.kinds().len());
         for kind in rule.key.kinds() {
             let value = match kind {
-                KeyKind::Ip => Some(key::ip_id(self.client_addr(req))),
+                KeyKind::Ip => Some(net::ip_id(self.client_addr(req))),
                 KeyKind::Global => Some("all".to_string()),
                 KeyKind::Path => Some(path.to_string()),
                 KeyKind::Session => self.state.session.as_ref().and_then(|f| f(req)),
                 KeyKind::Header(name) => key::header_value(req.headers(), name)?
-                    .and_then(|v| key::normalize(&v, rule.normalize)),
+                    .and_then(|v| rule::normalize(&v, rule.normalize)),
                 KeyKind::Query(name) => key::urlencoded_value(req.query_string().as_bytes(), name)?
-                    .and_then(|v| key::normalize(&v, rule.normalize)),
+                    .and_then(|v| rule::normalize(&v, rule.normalize)),
                 KeyKind::Form(name) => match form {
                     Some(body) => key::urlencoded_value(body, name)?
-                        .and_then(|v| key::normalize(&v, rule.normalize)),
+                        .and_then(|v| rule::normalize(&v, rule.normalize)),
                     None => None,
                 },
             };
@@ -155,16 +155,16 @@ impl Filter {
                 // its address alone (a part missing makes no combination).
                 None => {
                     parts.clear();
-                    parts.push(("ip", key::ip_id(self.client_addr(req))));
+                    parts.push(("ip", net::ip_id(self.client_addr(req))));
                     break;
                 }
             }
         }
         let (kind, id) = match parts.as_slice() {
             [(kind, id)] => ((*kind).to_string(), id.clone()),
-            _ => key::compose(&parts),
+            _ => rule::compose(&parts),
         };
-        Ok(key::redis_key(
+        Ok(rule::redis_key(
             &self.state.key_prefix,
             &rule.name,
             &kind,

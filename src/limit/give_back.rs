@@ -68,7 +68,7 @@ impl Limiter {
         let work = actix_rt::task::spawn_blocking(move || {
             let mut conn = pool
                 .get_timeout(timeout)
-                .map_err(|e| LimiterError::Redis(e.to_string()))?;
+                .map_err(|e| LimiterError::Other(e.to_string()))?;
             let mut given = 0u64;
             for r in &refunds {
                 // Measured here, just before the call, not when queued.
@@ -95,7 +95,7 @@ impl Limiter {
                         if e.is_timeout() {
                             LimiterError::Timeout
                         } else {
-                            LimiterError::Redis(e.to_string())
+                            LimiterError::Redis(e)
                         }
                     })?;
                 given += n.max(0) as u64;

@@ -34,8 +34,7 @@ use std::time::{Duration, Instant};
 use redis::ConnectionLike as _;
 use tokio::sync::oneshot;
 
-use super::{Algorithm, Check, Decision, Outcome};
-use crate::config::RedisConfig;
+use super::{Algorithm, Check, Decision, LimiterError, Outcome, RedisConfig};
 
 /// The Lua that Redis runs: one function per algorithm, then the batch driver.
 pub const SCRIPT_SOURCE: &str = concat!(
@@ -65,32 +64,6 @@ const IDLE_CHECK: Duration = Duration::from_millis(1);
 /// The r2d2 pool of synchronous Redis connections, for the site's own Redis
 /// work and `/readyz`. (The dispatcher threads open their own.)
 pub type Pool = r2d2::Pool<Manager>;
-
-/// Why a decision could not be made. The filter applies `on_redis_error`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LimiterError {
-    /// Redis refused, failed or returned something unexpected.
-    Redis(String),
-    /// No answer within `redis.timeout`.
-    Timeout,
-    /// Too many requests are already waiting for Redis.
-    Overloaded,
-    /// The dispatcher threads are gone (the process is stopping).
-    Stopped,
-}
-
-impl std::fmt::Display for LimiterError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            LimiterError::Redis(e) => write!(f, "redis: {e}"),
-            LimiterError::Timeout => f.write_str("redis did not answer in time"),
-            LimiterError::Overloaded => f.write_str("too many decisions waiting for redis"),
-            LimiterError::Stopped => f.write_str("the limiter is stopped"),
-        }
-    }
-}
-
-impl std::error::Error for LimiterError {}
 
 struct Job {
     checks: Vec<Check>,
@@ -262,8 +235,7 @@ pub fn build_pool(config: &RedisConfig) -> Result<Pool, LimiterError> {
 }
 
 fn manager(config: &RedisConfig) -> Result<Manager, LimiterError> {
-    let client =
-        redis::Client::open(config.url.as_str()).map_err(|e| LimiterError::Redis(e.to_string()))?;
+    let client = redis::Client::open(config.url.as_str()).map_err(LimiterError::from)?;
     Ok(Manager {
         client,
         timeout: config.timeout,
@@ -292,7 +264,7 @@ impl Limiter {
             std::thread::Builder::new()
                 .name(format!("floodgate-redis-{i}"))
                 .spawn(move || dispatcher.run())
-                .map_err(|e| LimiterError::Redis(format!("cannot start a dispatcher: {e}")))?;
+                .map_err(|e| LimiterError::Other(format!("cannot start a dispatcher: {e}")))?;
         }
         Ok(Limiter {
             queue,
@@ -386,14 +358,14 @@ impl Limiter {
             let mut conn = self
                 .pool
                 .get_timeout(wait)
-                .map_err(|e| LimiterError::Redis(e.to_string()))?;
+                .map_err(|e| LimiterError::Other(e.to_string()))?;
             match conn.ping() {
                 Ok(()) => return Ok(()),
                 Err(e) if spoils(&e) && !retried && Instant::now() < deadline => {
                     log::debug!("readiness PING on a broken connection ({e}); trying another");
                     retried = true;
                 }
-                Err(e) => return Err(LimiterError::Redis(e.to_string())),
+                Err(e) => return Err(LimiterError::from(e)),
             }
         }
     }
@@ -543,10 +515,7 @@ impl Dispatcher {
         }
         if self.conn.is_none() {
             let within = deadline.saturating_duration_since(Instant::now());
-            let conn = self
-                .manager
-                .open(within)
-                .map_err(|e| LimiterError::Redis(e.to_string()))?;
+            let conn = self.manager.open(within).map_err(LimiterError::from)?;
             self.conn = Some(conn);
         }
         Ok(())
@@ -606,7 +575,7 @@ impl Dispatcher {
         }
         match result {
             Ok(values) if values.len() == expected => Ok(values),
-            Ok(values) => Err(SendError::Failed(LimiterError::Redis(format!(
+            Ok(values) => Err(SendError::Failed(LimiterError::Other(format!(
                 "the script returned {} values, expected {expected}",
                 values.len()
             )))),
@@ -614,7 +583,7 @@ impl Dispatcher {
                 let limiter_error = if e.error().is_timeout() {
                     LimiterError::Timeout
                 } else {
-                    LimiterError::Redis(e.error().to_string())
+                    LimiterError::Redis(e.error().clone())
                 };
                 match e {
                     CallError::Unsent(_) => Err(SendError::Unsent(limiter_error)),

@@ -10,9 +10,9 @@ use redis::Commands;
 
 use super::pages::render;
 use super::{Site, SiteError, Visitor};
-use crate::config::{format_duration, human_duration, KeyKind, Mode, Rule};
-use crate::filter::key;
+use crate::config::{format_duration, human_duration};
 use crate::limit::Algorithm;
+use crate::rule::{KeyKind, Mode, Rule};
 
 /// Width of the SVG drawings, in user units.
 const WIDTH: f64 = 600.0;
@@ -67,9 +67,9 @@ fn subjects(site: &Site, rule: &Rule, client: IpAddr, visitor: &Visitor) -> (Vec
     let prefix = &site.config.redis.key_prefix;
     let make = |label: String, kind: &str, id: &str| Subject {
         label,
-        key: key::redis_key(prefix, &rule.name, kind, id),
+        key: crate::rule::redis_key(prefix, &rule.name, kind, id),
     };
-    let address = key::ip_id(client);
+    let address = crate::net::ip_id(client);
     let ip = make(format!("your address {address}"), "ip", &address);
     if let Some(KeyKind::Path) = rule.key.single() {
         return (
@@ -95,7 +95,7 @@ fn subjects(site: &Site, rule: &Rule, client: IpAddr, visitor: &Visitor) -> (Vec
                 .map(|id| (id.clone(), "your account".to_string())),
             KeyKind::Header(_) | KeyKind::Query(_) | KeyKind::Form(_) => {
                 visitor.phone.as_ref().and_then(|phone| {
-                    key::normalize(phone, rule.normalize)
+                    crate::rule::normalize(phone, rule.normalize)
                         .map(|id| (id, format!("your phone {phone}")))
                 })
             }
@@ -124,7 +124,7 @@ fn subjects(site: &Site, rule: &Rule, client: IpAddr, visitor: &Visitor) -> (Vec
     }
     let (kind, id) = match parts.as_slice() {
         [(kind, id)] => ((*kind).to_string(), id.clone()),
-        _ => key::compose(&parts),
+        _ => crate::rule::compose(&parts),
     };
     (vec![make(labels.join(" from "), &kind, &id)], String::new())
 }
@@ -296,7 +296,7 @@ pub async fn limits(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
     let page = LimitsPage {
         site_title: site.title(),
         signed_in: visitor.signed_in(),
-        address: key::ip_id(client),
+        address: crate::net::ip_id(client),
         phone: visitor
             .phone
             .as_ref()

@@ -162,8 +162,8 @@ fn unknown_key_kind() {
 fn unknown_algorithm() {
     assert_refused(
         "unknown_algorithm.toml",
-        "rule \"check\" (rule 1): unknown algorithm \"leaky_bucket\", expected \
-         \"sliding_window\", \"fixed_window\" or \"token_bucket\"",
+        "line 4, column 13: unknown variant \"leaky_bucket\", expected one of \
+         \"sliding_window\", \"fixed_window\", \"token_bucket\"",
     );
 }
 
