@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use floodgate::config::{format_duration, Config, ConfigError, DEFAULT_PATH};
-use floodgate::limit::Algorithm;
-use floodgate::startup::Application;
+use floodgate::site::Application;
+use floodgate::Algorithm;
+use floodgate::{format_duration, Config, ConfigError, DEFAULT_PATH};
 
 const USAGE: &str = "usage: floodgate [serve [--config FILE]] | check-config [FILE]";
 
@@ -85,7 +85,7 @@ fn serve(path: PathBuf) -> ExitCode {
         Ok(c) => c,
         Err(e) => return unusable(&e),
     };
-    let target = floodgate::limit::without_password(&config.redis.url);
+    let target = floodgate::without_password(&config.redis.url);
     let (bind, rules) = (config.server.bind.clone(), config.rules.len());
     let result = actix_web::rt::System::new().block_on(async move {
         let app = Application::build(config)?;
@@ -97,7 +97,7 @@ fn serve(path: PathBuf) -> ExitCode {
         );
         app.run_with_signals()
             .await
-            .map_err(|e| floodgate::startup::StartError::Bind(bind.clone(), e))
+            .map_err(|e| floodgate::site::StartError::Bind(bind.clone(), e))
     });
     match result {
         Ok(()) => {

@@ -20,7 +20,9 @@ use self::check::{
     check_bind, check_policy, check_redis_url, check_topology, duration_setting, Policy,
 };
 pub use self::raw::*;
-pub use self::units::{format_duration, human_duration, parse_duration, parse_size};
+#[cfg(test)]
+use self::units::parse_duration;
+pub use self::units::{format_duration, human_duration, parse_size};
 pub use crate::limit::RedisConfig;
 use crate::net::Cidr;
 use crate::rule::{Region, Rule};

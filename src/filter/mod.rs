@@ -6,7 +6,12 @@
 //! pass the request on with `RateLimit` fields, or answer a denial (303 to
 //! the error page, or 429), or apply the Redis error policy.
 
-pub mod key;
+mod builder;
+pub(crate) mod key;
+mod limits;
+
+pub use self::builder::{FilterBuilder, Limit, SetupError};
+pub use self::limits::{Limits, RuleState};
 
 use std::future::{ready, Future, Ready};
 use std::net::{IpAddr, Ipv4Addr};
@@ -36,15 +41,39 @@ pub type DenialPage = dyn Fn(&Rule, u64) -> String + Send + Sync;
 /// Tells who is signed in, for `key = "session"`: the account ID or `None`.
 pub type SessionLookup = dyn Fn(&HttpRequest) -> Option<String> + Send + Sync;
 
+/// Answers a denied request in place of the filter's own 303 / 429: given
+/// the denial and the request, the whole response. The filter still adds
+/// `Retry-After` and `Cache-Control: no-store` when the response lacks them.
+pub type DenialResponder = dyn Fn(&Denial, &HttpRequest) -> HttpResponse + Send + Sync;
+
+/// A denied request, as a [`DenialResponder`] sees it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Denial {
+    /// The denying rule that frees last.
+    pub rule: Rule,
+    /// Seconds until the same request would be allowed (at least 1).
+    pub retry_after: u64,
+}
+
+impl std::fmt::Debug for Filter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self.rules().iter().map(|r| r.name.clone()).collect();
+        f.debug_struct("Filter").field("rules", &names).finish()
+    }
+}
+
 /// The filter's shared state: rules (replaceable at run time), the limiter,
 /// and what keys and denials need. Clone it freely; `.wrap()` it into an app.
 #[derive(Clone)]
 pub struct Filter {
+    /// A limit declared in code could not be used: the app must not start.
+    refuse: bool,
+    rules: Arc<RwLock<Arc<Vec<Rule>>>>,
     state: Arc<FilterState>,
 }
 
 struct FilterState {
-    rules: RwLock<Arc<Vec<Rule>>>,
     limiter: Arc<Limiter>,
     metrics: Arc<Metrics>,
     trusted_proxies: Vec<Cidr>,
@@ -52,6 +81,7 @@ struct FilterState {
     key_prefix: String,
     denial_page: Box<DenialPage>,
     session: Option<Box<SessionLookup>>,
+    responder: Option<Box<DenialResponder>>,
 }
 
 /// What the filter needs besides its rules.
@@ -66,6 +96,8 @@ pub struct FilterOptions {
     pub denial_page: Box<DenialPage>,
     /// Who is signed in (`None`: `session` keys by client address).
     pub session: Option<Box<SessionLookup>>,
+    /// The whole response to a denial (`None`: 303 to the error page or 429).
+    pub responder: Option<Box<DenialResponder>>,
 }
 
 impl Filter {
@@ -77,8 +109,9 @@ impl Filter {
         options: FilterOptions,
     ) -> Filter {
         Filter {
+            refuse: false,
+            rules: Arc::new(RwLock::new(Arc::new(rules))),
             state: Arc::new(FilterState {
-                rules: RwLock::new(Arc::new(rules)),
                 limiter,
                 metrics,
                 trusted_proxies: options.trusted_proxies,
@@ -86,13 +119,14 @@ impl Filter {
                 key_prefix: options.key_prefix,
                 denial_page: options.denial_page,
                 session: options.session,
+                responder: options.responder,
             }),
         }
     }
 
     /// The rules in force now.
     pub fn rules(&self) -> Arc<Vec<Rule>> {
-        match self.state.rules.read() {
+        match self.rules.read() {
             Ok(r) => Arc::clone(&r),
             Err(p) => Arc::clone(&p.into_inner()),
         }
@@ -100,7 +134,7 @@ impl Filter {
 
     /// Puts new rules in force; requests already deciding keep the old ones.
     pub fn replace_rules(&self, rules: Vec<Rule>) {
-        let mut slot = match self.state.rules.write() {
+        let mut slot = match self.rules.write() {
             Ok(r) => r,
             Err(p) => p.into_inner(),
         };
@@ -110,6 +144,25 @@ impl Filter {
     /// The limiter the filter decides with.
     pub fn limiter(&self) -> &Arc<Limiter> {
         &self.state.limiter
+    }
+
+    /// The counters of its decisions, for a `/metrics` page.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.state.metrics
+    }
+
+    /// A filter with only `rules`, sharing everything else with this one
+    /// (limiter, pool, dispatcher, responses, metrics).
+    pub(crate) fn with_rules(&self, rules: Vec<Rule>) -> Filter {
+        Filter {
+            refuse: false,
+            rules: Arc::new(RwLock::new(Arc::new(rules))),
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    pub(crate) fn refuse_to_start(&mut self) {
+        self.refuse = true;
     }
 
     /// The client address of a request, behind trusted proxies.
@@ -148,6 +201,7 @@ impl Filter {
                         .and_then(|v| rule::normalize(&v, rule.normalize)),
                     None => None,
                 },
+                KeyKind::Custom(f) => f.key(req),
             };
             match value {
                 Some(v) => parts.push((kind.kind(), v)),
@@ -217,6 +271,9 @@ where
     type Future = Ready<Result<Self::Transform, Self::InitError>>;
 
     fn new_transform(&self, service: S) -> Self::Future {
+        if self.refuse {
+            return ready(Err(()));
+        }
         ready(Ok(FilterService {
             service: Rc::new(service),
             filter: self.clone(),
@@ -350,10 +407,9 @@ where
     let metrics = &filter.state.metrics;
     let started = Instant::now();
     // Rules that count failures only need the keys again afterwards.
-    let charged = matched
-        .iter()
-        .any(|r| r.count == Count::Failures)
-        .then(|| checks.clone());
+    let charged = matched.iter().any(|r| r.count == Count::Failures);
+    // The keys again, for a give-back and for the handler's `Limits`.
+    let kept = checks.clone();
     let decision = filter.state.limiter.decide(checks).await;
     metrics.observe(started.elapsed());
 
@@ -364,10 +420,29 @@ where
                 "{method} {path}: allowed ({})",
                 summary(&matched, &decision)
             );
+            let taken = Limits::record(
+                req.request(),
+                filter.limiter(),
+                &matched,
+                &kept,
+                &decision,
+                started,
+            );
             let mut res = service.call(req).await?;
+            if res
+                .request()
+                .extensions()
+                .get::<limits::Withdrawn>()
+                .is_some()
+            {
+                // An inner filter denied the request: it takes nothing from us.
+                if let Err(e) = taken.withdraw(&filter).await {
+                    log::warn!("could not give units back ({e}); the request stays charged");
+                }
+            }
             let mut decision = decision;
-            if let Some(checks) = charged.filter(|_| res.status().as_u16() < 400) {
-                give_back(&filter, &matched, &checks, &mut decision, started).await;
+            if charged && res.status().as_u16() < 400 {
+                give_back(&filter, &matched, &kept, &mut decision, started).await;
             }
             add_ratelimit_fields(res.headers_mut(), &matched, &decision);
             Ok(res.map_into_left_body())
@@ -397,6 +472,8 @@ where
                 summary(&matched, &decision)
             );
             let response = denial(&filter, req.request(), rule, outcome.retry_after_secs());
+            // Limits an outer filter already took for this request go back.
+            Limits::deny_outer(req.request());
             Ok(req.into_response(response).map_into_right_body())
         }
         Err(e) => {
@@ -573,11 +650,16 @@ fn add_ratelimit_fields(headers: &mut header::HeaderMap, matched: &[&Rule], deci
     if policy.is_empty() {
         return;
     }
-    if let Ok(v) = HeaderValue::try_from(policy) {
-        headers.insert(HeaderName::from_static("ratelimit-policy"), v);
-    }
-    if let Ok(v) = HeaderValue::try_from(state) {
-        headers.insert(HeaderName::from_static("ratelimit"), v);
+    // An inner filter (limits declared on a resource) may have written its
+    // own rules already: ours go first, theirs follow.
+    for (name, mut ours) in [("ratelimit-policy", policy), ("ratelimit", state)] {
+        let name = HeaderName::from_static(name);
+        if let Some(inner) = headers.get(&name).and_then(|v| v.to_str().ok()) {
+            ours = format!("{ours}, {inner}");
+        }
+        if let Ok(v) = HeaderValue::try_from(ours) {
+            headers.insert(name, v);
+        }
     }
 }
 
@@ -596,6 +678,23 @@ pub fn accepts(req: &HttpRequest, media: &str) -> bool {
 
 /// The response to a denied request: a 303 to the error page, or a 429.
 fn denial(filter: &Filter, req: &HttpRequest, rule: &Rule, retry: u64) -> HttpResponse {
+    if let Some(respond) = &filter.state.responder {
+        let denial = Denial {
+            rule: rule.clone(),
+            retry_after: retry,
+        };
+        let mut res = respond(&denial, req);
+        let headers = res.headers_mut();
+        if !headers.contains_key(header::RETRY_AFTER) {
+            if let Ok(v) = HeaderValue::try_from(retry.to_string()) {
+                headers.insert(header::RETRY_AFTER, v);
+            }
+        }
+        if !headers.contains_key(header::CACHE_CONTROL) {
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        }
+        return res;
+    }
     let json = accepts(req, "application/json");
     let redirect = rule.deny == Deny::Redirect && (!json || accepts(req, "text/html"));
     if redirect {

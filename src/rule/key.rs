@@ -2,6 +2,9 @@
 //! composite keys, and the Redis key `PREFIX:RULE:KIND:ID` they make.
 
 use std::fmt;
+use std::sync::Arc;
+
+use actix_web::HttpRequest;
 
 use sha2::{Digest, Sha256};
 
@@ -10,6 +13,7 @@ pub const MAX_ID_BYTES: usize = 64;
 
 /// What identifies the caller for a rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum KeyKind {
     /// The client address (behind trusted proxies).
     Ip,
@@ -25,7 +29,75 @@ pub enum KeyKind {
     Query(String),
     /// A field of an urlencoded form body.
     Form(String),
+    /// The application's own function of the request (see [`Key::custom`]).
+    Custom(CustomKey),
 }
+
+/// A key function of the application's own: the ID of a request, or
+/// `None` to key it by its client address. Named, so that two functions
+/// never share counters and messages can say which one a rule uses.
+#[derive(Clone)]
+pub struct CustomKey {
+    name: String,
+    f: Arc<dyn KeyFn>,
+}
+
+/// What [`Key::custom`] accepts: any `Fn(&HttpRequest) -> Option<String>`
+/// that can be shared between workers, or a type of your own.
+///
+/// ```
+/// use actix_web::HttpRequest;
+/// use floodgate::KeyFn;
+///
+/// struct ApiKey;
+/// impl KeyFn for ApiKey {
+///     fn key(&self, req: &HttpRequest) -> Option<String> {
+///         req.headers().get("x-api-key")?.to_str().ok().map(str::to_owned)
+///     }
+/// }
+/// let key = floodgate::Key::custom("api-key", ApiKey);
+/// assert_eq!(key.to_string(), "custom:api-key");
+/// ```
+pub trait KeyFn: Send + Sync + 'static {
+    /// The ID of this request for the rule, or `None`.
+    fn key(&self, req: &HttpRequest) -> Option<String>;
+}
+
+impl<F> KeyFn for F
+where
+    F: Fn(&HttpRequest) -> Option<String> + Send + Sync + 'static,
+{
+    fn key(&self, req: &HttpRequest) -> Option<String> {
+        self(req)
+    }
+}
+
+impl CustomKey {
+    /// The function's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The ID of `req` (prefixed with the name, so two functions never
+    /// share a counter), or `None`.
+    pub fn key(&self, req: &HttpRequest) -> Option<String> {
+        self.f.key(req).map(|id| format!("{}={id}", self.name))
+    }
+}
+
+impl fmt::Debug for CustomKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("CustomKey").field(&self.name).finish()
+    }
+}
+
+impl PartialEq for CustomKey {
+    fn eq(&self, other: &CustomKey) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for CustomKey {}
 
 impl KeyKind {
     /// The KIND component of the Redis key.
@@ -38,6 +110,7 @@ impl KeyKind {
             KeyKind::Header(_) => "header",
             KeyKind::Query(_) => "query",
             KeyKind::Form(_) => "form",
+            KeyKind::Custom(_) => "custom",
         }
     }
 }
@@ -48,6 +121,7 @@ impl fmt::Display for KeyKind {
             KeyKind::Header(n) => write!(f, "header:{n}"),
             KeyKind::Query(n) => write!(f, "query:{n}"),
             KeyKind::Form(n) => write!(f, "form:{n}"),
+            KeyKind::Custom(c) => write!(f, "custom:{}", c.name),
             other => f.write_str(other.kind()),
         }
     }
@@ -59,6 +133,78 @@ impl fmt::Display for KeyKind {
 pub struct Key(pub Vec<KeyKind>);
 
 impl Key {
+    /// The client address, behind trusted proxies (IPv6 by its /64).
+    ///
+    /// ```
+    /// use floodgate::Key;
+    /// assert_eq!(Key::ip().to_string(), "ip");
+    /// assert_eq!(Key::form("phone").and(Key::ip()).to_string(), r#"["form:phone", "ip"]"#);
+    /// ```
+    pub fn ip() -> Key {
+        Key(vec![KeyKind::Ip])
+    }
+
+    /// One counter for everyone.
+    pub fn global() -> Key {
+        Key(vec![KeyKind::Global])
+    }
+
+    /// The decoded request path.
+    pub fn path() -> Key {
+        Key(vec![KeyKind::Path])
+    }
+
+    /// The signed-in account (through the filter's session lookup), else
+    /// the client address.
+    pub fn session() -> Key {
+        Key(vec![KeyKind::Session])
+    }
+
+    /// A request header (case-insensitive name).
+    pub fn header(name: &str) -> Key {
+        Key(vec![KeyKind::Header(name.to_ascii_lowercase())])
+    }
+
+    /// A query-string parameter.
+    pub fn query(name: &str) -> Key {
+        Key(vec![KeyKind::Query(name.to_string())])
+    }
+
+    /// A field of an urlencoded form body, read as the handler's
+    /// `web::Form` reads it.
+    pub fn form(name: &str) -> Key {
+        Key(vec![KeyKind::Form(name.to_string())])
+    }
+
+    /// The application's own function of the request: a closure
+    /// `|req: &HttpRequest| -> Option<String>` or a [`KeyFn`]. `None` keys
+    /// the request by its client address.
+    ///
+    /// ```
+    /// use floodgate::Key;
+    /// let tenant = Key::custom("tenant", |req: &actix_web::HttpRequest| {
+    ///     req.match_info().get("tenant").map(str::to_owned)
+    /// });
+    /// assert_eq!(tenant.to_string(), "custom:tenant");
+    /// ```
+    pub fn custom(name: &str, f: impl KeyFn) -> Key {
+        Key(vec![KeyKind::Custom(CustomKey {
+            name: name.to_string(),
+            f: Arc::new(f),
+        })])
+    }
+
+    /// One counter per combination of this key's values and `other`'s
+    /// (per phone number per address, say).
+    pub fn and(mut self, other: Key) -> Key {
+        for kind in other.0 {
+            if !self.0.contains(&kind) {
+                self.0.push(kind);
+            }
+        }
+        self
+    }
+
     /// The kinds, in the order written (never empty).
     pub fn kinds(&self) -> &[KeyKind] {
         &self.0

@@ -8,7 +8,7 @@ mod path;
 
 use std::time::Duration;
 
-pub use self::key::{compose, redis_key, Key, KeyKind, MAX_ID_BYTES};
+pub use self::key::{compose, redis_key, CustomKey, Key, KeyFn, KeyKind};
 pub use self::normalize::{e164, normalize, Region};
 pub use self::path::PathPattern;
 use crate::limit::Algorithm;
@@ -124,6 +124,7 @@ pub(crate) fn describe(algorithm: &Algorithm, cost: u32, key: &Key) -> String {
             KeyKind::Global => "for everyone together".to_string(),
             KeyKind::Path => "for this page".to_string(),
             KeyKind::Header(n) | KeyKind::Query(n) | KeyKind::Form(n) => format!("for each {n}"),
+            KeyKind::Custom(c) => format!("for each {}", c.name()),
         })
         .collect::<Vec<_>>()
         .join(" ");

@@ -88,7 +88,7 @@ fn subjects(site: &Site, rule: &Rule, client: IpAddr, visitor: &Visitor) -> (Vec
         let part = match kind {
             KeyKind::Ip => Some((address.clone(), format!("your address {address}"))),
             KeyKind::Global => Some(("all".to_string(), "everyone together".to_string())),
-            KeyKind::Path => None,
+            KeyKind::Path | KeyKind::Custom(_) => None,
             KeyKind::Session => visitor
                 .account
                 .as_ref()

@@ -7,7 +7,10 @@ pub mod pages;
 pub mod phone;
 pub mod session;
 pub mod sms;
+pub mod startup;
 pub mod store;
+
+pub use self::startup::{Application, StartError};
 
 use std::sync::Arc;
 

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use actix_web::dev::ServerHandle;
 use actix_web::{web, HttpResponse};
-use floodgate::config::Config;
-use floodgate::filter::Filter;
-use floodgate::startup::Application;
+use floodgate::site::Application;
+use floodgate::Config;
+use floodgate::Filter;
 
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {

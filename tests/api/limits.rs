@@ -9,8 +9,8 @@ use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use floodgate::config::Config;
-use floodgate::limit::{Algorithm, Check, Limiter};
+use floodgate::Config;
+use floodgate::{Algorithm, Check, Limiter};
 
 use crate::helpers::{header, metric, remaining, spawn_app, RedisServer};
 

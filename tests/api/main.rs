@@ -2,13 +2,13 @@
 //! test starts its own redis-server on a free port (redis-server must be
 //! installed) and its own app, so tests run in parallel without sharing state.
 
-mod browser;
 mod cli;
 mod config_errors;
 mod faults;
 mod filter;
 mod helpers;
 mod keys;
+mod library;
+
 mod limits;
 mod site;
-mod webdriver;

@@ -24,13 +24,13 @@ use futures_util::Stream;
 
 use crate::config::SmsProvider;
 use crate::config::{self, Config};
-use crate::filter::{Filter, FilterOptions};
 use crate::limit::{Limiter, LimiterError};
 use crate::metrics::Metrics;
 use crate::site::session::{self, Secret};
 use crate::site::sms::{LogSender, Outbox, SmsSender};
 use crate::site::store::Store;
 use crate::site::{self, Site};
+use crate::{Filter, FilterOptions};
 
 /// Why the application could not start.
 #[derive(Debug)]
@@ -100,6 +100,7 @@ impl Application {
                 session: Some(Box::new(move |req| {
                     session::read_cookie(&cookie_secret, req).and_then(|c| c.account)
                 })),
+                responder: None,
             },
         );
         let workers = config.server.workers;
