@@ -174,11 +174,11 @@ impl Filter {
     }
 
     /// The Redis key a rule uses for a request. `form` is the urlencoded
-    /// body already decoded from its charset (see [`form_text`]), when one
+    /// body already decoded from its charset (see `form_text`), when one
     /// was read. A value the rule must read but cannot read exactly as a
     /// handler would is an error: the request is refused, never keyed by
     /// something else.
-    pub fn key_for(
+    pub(crate) fn key_for(
         &self,
         rule: &Rule,
         req: &HttpRequest,
@@ -232,7 +232,7 @@ impl Filter {
 /// decoded without replacement; UTF-8 as it is. A body with a content
 /// coding, an unknown charset, or bytes its charset cannot decode is
 /// refused (415) rather than read in some other way than the handler's.
-pub fn form_text<'a>(
+pub(crate) fn form_text<'a>(
     req: &impl HttpMessage,
     body: &'a [u8],
 ) -> Result<std::borrow::Cow<'a, [u8]>, key::Unreadable> {
@@ -711,7 +711,7 @@ fn denial(filter: &Filter, req: &HttpRequest, rule: &Rule, retry: u64) -> HttpRe
         .insert_header((header::RETRY_AFTER, retry.to_string()))
         .insert_header((header::CACHE_CONTROL, "no-store"));
     if json {
-        // Rule names are [A-Za-z0-9_-]: nothing to escape; fields in contract order.
+        // Rule names are [A-Za-z0-9_-]: nothing to escape; fields in the documented order.
         builder.content_type("application/json").body(format!(
             "{{\"error\":\"rate_limited\",\"rule\":\"{}\",\"retry_after\":{retry}}}",
             rule.name

@@ -120,7 +120,7 @@ async fn sign_in_by_code_creates_the_account_and_renews_the_session() {
     assert!(page.contains("+15550100001"), "{page}");
     // A new session ID means a new CSRF token.
     assert_ne!(user.csrf().await, before);
-    // The outbox is JSON, newest first, with the contract's fields.
+    // The outbox is JSON, newest first, with the documented fields.
     let m = &outbox(&app).await[0];
     assert_eq!(m["phone"], "+15550100001");
     assert!(m["sent_at"].as_str().unwrap().ends_with('Z'));
