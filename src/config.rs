@@ -90,6 +90,10 @@ pub struct RawRedis {
     pub url: Option<String>,
     /// Seed nodes of a Redis Cluster.
     pub cluster: Vec<String>,
+    /// Sentinel nodes that watch the master.
+    pub sentinel: Vec<String>,
+    /// The name the Sentinels know the master by.
+    pub sentinel_master: Option<String>,
     /// Connections in the r2d2 pool.
     pub pool_size: Option<u32>,
     /// Bound on connect, checkout and each command.
@@ -215,6 +219,10 @@ pub struct RedisConfig {
     pub url: String,
     /// Cluster seed URLs (non-empty = cluster mode).
     pub cluster: Vec<String>,
+    /// Sentinel URLs (non-empty = Sentinel mode).
+    pub sentinel: Vec<String>,
+    /// The master's name at the Sentinels (set when `sentinel` is).
+    pub sentinel_master: String,
     /// Pool size.
     pub pool_size: u32,
     /// Bound on connect, pool checkout and each command.
@@ -513,6 +521,24 @@ impl Config {
         for u in &r.cluster {
             cluster.push(check_redis_url(u).map_err(|w| err("[redis] cluster", w))?);
         }
+        let mut sentinel = Vec::new();
+        for u in &r.sentinel {
+            sentinel.push(check_redis_url(u).map_err(|w| err("[redis] sentinel", w))?);
+        }
+        let sentinel_master = r.sentinel_master.unwrap_or_default();
+        if !sentinel.is_empty() && sentinel_master.is_empty() {
+            return Err(err(
+                "[redis] sentinel_master",
+                "is required with sentinel: the name the Sentinels know the master by".into(),
+            ));
+        }
+        if !sentinel.is_empty() && !cluster.is_empty() {
+            return Err(err(
+                "[redis] sentinel",
+                "cannot be used together with cluster: list either cluster seeds or Sentinels"
+                    .into(),
+            ));
+        }
         let pool_size = r.pool_size.unwrap_or(16);
         if !(1..=1024).contains(&pool_size) {
             return Err(err(
@@ -535,6 +561,8 @@ impl Config {
         let redis = RedisConfig {
             url,
             cluster,
+            sentinel,
+            sentinel_master,
             pool_size,
             timeout,
             key_prefix,

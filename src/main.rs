@@ -96,17 +96,29 @@ fn serve(path: PathBuf) -> ExitCode {
         Ok(c) => c,
         Err(e) => return unusable(&e),
     };
-    if !config.redis.cluster.is_empty() {
-        // Refuse rather than quietly use `url`: a user who lists cluster
-        // nodes expects their counts to live there.
-        return unusable(&ConfigError {
-            file: path.display().to_string(),
-            place: "[redis] cluster".into(),
-            what: "Redis Cluster mode is not built yet; leave cluster empty and set [redis] url"
-                .into(),
-        });
-    }
-    let target = without_password(&config.redis.url);
+    let target = if !config.redis.cluster.is_empty() {
+        let seeds: Vec<String> = config
+            .redis
+            .cluster
+            .iter()
+            .map(|u| without_password(u))
+            .collect();
+        format!("cluster {}", seeds.join(","))
+    } else if !config.redis.sentinel.is_empty() {
+        let sentinels: Vec<String> = config
+            .redis
+            .sentinel
+            .iter()
+            .map(|u| without_password(u))
+            .collect();
+        format!(
+            "master {:?} via sentinel {}",
+            config.redis.sentinel_master,
+            sentinels.join(",")
+        )
+    } else {
+        without_password(&config.redis.url)
+    };
     let (bind, rules) = (config.server.bind.clone(), config.rules.len());
     let result = actix_web::rt::System::new().block_on(async move {
         let app = Application::build(config)?;

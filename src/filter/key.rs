@@ -118,12 +118,28 @@ pub fn normalize(value: &str, how: Normalize) -> String {
 /// `PREFIX:RULE:KIND:ID`, with an ID longer than 64 bytes replaced by
 /// `~` and 40 hex digits of its SHA-256.
 pub fn redis_key(prefix: &str, rule: &str, kind: &str, id: &str) -> String {
-    if id.len() <= MAX_ID_BYTES {
-        format!("{prefix}:{rule}:{kind}:{id}")
+    redis_key_for(false, prefix, rule, kind, id)
+}
+
+/// [`redis_key`], and with `hash_tag` (Redis Cluster) the ID in braces,
+/// `PREFIX:RULE:KIND:{ID}`: Redis Cluster then places a key by its ID
+/// alone, so the rules that key one request by the same value share a slot
+/// (and are decided in one atomic call), while different IDs spread over
+/// the masters.
+pub fn redis_key_for(hash_tag: bool, prefix: &str, rule: &str, kind: &str, id: &str) -> String {
+    let hashed;
+    let id = if id.len() <= MAX_ID_BYTES {
+        id
     } else {
         let digest = Sha256::digest(id.as_bytes());
         let hex: String = digest[..20].iter().map(|b| format!("{b:02x}")).collect();
-        format!("{prefix}:{rule}:{kind}:~{hex}")
+        hashed = format!("~{hex}");
+        &hashed
+    };
+    if hash_tag {
+        format!("{prefix}:{rule}:{kind}:{{{id}}}")
+    } else {
+        format!("{prefix}:{rule}:{kind}:{id}")
     }
 }
 
@@ -187,6 +203,18 @@ mod tests {
         let id = k.rsplit(':').next().unwrap();
         assert_eq!(id.len(), 41);
         assert_eq!(redis_key("fg", "r", "ip", "1.2.3.4"), "fg:r:ip:1.2.3.4");
+    }
+
+    #[test]
+    fn cluster_keys_tag_the_id() {
+        assert_eq!(
+            redis_key_for(true, "fg", "r", "ip", "1.2.3.4"),
+            "fg:r:ip:{1.2.3.4}"
+        );
+        let long = redis_key_for(true, "fg", "r", "header", &"x".repeat(65));
+        let plain = redis_key("fg", "r", "header", &"x".repeat(65));
+        let id = plain.rsplit(':').next().unwrap();
+        assert_eq!(long, format!("fg:r:header:{{{id}}}"));
     }
 
     #[test]

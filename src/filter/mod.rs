@@ -152,7 +152,13 @@ impl Filter {
             Some(id) => (rule.key.kind(), id),
             None => ("ip", key::ip_id(self.client_addr(req))),
         };
-        key::redis_key(&self.state.key_prefix, &rule.name, kind, &id)
+        key::redis_key_for(
+            self.state.limiter.hash_tags(),
+            &self.state.key_prefix,
+            &rule.name,
+            kind,
+            &id,
+        )
     }
 }
 

@@ -6,12 +6,15 @@
 //! it hands the checks to a dispatcher thread (see [`redis`]) and awaits the
 //! answer without ever blocking the caller's thread.
 
+pub mod cluster;
 pub mod redis;
+pub mod source;
 
 use std::num::NonZeroU32;
 use std::time::Duration;
 
 pub use self::redis::{Limiter, LimiterError};
+pub use self::source::RedisConn;
 
 /// A rate-limiting algorithm with its parameters. Invalid ones cannot be
 /// built: limits and bursts are non-zero, windows are checked by the config.

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use redis::ConnectionLike as _;
 use tokio::sync::oneshot;
 
+use super::source::{RedisConn, Source};
 use super::{Algorithm, Check, Decision, Outcome};
 use crate::config::RedisConfig;
 
@@ -92,12 +93,12 @@ impl std::fmt::Display for LimiterError {
 
 impl std::error::Error for LimiterError {}
 
-struct Job {
-    checks: Vec<Check>,
+pub(super) struct Job {
+    pub(super) checks: Vec<Check>,
     /// Pinned clock in ms (tests); `None` = Redis `TIME`.
-    now_ms: Option<u64>,
-    deadline: Instant,
-    reply: oneshot::Sender<Result<Decision, LimiterError>>,
+    pub(super) now_ms: Option<u64>,
+    pub(super) deadline: Instant,
+    pub(super) reply: oneshot::Sender<Result<Decision, LimiterError>>,
 }
 
 /// Decides checks against Redis. Cheap to share (`Arc`); dropping the last
@@ -107,6 +108,8 @@ pub struct Limiter {
     pool: Pool,
     timeout: Duration,
     errors: Arc<AtomicU64>,
+    /// Redis Cluster mode: keys carry hash tags.
+    cluster: bool,
 }
 
 impl std::fmt::Debug for Limiter {
@@ -119,9 +122,9 @@ impl std::fmt::Debug for Limiter {
 
 /// A Redis connection that knows when Redis last answered on it and
 /// whether an error has left it in an unknown state. Derefs to the
-/// `redis::Connection`.
+/// [`RedisConn`] (one server, or a cluster).
 pub struct Conn {
-    inner: redis::Connection,
+    inner: RedisConn,
     /// When Redis last answered on this connection (or when it was opened).
     answered: Instant,
     /// An I/O error (or an unparsable reply) left the connection in an
@@ -174,28 +177,42 @@ impl Conn {
 }
 
 impl Deref for Conn {
-    type Target = redis::Connection;
+    type Target = RedisConn;
 
-    fn deref(&self) -> &redis::Connection {
+    fn deref(&self) -> &RedisConn {
         &self.inner
     }
 }
 
 impl DerefMut for Conn {
-    fn deref_mut(&mut self) -> &mut redis::Connection {
+    fn deref_mut(&mut self) -> &mut RedisConn {
         &mut self.inner
     }
 }
 
-/// Whether an error leaves the connection in an unknown state: any I/O
-/// error (refused, reset, EOF, broken pipe, timeout: after a timeout the
-/// late reply is still on its way) or a reply that could not be parsed.
-fn spoils(e: &redis::RedisError) -> bool {
+/// Whether an error leaves the connection in an unknown state, or pointed
+/// at the wrong server: any I/O error (refused, reset, EOF, broken pipe,
+/// timeout: after a timeout the late reply is still on its way), a reply
+/// that could not be parsed, or a server that is no longer the master
+/// (READONLY: a failover demoted it; the next connection asks the
+/// Sentinels again) or no longer serves the slot.
+pub(super) fn spoils(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
     e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_unrecoverable_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::ReadOnly
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
+                    | ServerErrorKind::ClusterDown
+            )
+        )
 }
 
 /// Opens [`Conn`]s for the pool and the dispatchers: every connect is bounded
@@ -205,7 +222,7 @@ fn spoils(e: &redis::RedisError) -> bool {
 /// (and replaced by the pool when the PING fails).
 #[derive(Debug, Clone)]
 pub struct Manager {
-    client: redis::Client,
+    source: Source,
     timeout: Duration,
 }
 
@@ -213,9 +230,7 @@ impl Manager {
     /// A new connection, open within `within` (at most the timeout).
     fn open(&self, within: Duration) -> redis::RedisResult<Conn> {
         let within = within.min(self.timeout).max(Duration::from_millis(1));
-        let inner = self.client.get_connection_with_timeout(within)?;
-        inner.set_read_timeout(Some(self.timeout))?;
-        inner.set_write_timeout(Some(self.timeout))?;
+        let inner = self.source.open(within, self.timeout)?;
         Ok(Conn {
             inner,
             answered: Instant::now(),
@@ -262,10 +277,9 @@ pub fn build_pool(config: &RedisConfig) -> Result<Pool, LimiterError> {
 }
 
 fn manager(config: &RedisConfig) -> Result<Manager, LimiterError> {
-    let client =
-        redis::Client::open(config.url.as_str()).map_err(|e| LimiterError::Redis(e.to_string()))?;
+    let source = Source::from_config(config).map_err(|e| LimiterError::Redis(e.to_string()))?;
     Ok(Manager {
-        client,
+        source,
         timeout: config.timeout,
     })
 }
@@ -279,7 +293,12 @@ impl Limiter {
         let rx = Arc::new(Mutex::new(rx));
         let script = Arc::new(redis::Script::new(SCRIPT_SOURCE));
         let errors = Arc::new(AtomicU64::new(0));
-        for i in 0..DISPATCHERS {
+        let cluster = !config.cluster.is_empty();
+        if cluster {
+            // A cluster's batches are split by slot: see `cluster.rs`.
+            super::cluster::start(config, &rx, &errors, DISPATCHERS)?;
+        }
+        for i in 0..if cluster { 0 } else { DISPATCHERS } {
             let dispatcher = Dispatcher {
                 rx: Arc::clone(&rx),
                 manager: manager.clone(),
@@ -299,6 +318,7 @@ impl Limiter {
             pool,
             timeout: config.timeout,
             errors,
+            cluster,
         })
     }
 
@@ -364,6 +384,12 @@ impl Limiter {
     /// `web::block`, never on a worker thread).
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// Whether keys carry a hash tag (Redis Cluster mode): the rules of one
+    /// identity then share a slot, so their all-or-nothing stays one call.
+    pub fn hash_tags(&self) -> bool {
+        self.cluster
     }
 
     /// The configured bound on every Redis operation.
@@ -511,19 +537,7 @@ impl Dispatcher {
 
     /// Blocks for the first job, then takes whatever else is already queued.
     fn next_batch(&self) -> Option<Vec<Job>> {
-        let rx = match self.rx.lock() {
-            Ok(rx) => rx,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        let first = rx.recv().ok()?;
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
-        Some(batch)
+        next_batch(&self.rx)
     }
 
     /// Makes sure the dispatcher holds a connection Redis answers on: the one
@@ -627,8 +641,25 @@ impl Dispatcher {
     }
 }
 
+/// Blocks for the first job, then takes whatever else is already queued.
+pub(super) fn next_batch(rx: &Mutex<Receiver<Job>>) -> Option<Vec<Job>> {
+    let rx = match rx.lock() {
+        Ok(rx) => rx,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    let first = rx.recv().ok()?;
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(job) => batch.push(job),
+            Err(_) => break,
+        }
+    }
+    Some(batch)
+}
+
 /// Keeps the jobs whose caller is still waiting for the answer.
-fn retain_waiting(batch: &mut Vec<Job>) {
+pub(super) fn retain_waiting(batch: &mut Vec<Job>) {
     let now = Instant::now();
     batch.retain(|j| j.deadline > now && !j.reply.is_closed());
 }

@@ -12,7 +12,7 @@ use super::pages::render;
 use super::{Site, SiteError, Visitor};
 use crate::config::{format_duration, human_duration, KeyKind, Mode, Rule};
 use crate::filter::key;
-use crate::limit::Algorithm;
+use crate::limit::{Algorithm, RedisConn};
 
 /// Width of the SVG drawings, in user units.
 const WIDTH: f64 = 600.0;
@@ -65,9 +65,10 @@ struct Subject {
 /// The visitor's own keys for a rule: address, account, phone.
 fn subjects(site: &Site, rule: &Rule, client: IpAddr, visitor: &Visitor) -> (Vec<Subject>, String) {
     let prefix = &site.config.redis.key_prefix;
+    let tagged = site.filter.limiter().hash_tags();
     let make = |label: String, kind: &str, id: &str| Subject {
         label,
-        key: key::redis_key(prefix, &rule.name, kind, id),
+        key: key::redis_key_for(tagged, prefix, &rule.name, kind, id),
     };
     let ip = make(
         format!("your address {}", key::ip_id(client)),
@@ -116,7 +117,7 @@ fn subjects(site: &Site, rule: &Rule, client: IpAddr, visitor: &Visitor) -> (Vec
 
 /// Reads one key's state and describes it.
 fn usage(
-    conn: &mut redis::Connection,
+    conn: &mut RedisConn,
     rule: &Rule,
     subject: Subject,
     now: u64,
