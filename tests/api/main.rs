@@ -4,6 +4,8 @@
 
 mod browser;
 mod cli;
+mod cluster;
+mod cluster_helpers;
 mod config_errors;
 mod faults;
 mod filter;
