@@ -4,9 +4,11 @@
 //! every key in a hash tag (`PREFIX:RULE:KIND:{ID}`), so the rules of one
 //! identity share a slot and a request keyed by one identity is still
 //! decided by one atomic call. The dispatcher here splits each batch by
-//! slot: every slot group is one `EVALSHA` of the same batch script, and
-//! the groups are sent as one pipeline per master (one round trip per
-//! master per batch, not one per request).
+//! slot: every slot group is one `EVALSHA` of the same batch script, so a
+//! hot identity's requests still share one call. (The groups of a batch
+//! are sent one after another: the crate's synchronous cluster pipeline
+//! returns nothing of a pipeline in which one command was redirected, and
+//! the groups that did run must not lose their answers.)
 //!
 //! A request whose checks span several slots is decided per slot group.
 //! It is allowed only if every group allows it; when one group denies (or
