@@ -1,13 +1,26 @@
 //! `Application::build(config)`: the bound listener and the server, used by
 //! `main` and by the tests (which bind port 0).
 
+use std::cell::{Cell, RefCell};
+use std::future::{ready, Future, Ready};
 use std::net::TcpListener;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::rc::Rc;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
-use actix_web::dev::{Server, ServerHandle};
+use actix_web::body::{BodySize, BoxBody, EitherBody, MessageBody};
+use actix_web::dev::{
+    Payload, Server, ServerHandle, Service, ServiceRequest, ServiceResponse, Transform,
+};
+use actix_web::error::PayloadError;
 use actix_web::middleware::DefaultHeaders;
-use actix_web::{web, App, HttpServer};
+use actix_web::web::Bytes;
+use actix_web::{web, App, Error, HttpMessage, HttpResponse, HttpServer};
+use futures_util::future::{Either, MapOk, TryFutureExt};
+use futures_util::Stream;
 
 use crate::config::SmsProvider;
 use crate::config::{self, Config};
@@ -91,6 +104,7 @@ impl Application {
         );
         let workers = config.server.workers;
         let max_form = config.server.max_form;
+        let body_timeout = BodyTimeout::new(config.server.body_timeout);
         let config_path = config.path.clone();
         let store = Store::new(&config.redis.key_prefix, secret.clone())
             .clustered(!config.redis.cluster.is_empty());
@@ -111,6 +125,7 @@ impl Application {
             store,
             sms,
             outbox,
+            hashing: site::auth::Hashing::default(),
         });
         let app_filter = filter.clone();
         let mut server = HttpServer::new(move || {
@@ -121,6 +136,7 @@ impl Application {
                 .configure(site::routes)
                 .default_service(web::to(site::pages::not_found))
                 .wrap(app_filter.clone())
+                .wrap(body_timeout)
                 .wrap(security_headers())
         })
         .shutdown_timeout(10)
@@ -234,6 +250,237 @@ async fn reload_on_sighup(filter: Filter, path: PathBuf) {
         match reload_rules(&filter, &path) {
             Ok(n) => log::info!("SIGHUP: reloaded {n} rules from {}", path.display()),
             Err(e) => log::error!("SIGHUP: kept the old rules: {e}"),
+        }
+    }
+}
+
+/// Bounds how long a request body may take to arrive: a body not fully
+/// received `timeout` after its head gets `408 Request Timeout` and the
+/// connection is closed. actix-web's own `client_request_timeout` covers
+/// only the head, so a client that announces `Content-Length: 100` and
+/// sends 7 bytes would otherwise hold a connection (and a handler, or the
+/// filter reading a `form:` key) for as long as it likes.
+///
+/// Wrap it outside everything that reads bodies (the rate-limit filter
+/// reads form bodies itself). It wraps the request's payload stream: a read
+/// still waiting when the time is up fails, and the response, whatever the
+/// reader made of that failure, is replaced by the 408. Requests without a
+/// body pass untouched; a body read in time never starts a timer.
+///
+/// A body still unfinished when the response leaves (timed out, or never
+/// read by the handler) is kept open until the response is written, so that
+/// actix-http closes the connection after it instead of reading on, for as
+/// long as the client likes, to drain a chunked body.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyTimeout {
+    timeout: Duration,
+}
+
+impl BodyTimeout {
+    /// Bodies must arrive within `timeout` of the request head.
+    pub fn new(timeout: Duration) -> BodyTimeout {
+        BodyTimeout { timeout }
+    }
+}
+
+impl<S, B> Transform<S, ServiceRequest> for BodyTimeout
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error> + 'static,
+    B: MessageBody + 'static,
+{
+    type Response = ServiceResponse<EitherBody<B>>;
+    type Error = Error;
+    type Transform = BodyTimeoutService<S>;
+    type InitError = ();
+    type Future = Ready<Result<Self::Transform, Self::InitError>>;
+
+    fn new_transform(&self, service: S) -> Self::Future {
+        ready(Ok(BodyTimeoutService {
+            service: Rc::new(service),
+            timeout: self.timeout,
+        }))
+    }
+}
+
+/// The per-worker service [`BodyTimeout`] builds.
+#[doc(hidden)]
+pub struct BodyTimeoutService<S> {
+    service: Rc<S>,
+    timeout: Duration,
+}
+
+type Left<B> = fn(ServiceResponse<B>) -> ServiceResponse<EitherBody<B>>;
+
+/// Where a timed body stands; shared by the payload stream and the middleware.
+struct BodyState {
+    /// The request's own payload.
+    payload: RefCell<Payload>,
+    /// The payload ended (or failed on its own).
+    finished: Cell<bool>,
+    /// The deadline failed a read.
+    expired: Cell<bool>,
+}
+
+/// A response body that holds an unfinished request payload open until the
+/// body has been written: actix-http decides whether to close for an
+/// unread payload when the response body ends, and closes only if the
+/// payload's reader still exists (see [`BodyTimeout`]).
+struct HoldingPayload {
+    body: BoxBody,
+    _payload: Rc<BodyState>,
+}
+
+impl MessageBody for HoldingPayload {
+    type Error = Box<dyn std::error::Error>;
+
+    fn size(&self) -> BodySize {
+        self.body.size()
+    }
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
+        Pin::new(&mut self.body).poll_next(cx)
+    }
+}
+
+/// `res` with its body holding `state` open (see [`HoldingPayload`]).
+fn holding_payload<In: MessageBody + 'static, B>(
+    res: ServiceResponse<In>,
+    state: Rc<BodyState>,
+) -> ServiceResponse<EitherBody<B>> {
+    res.map_body(|_, body| {
+        BoxBody::new(HoldingPayload {
+            body: BoxBody::new(body),
+            _payload: state,
+        })
+    })
+    .map_into_right_body()
+}
+
+impl<S, B> Service<ServiceRequest> for BodyTimeoutService<S>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error> + 'static,
+    B: MessageBody + 'static,
+{
+    type Response = ServiceResponse<EitherBody<B>>;
+    type Error = Error;
+    #[allow(clippy::type_complexity)]
+    type Future = Either<
+        MapOk<S::Future, Left<B>>,
+        Pin<Box<dyn Future<Output = Result<Self::Response, Error>>>>,
+    >;
+
+    actix_web::dev::forward_ready!(service);
+
+    fn call(&self, mut req: ServiceRequest) -> Self::Future {
+        let payload = req.take_payload();
+        if matches!(payload, Payload::None) {
+            let left: Left<B> = ServiceResponse::map_into_left_body;
+            return Either::Left(self.service.call(req).map_ok(left));
+        }
+        let state = Rc::new(BodyState {
+            payload: RefCell::new(payload),
+            finished: Cell::new(false),
+            expired: Cell::new(false),
+        });
+        req.set_payload(Payload::Stream {
+            payload: Box::pin(TimedPayload {
+                state: Rc::clone(&state),
+                deadline: tokio::time::Instant::now() + self.timeout,
+                sleep: None,
+            }),
+        });
+        // (No clone of the HttpRequest may be held across the call: the
+        // router needs it unshared. The 408 takes it back from the response.)
+        let timeout = self.timeout;
+        let answer = self.service.call(req);
+        Either::Right(Box::pin(async move {
+            let result = answer.await;
+            if !state.expired.get() {
+                let res = result?;
+                if state.finished.get() {
+                    return Ok(res.map_into_left_body());
+                }
+                return Ok(holding_payload(res, state));
+            }
+            let what = "the request body did not arrive in time\n";
+            let res = match result {
+                Ok(res) => res,
+                // Errors become responses in actix-web's handlers; should one
+                // arrive here, it still answers 408.
+                Err(_) => {
+                    return Err(actix_web::error::InternalError::new(
+                        what,
+                        actix_web::http::StatusCode::REQUEST_TIMEOUT,
+                    )
+                    .into())
+                }
+            };
+            let (request, _) = res.into_parts();
+            log::info!(
+                "{} {}: the body did not arrive within {}, 408",
+                request.method(),
+                request.path(),
+                config::format_duration(timeout)
+            );
+            let response = HttpResponse::RequestTimeout()
+                .force_close()
+                .content_type("text/plain; charset=utf-8")
+                .body(what);
+            Ok(holding_payload(
+                ServiceResponse::new(request, response),
+                state,
+            ))
+        }))
+    }
+}
+
+/// A request payload that fails once its deadline has passed while a read
+/// is still waiting for data.
+struct TimedPayload {
+    state: Rc<BodyState>,
+    deadline: tokio::time::Instant,
+    /// Started the first time a read has to wait.
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+fn body_timed_out() -> PayloadError {
+    PayloadError::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "the request body did not arrive in time",
+    ))
+}
+
+impl Stream for TimedPayload {
+    type Item = Result<Bytes, PayloadError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        let state = &*this.state;
+        if state.expired.get() {
+            return Poll::Ready(Some(Err(body_timed_out())));
+        }
+        let polled = Pin::new(&mut *state.payload.borrow_mut()).poll_next(cx);
+        match polled {
+            Poll::Ready(Some(Ok(chunk))) => return Poll::Ready(Some(Ok(chunk))),
+            Poll::Ready(other) => {
+                state.finished.set(true);
+                return Poll::Ready(other);
+            }
+            Poll::Pending => {}
+        }
+        let deadline = this.deadline;
+        let sleep = this
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                state.expired.set(true);
+                Poll::Ready(Some(Err(body_timed_out())))
+            }
+            Poll::Pending => Poll::Pending,
         }
     }
 }

@@ -25,7 +25,8 @@ use actix_web::web::{Bytes, BytesMut};
 use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
 
-use crate::config::{Cidr, Deny, KeyKind, Mode, OnRedisError, Rule};
+use crate::config::{Cidr, Count, Deny, KeyKind, Mode, OnRedisError, Rule};
+use crate::limit::give_back::Refund;
 use crate::limit::{Check, Decision, Limiter};
 use crate::metrics::{Metrics, Outcome as Counted};
 
@@ -119,46 +120,89 @@ impl Filter {
         key::client_addr(peer, req.headers(), &self.state.trusted_proxies)
     }
 
-    /// The Redis key a rule uses for a request (`form` is the urlencoded
-    /// body, when one was read). Used by the filter and by `/limits`.
+    /// The Redis key a rule uses for a request. `form` is the urlencoded
+    /// body already decoded from its charset (see [`form_text`]), when one
+    /// was read. A value the rule must read but cannot read exactly as a
+    /// handler would is an error: the request is refused, never keyed by
+    /// something else.
     pub fn key_for(
         &self,
         rule: &Rule,
         req: &HttpRequest,
         path: &str,
         form: Option<&[u8]>,
-    ) -> String {
-        let normalized = |v: Option<String>| {
-            v.map(|v| key::normalize(&v, rule.normalize))
-                .filter(|v| !v.is_empty())
-        };
-        let id = match &rule.key {
-            KeyKind::Ip => None,
-            KeyKind::Global => Some("all".to_string()),
-            KeyKind::Path => Some(path.to_string()),
-            KeyKind::Session => self.state.session.as_ref().and_then(|f| f(req)),
-            KeyKind::Header(name) => normalized(
-                req.headers()
-                    .get(name.as_str())
-                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
-            ),
-            KeyKind::Query(name) => {
-                normalized(key::form_value(req.query_string().as_bytes(), name))
+    ) -> Result<String, key::Unreadable> {
+        let mut parts: Vec<(&'static str, String)> = Vec::with_capacity(rule.key.kinds().len());
+        for kind in rule.key.kinds() {
+            let value = match kind {
+                KeyKind::Ip => Some(key::ip_id(self.client_addr(req))),
+                KeyKind::Global => Some("all".to_string()),
+                KeyKind::Path => Some(path.to_string()),
+                KeyKind::Session => self.state.session.as_ref().and_then(|f| f(req)),
+                KeyKind::Header(name) => key::header_value(req.headers(), name)?
+                    .and_then(|v| key::normalize(&v, rule.normalize)),
+                KeyKind::Query(name) => key::urlencoded_value(req.query_string().as_bytes(), name)?
+                    .and_then(|v| key::normalize(&v, rule.normalize)),
+                KeyKind::Form(name) => match form {
+                    Some(body) => key::urlencoded_value(body, name)?
+                        .and_then(|v| key::normalize(&v, rule.normalize)),
+                    None => None,
+                },
+            };
+            match value {
+                Some(v) => parts.push((kind.kind(), v)),
+                // Without a value of its own kind, a request is keyed by
+                // its address alone (a part missing makes no combination).
+                None => {
+                    parts.clear();
+                    parts.push(("ip", key::ip_id(self.client_addr(req))));
+                    break;
+                }
             }
-            KeyKind::Form(name) => normalized(form.and_then(|body| key::form_value(body, name))),
+        }
+        let (kind, id) = match parts.as_slice() {
+            [(kind, id)] => ((*kind).to_string(), id.clone()),
+            _ => key::compose(&parts),
         };
-        // Without a value of its own kind, a request is keyed by its address.
-        let (kind, id) = match id {
-            Some(id) => (rule.key.kind(), id),
-            None => ("ip", key::ip_id(self.client_addr(req))),
-        };
-        key::redis_key_for(
+        Ok(key::redis_key_for(
             self.state.limiter.hash_tags(),
             &self.state.key_prefix,
             &rule.name,
-            kind,
+            &kind,
             &id,
-        )
+        ))
+    }
+}
+
+/// The text of an urlencoded body as `web::Form` reads it: the charset of
+/// `Content-Type` (actix's own `encoding()`, through `encoding_rs` labels),
+/// decoded without replacement; UTF-8 as it is. A body with a content
+/// coding, an unknown charset, or bytes its charset cannot decode is
+/// refused (415) rather than read in some other way than the handler's.
+pub fn form_text<'a>(
+    req: &impl HttpMessage,
+    body: &'a [u8],
+) -> Result<std::borrow::Cow<'a, [u8]>, key::Unreadable> {
+    use std::borrow::Cow;
+    let unsupported = key::Unreadable::Unsupported;
+    for coding in req.headers().get_all(header::CONTENT_ENCODING) {
+        let identity = coding
+            .to_str()
+            .is_ok_and(|c| c.trim().eq_ignore_ascii_case("identity"));
+        if !identity {
+            return Err(unsupported("a form with a content coding cannot be read\n"));
+        }
+    }
+    let encoding = req
+        .encoding()
+        .map_err(|_| unsupported("unknown form charset\n"))?;
+    // actix hands UTF-8 bodies to serde as bytes, anything else decoded.
+    if encoding.name() == "UTF-8" {
+        return Ok(Cow::Borrowed(body));
+    }
+    match encoding.decode_without_bom_handling_and_without_replacement(body) {
+        Some(text) => Ok(Cow::Owned(text.into_owned().into_bytes())),
+        None => Err(unsupported("the form is not in its charset\n")),
     }
 }
 
@@ -209,7 +253,7 @@ where
 }
 
 /// Largest header block accepted (names, values and separators): a larger
-/// one gets 431 (CONTRACT 3.13), well below actix-http's own 128 KiB bound.
+/// one gets 431, well below actix-http's own 128 KiB bound.
 pub const MAX_HEADER_BYTES: usize = 32 * 1024;
 
 /// Why a body could not be read for a `form:` key.
@@ -261,7 +305,7 @@ where
 
     // A form-keyed rule reads the urlencoded body, then hands it on intact.
     let mut form: Option<Bytes> = None;
-    if matched.iter().any(|r| matches!(r.key, KeyKind::Form(_))) && is_urlencoded(&req) {
+    if matched.iter().any(|r| r.key.reads_form()) && is_urlencoded(&req) {
         match read_body(&mut req, filter.state.max_form).await {
             Ok(body) => {
                 req.set_payload(Payload::from(body.clone()));
@@ -280,18 +324,37 @@ where
         }
     }
 
-    let checks: Vec<Check> = matched
-        .iter()
-        .map(|rule| Check {
-            key: filter.key_for(rule, req.request(), &path, form.as_deref()),
+    // The form as the handler will read it: decoded from its charset.
+    let text = match form
+        .as_deref()
+        .map(|body| form_text(&req, body))
+        .transpose()
+    {
+        Ok(text) => text,
+        Err(e) => return Ok(unreadable(req, e)),
+    };
+    let mut checks: Vec<Check> = Vec::with_capacity(matched.len());
+    for rule in &matched {
+        let key = match filter.key_for(rule, req.request(), &path, text.as_deref()) {
+            Ok(key) => key,
+            Err(e) => return Ok(unreadable(req, e)),
+        };
+        checks.push(Check {
+            key,
             algorithm: rule.algorithm,
             cost: rule.cost,
             enforce: rule.mode == Mode::Enforce,
-        })
-        .collect();
+        });
+    }
+    drop(text);
 
     let metrics = &filter.state.metrics;
     let started = Instant::now();
+    // Rules that count failures only need the keys again afterwards.
+    let charged = matched
+        .iter()
+        .any(|r| r.count == Count::Failures)
+        .then(|| checks.clone());
     let decision = filter.state.limiter.decide(checks).await;
     metrics.observe(started.elapsed());
 
@@ -303,6 +366,10 @@ where
                 summary(&matched, &decision)
             );
             let mut res = service.call(req).await?;
+            let mut decision = decision;
+            if let Some(checks) = charged.filter(|_| res.status().as_u16() < 400) {
+                give_back(&filter, &matched, &checks, &mut decision, started).await;
+            }
             add_ratelimit_fields(res.headers_mut(), &matched, &decision);
             Ok(res.map_into_left_body())
         }
@@ -356,6 +423,57 @@ where
             }
             service.call(req).await.map(|r| r.map_into_left_body())
         }
+    }
+}
+
+/// `count = "failures"`: a request answered below 400 gets back the units
+/// its failures-only rules took (those that admitted it), and the
+/// `RateLimit` fields then show them as remaining again.
+async fn give_back(
+    filter: &Filter,
+    matched: &[&Rule],
+    checks: &[Check],
+    decision: &mut Decision,
+    started: Instant,
+) {
+    let refunded: Vec<usize> = matched
+        .iter()
+        .zip(&decision.outcomes)
+        .enumerate()
+        .filter(|(_, (r, o))| r.count == Count::Failures && o.allowed)
+        .map(|(i, _)| i)
+        .collect();
+    if refunded.is_empty() {
+        return;
+    }
+    let refunds = refunded
+        .iter()
+        .map(|&i| Refund {
+            key: checks[i].key.clone(),
+            algorithm: checks[i].algorithm,
+            cost: checks[i].cost,
+            window_left: decision.outcomes[i].wait,
+        })
+        .collect();
+    match filter.state.limiter.give_back(refunds, started).await {
+        Ok(0) => {}
+        Ok(_) => {
+            for i in refunded {
+                let o = &mut decision.outcomes[i];
+                o.remaining = (o.remaining + u64::from(checks[i].cost))
+                    .min(u64::from(matched[i].algorithm.quota()));
+            }
+        }
+        Err(e) => log::warn!("could not give units back ({e}); the request stays charged"),
+    }
+}
+
+/// The answer to a request whose key value cannot be read as the handler
+/// would read it: 415 for a charset or coding, 400 for the rest.
+fn unreadable<B>(req: ServiceRequest, e: key::Unreadable) -> ServiceResponse<EitherBody<B>> {
+    match e {
+        key::Unreadable::Malformed(why) => plain(req, StatusCode::BAD_REQUEST, why),
+        key::Unreadable::Unsupported(why) => plain(req, StatusCode::UNSUPPORTED_MEDIA_TYPE, why),
     }
 }
 
@@ -477,7 +595,7 @@ pub fn accepts(req: &HttpRequest, media: &str) -> bool {
         })
 }
 
-/// The response to a denied request (CONTRACT 3.8, 3.9).
+/// The response to a denied request: a 303 to the error page, or a 429.
 fn denial(filter: &Filter, req: &HttpRequest, rule: &Rule, retry: u64) -> HttpResponse {
     let json = accepts(req, "application/json");
     let redirect = rule.deny == Deny::Redirect && (!json || accepts(req, "text/html"));

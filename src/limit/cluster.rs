@@ -42,22 +42,19 @@ use super::source::{cluster_client, key_slot};
 use super::{Algorithm, Check, Decision, Outcome};
 use crate::config::RedisConfig;
 
-/// The batch script for one slot group: the algorithms, the batch driver
-/// wrapped in a function, and a tail that returns the clock it used.
-const BATCH_SCRIPT: &str = concat!(
-    include_str!("lua/sliding_window.lua"),
-    "\n",
-    include_str!("lua/fixed_window.lua"),
-    "\n",
-    include_str!("lua/token_bucket.lua"),
-    "\nlocal function floodgate_batch()\n",
-    include_str!("lua/batch.lua"),
-    "\nend\n",
-    include_str!("lua/cluster_batch.lua"),
-);
+/// The batch script, the same as on one server: one call per slot group.
+const BATCH_SCRIPT: &str = super::redis::SCRIPT_SOURCE;
 
 /// Gives back what the allowed groups of a denied request took.
-const GIVE_BACK_SCRIPT: &str = include_str!("lua/cluster_give_back.lua");
+const GIVE_BACK_SCRIPT: &str = concat!(
+    include_str!("lua/common.lua"),
+    "\n",
+    include_str!("lua/sliding_window.lua"),
+    "\n",
+    include_str!("lua/give_back_fn.lua"),
+    "\n",
+    include_str!("lua/cluster_give_back.lua"),
+);
 
 /// Starts `count` cluster dispatchers on the limiter's queue.
 pub(super) fn start(
@@ -138,7 +135,7 @@ fn group_by_slot(batch: &[Job]) -> Vec<Group> {
 
 /// How one slot group's call came back.
 enum Reply {
-    /// Three values per check, then the clock the call used.
+    /// Three values per check.
     Done(Vec<i64>),
     /// Did not run; send it again where the cluster says.
     Redirected(redis::RedisError),
@@ -187,8 +184,6 @@ struct Taken {
     outcome: Outcome,
     /// The script recorded it (its part was allowed).
     committed: bool,
-    /// The clock of the call that decided it.
-    at: u64,
     slot: u16,
 }
 
@@ -198,8 +193,6 @@ struct GiveBack {
     key: String,
     algorithm: Algorithm,
     cost: u32,
-    at: u64,
-    reported_ms: u64,
     now_ms: Option<u64>,
 }
 
@@ -274,13 +267,23 @@ impl ClusterDispatcher {
         for (group, reply) in groups.iter().zip(replies) {
             match reply {
                 Ok(values) => {
-                    let clock = values.last().copied().unwrap_or(0).max(0) as u64;
                     let mut at = 0;
                     for part in &group.parts {
                         let job = &batch[part.job];
                         let mut outcomes = Vec::with_capacity(part.checks.len());
                         if values.len() < at + 3 * part.checks.len() {
                             break;
+                        }
+                        if values[at] == -1 {
+                            // The script could not decide this part (see
+                            // lua/batch.lua): it recorded nothing.
+                            failed[part.job].get_or_insert(LimiterError::Check(format!(
+                                "the script could not decide a check on slot {} (error {})",
+                                group.slot,
+                                values[at + 1]
+                            )));
+                            at += 3 * part.checks.len();
+                            continue;
                         }
                         let mut part_allowed = true;
                         for &c in &part.checks {
@@ -295,7 +298,6 @@ impl ClusterDispatcher {
                             taken[part.job][c] = Some(Taken {
                                 outcome,
                                 committed: part_allowed && outcome.allowed,
-                                at: job.now_ms.unwrap_or(clock),
                                 slot: group.slot,
                             });
                         }
@@ -331,8 +333,6 @@ impl ClusterDispatcher {
                             key: check.key.clone(),
                             algorithm: check.algorithm,
                             cost: check.cost,
-                            at: t.at,
-                            reported_ms: t.outcome.wait.as_millis() as u64,
                             now_ms: job.now_ms,
                         });
                         t.committed = false;
@@ -438,7 +438,6 @@ impl ClusterDispatcher {
                 for g in gs {
                     let (code, p1, p2) = params(&g.algorithm);
                     cmd.arg(code).arg(p1).arg(p2).arg(g.cost);
-                    cmd.arg(g.at).arg(g.reported_ms);
                     match g.now_ms {
                         Some(ms) => cmd.arg(ms),
                         None => cmd.arg(""),
@@ -532,7 +531,7 @@ fn write_check(cmd: &mut redis::Cmd, c: &Check) {
 
 /// Writes one slot group as `EVALSHA sha` laid out as `lua/batch.lua` reads
 /// it (each part is a job there). Returns the number of values the reply
-/// must hold: three per check, and the clock.
+/// must hold: three per check.
 fn write_group(cmd: &mut redis::Cmd, sha: &str, batch: &[Job], parts: &[Part]) -> usize {
     let keys: usize = parts.iter().map(|p| p.checks.len()).sum();
     cmd.arg("EVALSHA").arg(sha).arg(keys);
@@ -553,7 +552,7 @@ fn write_group(cmd: &mut redis::Cmd, sha: &str, batch: &[Job], parts: &[Part]) -
             write_check(cmd, &job.checks[c]);
         }
     }
-    3 * keys + 1
+    3 * keys
 }
 
 #[cfg(test)]
@@ -618,7 +617,7 @@ mod tests {
         );
         let mut cmd = redis::Cmd::new();
         let g = find(slot("{1.2.3.4}"));
-        assert_eq!(write_group(&mut cmd, "SHA", &batch, &g.parts), 10);
+        assert_eq!(write_group(&mut cmd, "SHA", &batch, &g.parts), 9);
         let packed = String::from_utf8_lossy(&cmd.get_packed_command()).into_owned();
         let args: Vec<&str> = packed
             .split("\r\n")

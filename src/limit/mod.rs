@@ -7,6 +7,7 @@
 //! answer without ever blocking the caller's thread.
 
 pub mod cluster;
+pub mod give_back;
 pub mod redis;
 pub mod source;
 

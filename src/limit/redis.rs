@@ -40,6 +40,8 @@ use crate::config::RedisConfig;
 
 /// The Lua that Redis runs: one function per algorithm, then the batch driver.
 pub const SCRIPT_SOURCE: &str = concat!(
+    include_str!("lua/common.lua"),
+    "\n",
     include_str!("lua/sliding_window.lua"),
     "\n",
     include_str!("lua/fixed_window.lua"),
@@ -50,7 +52,7 @@ pub const SCRIPT_SOURCE: &str = concat!(
 );
 
 /// Dispatcher threads; two let one gather a batch while the other waits on Redis.
-const DISPATCHERS: usize = 2;
+pub const DISPATCHERS: usize = 2;
 /// Most jobs sent in one script call.
 const MAX_BATCH: usize = 256;
 /// Jobs that may wait for a dispatcher before new ones are refused.
@@ -72,6 +74,11 @@ pub type Pool = r2d2::Pool<Manager>;
 pub enum LimiterError {
     /// Redis refused, failed or returned something unexpected.
     Redis(String),
+    /// Redis answered, but could not decide this request: one of its rules
+    /// has state or parameters the script cannot use. The other requests
+    /// of the same batch were decided normally, so this says nothing about
+    /// Redis's health.
+    Check(String),
     /// No answer within `redis.timeout`.
     Timeout,
     /// Too many requests are already waiting for Redis.
@@ -84,6 +91,7 @@ impl std::fmt::Display for LimiterError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             LimiterError::Redis(e) => write!(f, "redis: {e}"),
+            LimiterError::Check(e) => write!(f, "undecidable check: {e}"),
             LimiterError::Timeout => f.write_str("redis did not answer in time"),
             LimiterError::Overloaded => f.write_str("too many decisions waiting for redis"),
             LimiterError::Stopped => f.write_str("the limiter is stopped"),
@@ -523,7 +531,10 @@ impl Dispatcher {
                 result = self.send(&batch);
             }
             match result {
-                Ok(values) => deliver(batch, &values),
+                Ok(values) => {
+                    let failed = deliver(batch, &values);
+                    self.errors.fetch_add(failed, Ordering::Relaxed);
+                }
                 Err(SendError::Unsent(e) | SendError::Failed(e)) => {
                     self.errors.fetch_add(1, Ordering::Relaxed);
                     log::warn!("redis error, {} decisions affected: {e}", batch.len());
@@ -701,25 +712,97 @@ fn write_batch(cmd: &mut redis::Cmd, sha: &str, batch: &[Job]) -> usize {
     3 * keys
 }
 
-fn deliver(batch: Vec<Job>, values: &[i64]) {
+/// Sends every job its decision from the script's reply; returns how many
+/// jobs failed alone (the script could not decide one of their checks).
+fn deliver(batch: Vec<Job>, values: &[i64]) -> u64 {
     let mut at = 0;
+    let mut failed = 0;
     for job in batch {
-        let mut outcomes = Vec::with_capacity(job.checks.len());
-        let mut allowed = true;
-        for check in &job.checks {
-            let outcome = Outcome {
-                allowed: values[at] == 1,
-                remaining: values[at + 1].max(0) as u64,
-                wait: Duration::from_millis(values[at + 2].max(0) as u64),
-            };
-            at += 3;
-            if check.enforce && !outcome.allowed {
-                allowed = false;
-            }
-            outcomes.push(outcome);
+        let result = decision(&job.checks, values, &mut at);
+        if result.is_err() {
+            failed += 1;
         }
-        let _ = job.reply.send(Ok(Decision { outcomes, allowed }));
+        let _ = job.reply.send(result);
     }
+    failed
+}
+
+/// Reads the decision for `checks` from the reply at `at` (three values per
+/// check, laid out as `lua/batch.lua` writes them) and moves `at` past it.
+fn decision(checks: &[Check], values: &[i64], at: &mut usize) -> Result<Decision, LimiterError> {
+    let start = *at;
+    *at += 3 * checks.len();
+    let Some(values) = values.get(start..*at) else {
+        return Err(LimiterError::Redis(
+            "the script's reply is too short".into(),
+        ));
+    };
+    if let [-1, code, index, ..] = *values {
+        let key = usize::try_from(index)
+            .ok()
+            .and_then(|i| checks.get(i))
+            .map_or("a key", |c| c.key.as_str());
+        return Err(LimiterError::Check(match code {
+            1 => format!("{key} holds a Redis type that no rate-limit algorithm writes"),
+            2 => format!("the parameters of the check on {key} are out of range"),
+            3 => format!("{key} holds state that is not made of numbers"),
+            _ => format!("the script failed on {key} (the Redis log says why)"),
+        }));
+    }
+    let mut outcomes = Vec::with_capacity(checks.len());
+    let mut allowed = true;
+    for (check, v) in checks.iter().zip(values.chunks_exact(3)) {
+        let outcome = Outcome {
+            allowed: v[0] == 1,
+            remaining: v[1].max(0) as u64,
+            wait: Duration::from_millis(v[2].max(0) as u64),
+        };
+        if check.enforce && !outcome.allowed {
+            allowed = false;
+        }
+        outcomes.push(outcome);
+    }
+    Ok(Decision { outcomes, allowed })
+}
+
+/// Decides `jobs` (each a pinned clock in ms or `None` for Redis `TIME`,
+/// and its checks) in ONE script call on `conn`, written and read exactly
+/// as a dispatcher does with a batch: for tests of what batching does.
+/// Blocking.
+#[doc(hidden)]
+pub fn decide_batch(
+    conn: &mut redis::Connection,
+    jobs: Vec<(Option<u64>, Vec<Check>)>,
+) -> Result<Vec<Result<Decision, LimiterError>>, LimiterError> {
+    let script = redis::Script::new(SCRIPT_SOURCE);
+    script
+        .load(conn)
+        .map_err(|e| LimiterError::Redis(e.to_string()))?;
+    let batch: Vec<Job> = jobs
+        .into_iter()
+        .map(|(now_ms, checks)| Job {
+            checks,
+            now_ms,
+            deadline: Instant::now(),
+            reply: oneshot::channel().0,
+        })
+        .collect();
+    let mut cmd = redis::Cmd::new();
+    let expected = write_batch(&mut cmd, script.get_hash(), &batch);
+    let values: Vec<i64> = cmd
+        .query(conn)
+        .map_err(|e| LimiterError::Redis(e.to_string()))?;
+    if values.len() != expected {
+        return Err(LimiterError::Redis(format!(
+            "the script returned {} values, expected {expected}",
+            values.len()
+        )));
+    }
+    let mut at = 0;
+    Ok(batch
+        .iter()
+        .map(|job| decision(&job.checks, &values, &mut at))
+        .collect())
 }
 
 #[cfg(test)]
@@ -828,5 +911,36 @@ mod tests {
             String::from_utf8_lossy(&cmd.get_packed_command()),
             String::from_utf8_lossy(&expected.get_packed_command())
         );
+    }
+
+    #[test]
+    fn a_failed_job_is_an_error_naming_its_key_and_the_next_job_is_read_after_it() {
+        let n = |v| NonZeroU32::new(v).unwrap();
+        let w = Algorithm::SlidingWindow {
+            limit: n(5),
+            window: Duration::from_secs(1),
+        };
+        let failed = [check("p:a:ip:1", w, 1, true), check("p:b:ip:1", w, 1, true)];
+        let decided = [
+            check("p:a:ip:2", w, 1, true),
+            check("p:b:ip:2", w, 1, false),
+        ];
+        // Job one failed on its second check (type error); job two decided.
+        let values = [-1, 1, 1, -1, 1, 1, 1, 4, 900, 0, 0, 250];
+        let mut at = 0;
+        match decision(&failed, &values, &mut at) {
+            Err(LimiterError::Check(text)) => assert!(text.contains("p:b:ip:1"), "{text}"),
+            other => panic!("{other:?}"),
+        }
+        let d = decision(&decided, &values, &mut at).unwrap();
+        assert!(d.allowed, "a shadow check's denial does not deny");
+        assert_eq!(d.outcomes[0].remaining, 4);
+        assert_eq!(d.outcomes[1].wait, Duration::from_millis(250));
+        assert_eq!(at, values.len());
+        // A reply too short for the checks is an error, not a panic.
+        assert!(matches!(
+            decision(&decided, &values, &mut at),
+            Err(LimiterError::Redis(_))
+        ));
     }
 }

@@ -1,6 +1,7 @@
 //! Sign-in by SMS code or password, sign-out, the account page and the
 //! password reset: the flows the demo's limits guard.
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use actix_web::http::{header, StatusCode};
@@ -141,7 +142,7 @@ async fn phone_post(
     let typed = fields.phone.clone().unwrap_or_default();
     let mut form = PhoneForm::new(site, &visitor, &typed);
     form.code_sent = code_sent;
-    match Phone::parse(&typed) {
+    match Phone::parse(&typed, site.config.region) {
         Some(phone) => Ok(Ok(PhonePost {
             visitor,
             phone,
@@ -324,13 +325,15 @@ pub async fn login_password(
     let to = post.phone.clone();
     let account = site.redis(move |conn| store.account(conn, &to)).await?;
     let password = fields.password.clone().unwrap_or_default();
-    let phc = account
-        .as_ref()
-        .and_then(|a| a.password.clone())
-        .unwrap_or_else(|| dummy_hash().to_string());
-    let matches = web::block(move || verify_password(&password, &phc))
-        .await
-        .map_err(|e| SiteError::internal(e.to_string()))?;
+    let phc = account.as_ref().and_then(|a| a.password.clone());
+    // Every verification (and the dummy hash) runs under a permit.
+    let matches = site
+        .hashing
+        .run(move || match phc {
+            Some(phc) => verify_password(&password, &phc),
+            None => verify_password(&password, dummy_hash()),
+        })
+        .await?;
     match account {
         Some(account) if matches && account.password.is_some() => {
             sign_in(&site, &post.visitor, account).await
@@ -404,7 +407,7 @@ fn to_login() -> HttpResponse {
 }
 
 async fn account_page(site: &Site, visitor: &Visitor) -> Result<AccountPage, SiteError> {
-    let Some(phone) = visitor.phone.as_ref().and_then(|p| Phone::parse(p)) else {
+    let Some(phone) = visitor.phone.as_ref().and_then(|p| Phone::stored(p)) else {
         return Err(SiteError::internal(
             "signed-in session without a phone".into(),
         ));
@@ -451,10 +454,8 @@ pub async fn set_password(
         page.error = e;
         return Ok(visitor.respond(super::pages::render(&page, StatusCode::BAD_REQUEST)));
     }
-    let phc = web::block(move || hash_password(&password))
-        .await
-        .map_err(|e| SiteError::internal(e.to_string()))??;
-    let Some(phone) = Phone::parse(&page.phone) else {
+    let phc = site.hashing.run(move || hash_password(&password)).await??;
+    let Some(phone) = Phone::stored(&page.phone) else {
         return Err(SiteError::internal("account phone unreadable".into()));
     };
     let store = site.store.clone();
@@ -550,9 +551,7 @@ pub async fn reset_confirm(
         Ok(a) => a,
         Err(check) => return Ok(form.refuse(Page::Reset, &visitor, code_error(check))),
     };
-    let phc = web::block(move || hash_password(&password))
-        .await
-        .map_err(|e| SiteError::internal(e.to_string()))??;
+    let phc = site.hashing.run(move || hash_password(&password)).await??;
     let store = site.store.clone();
     let keep =
         (visitor.account_id().as_deref() == Some(account.id.as_str())).then(|| visitor.sid.clone());
@@ -570,4 +569,99 @@ pub async fn reset_confirm(
     Ok(HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/login?reset=done"))
         .finish())
+}
+
+/// Password hashes (Argon2id, 19 MiB each) that may run at once. The
+/// memory they take is bounded by this, whatever the load.
+pub const HASH_PERMITS: usize = 2;
+/// Password checks that may wait for a permit; more get 503 at once.
+pub const HASH_QUEUE: usize = 32;
+
+/// Bounds the password hashing of the whole site: at most
+/// [`HASH_PERMITS`] run at once, at most [`HASH_QUEUE`] wait, and the rest
+/// are refused with 503 and `Retry-After: 1`. Counts what it does for
+/// `/metrics`.
+#[derive(Debug)]
+pub struct Hashing {
+    permits: tokio::sync::Semaphore,
+    waiting: AtomicUsize,
+    running: AtomicUsize,
+    peak: AtomicUsize,
+    refused: AtomicU64,
+}
+
+impl Default for Hashing {
+    fn default() -> Hashing {
+        Hashing {
+            permits: tokio::sync::Semaphore::new(HASH_PERMITS),
+            waiting: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+            refused: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Takes one off a counter when dropped (also when the request is dropped
+/// while it waits).
+struct Held<'a>(&'a AtomicUsize);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Hashing {
+    /// Runs `work` (a hash or a verification) on the blocking pool once a
+    /// permit is free; 503 when too many are already waiting.
+    pub async fn run<T, F>(&self, work: F) -> Result<T, SiteError>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= HASH_QUEUE {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(SiteError::unavailable(
+                "too many password checks waiting; refused".into(),
+            ));
+        }
+        let waiting = Held(&self.waiting);
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|e| SiteError::internal(e.to_string()))?;
+        drop(waiting);
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        let _running = Held(&self.running);
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        web::block(work)
+            .await
+            .map_err(|e| SiteError::internal(e.to_string()))
+    }
+
+    /// Prometheus lines: running, waiting, the most ever running at once,
+    /// and how many were refused.
+    pub fn render(&self) -> String {
+        format!(
+            "# HELP floodgate_password_hashes_running Password hashes running now.\n\
+             # TYPE floodgate_password_hashes_running gauge\n\
+             floodgate_password_hashes_running {}\n\
+             # HELP floodgate_password_hashes_waiting Password checks waiting for a permit.\n\
+             # TYPE floodgate_password_hashes_waiting gauge\n\
+             floodgate_password_hashes_waiting {}\n\
+             # HELP floodgate_password_hashes_peak The most password hashes ever running at once.\n\
+             # TYPE floodgate_password_hashes_peak gauge\n\
+             floodgate_password_hashes_peak {}\n\
+             # HELP floodgate_password_hashes_refused_total Password checks refused with 503 (queue full).\n\
+             # TYPE floodgate_password_hashes_refused_total counter\n\
+             floodgate_password_hashes_refused_total {}\n",
+            self.running.load(Ordering::SeqCst),
+            self.waiting.load(Ordering::SeqCst),
+            self.peak.load(Ordering::SeqCst),
+            self.refused.load(Ordering::Relaxed),
+        )
+    }
 }

@@ -70,49 +70,64 @@ fn subjects(site: &Site, rule: &Rule, client: IpAddr, visitor: &Visitor) -> (Vec
         label,
         key: key::redis_key_for(tagged, prefix, &rule.name, kind, id),
     };
-    let ip = make(
-        format!("your address {}", key::ip_id(client)),
-        "ip",
-        &key::ip_id(client),
-    );
-    match &rule.key {
-        KeyKind::Ip => (vec![ip], String::new()),
-        KeyKind::Global => (
-            vec![make("everyone together".into(), "global", "all")],
-            String::new(),
-        ),
-        KeyKind::Path => (
+    let address = key::ip_id(client);
+    let ip = make(format!("your address {address}"), "ip", &address);
+    if let Some(KeyKind::Path) = rule.key.single() {
+        return (
             rule.path_text
                 .iter()
                 .filter(|p| !p.contains([':', '*']))
                 .map(|p| make(format!("the page {p}"), "path", p))
                 .collect(),
             String::new(),
-        ),
-        KeyKind::Session => match &visitor.account {
-            Some(id) => (
-                vec![make("your account".into(), "session", id)],
-                String::new(),
-            ),
-            None => (vec![ip], "Keyed by your address until you sign in.".into()),
-        },
-        KeyKind::Header(_) | KeyKind::Query(_) | KeyKind::Form(_) => match &visitor.phone {
-            Some(digits) => {
-                let id = key::normalize(&format!("+{digits}"), rule.normalize);
-                (
-                    vec![make(format!("your phone +{digits}"), rule.key.kind(), &id)],
-                    String::new(),
-                )
-            }
-            None => (
-                Vec::new(),
-                format!(
-                    "Counted per {} sent; sign in to see your phone's usage.",
-                    rule.key
-                ),
-            ),
-        },
+        );
     }
+    // Each part of the key as the visitor's own requests would have it.
+    let mut parts: Vec<(&'static str, String)> = Vec::new();
+    let mut labels: Vec<String> = Vec::new();
+    for kind in rule.key.kinds() {
+        let part = match kind {
+            KeyKind::Ip => Some((address.clone(), format!("your address {address}"))),
+            KeyKind::Global => Some(("all".to_string(), "everyone together".to_string())),
+            KeyKind::Path => None,
+            KeyKind::Session => visitor
+                .account
+                .as_ref()
+                .map(|id| (id.clone(), "your account".to_string())),
+            KeyKind::Header(_) | KeyKind::Query(_) | KeyKind::Form(_) => {
+                visitor.phone.as_ref().and_then(|phone| {
+                    key::normalize(phone, rule.normalize)
+                        .map(|id| (id, format!("your phone {phone}")))
+                })
+            }
+        };
+        match part {
+            Some((id, label)) => {
+                parts.push((kind.kind(), id));
+                labels.push(label);
+            }
+            None => {
+                let note = match kind {
+                    KeyKind::Session => "Keyed by your address until you sign in.".to_string(),
+                    _ => format!(
+                        "Counted per {} sent; sign in to see your phone's usage.",
+                        rule.key
+                    ),
+                };
+                let shown = if rule.key.single().is_some() && matches!(kind, KeyKind::Session) {
+                    vec![ip]
+                } else {
+                    Vec::new()
+                };
+                return (shown, note);
+            }
+        }
+    }
+    let (kind, id) = match parts.as_slice() {
+        [(kind, id)] => ((*kind).to_string(), id.clone()),
+        _ => key::compose(&parts),
+    };
+    (vec![make(labels.join(" from "), &kind, &id)], String::new())
 }
 
 /// Reads one key's state and describes it.
@@ -163,18 +178,28 @@ fn usage(
                 })
                 .collect();
         }
-        Algorithm::FixedWindow { limit, .. } => {
-            let ttl: i64 = conn.pttl(&subject.key)?;
-            let used: u64 = if ttl > 0 {
-                conn.get::<_, Option<u64>>(&subject.key)?.unwrap_or(0)
-            } else {
-                0
+        Algorithm::FixedWindow { limit, window } => {
+            // The limiter's hash: the window's start, the units used, and
+            // the window it was last decided under.
+            let (start, used, was): (Option<u64>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
+                .arg(&subject.key)
+                .arg("start")
+                .arg("used")
+                .arg("window")
+                .query(conn)?;
+            let window_ms = window.as_millis() as u64;
+            let open = match (start, used) {
+                (Some(start), Some(used))
+                    if now < start + was.unwrap_or(window_ms) && now < start + window_ms =>
+                {
+                    Some((used, start + window_ms - now))
+                }
+                _ => None,
             };
-            fill(&mut view, used, u64::from(limit.get()));
-            view.next = if ttl > 0 {
-                format!("the window closes in {}", secs_words(ttl as u64))
-            } else {
-                "nothing used".into()
+            fill(&mut view, open.map_or(0, |o| o.0), u64::from(limit.get()));
+            view.next = match open {
+                Some((_, closes)) => format!("the window closes in {}", secs_words(closes)),
+                None => "nothing used".into(),
             };
         }
         Algorithm::TokenBucket { rate, burst } => {

@@ -36,6 +36,8 @@ pub struct Site {
     pub sms: Arc<dyn sms::SmsSender>,
     /// The outbox, when `[sms] provider = "outbox"`.
     pub outbox: Option<Arc<sms::Outbox>>,
+    /// The bound on password hashes running at once.
+    pub hashing: auth::Hashing,
 }
 
 impl Site {
@@ -125,7 +127,7 @@ pub struct Visitor {
     pub sid: String,
     /// Signed-in account ID.
     pub account: Option<String>,
-    /// Signed-in phone digits.
+    /// Signed-in phone (E.164).
     pub phone: Option<String>,
     /// Whether the request carried a valid cookie (POSTs need one).
     pub had_cookie: bool,
@@ -259,7 +261,8 @@ async fn readyz(site: web::Data<Site>) -> HttpResponse {
 }
 
 async fn metrics(site: web::Data<Site>) -> HttpResponse {
-    let text = site.metrics.render(site.filter.limiter().error_count());
+    let mut text = site.metrics.render(site.filter.limiter().error_count());
+    text.push_str(&site.hashing.render());
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(text)

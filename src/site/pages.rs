@@ -60,7 +60,7 @@ struct CheckPage {
     description: String,
 }
 
-/// The error page (CONTRACT 3.10).
+/// The error page: which rule, and a live countdown.
 #[derive(Template)]
 #[template(path = "err.html")]
 pub struct ErrorPage {

@@ -5,8 +5,8 @@
 //! never meet the limiter's `PREFIX:RULE:KIND:ID`); on a Redis Cluster under
 //! `PREFIX:{@site}:`, one hash tag, so that every key a pipeline or
 //! transaction here touches is in one slot:
-//! - `account:DIGITS`          hash {id, phone, password (Argon2id PHC), created}
-//! - `code:PURPOSE:DIGITS`     hash {mac, attempts}, 5-minute TTL
+//! - `account:+DIGITS`         hash {id, phone (E.164), password (Argon2id PHC), created}
+//! - `code:PURPOSE:+DIGITS`    hash {mac, attempts}, 5-minute TTL
 //! - `session:SID`             hash {account, phone}, 7-day TTL
 //! - `account-sessions:ID`     set of SIDs, for signing every session out
 //! - `outbox`                  list of JSON messages (see `sms`)
@@ -45,7 +45,7 @@ impl Purpose {
 pub struct Account {
     /// Random ID (what sessions and the `session` key kind name).
     pub id: String,
-    /// The phone's digits.
+    /// The phone in E.164 (`+DIGITS`).
     pub phone: String,
     /// Argon2id PHC string, if a password was set.
     pub password: Option<String>,
@@ -63,10 +63,17 @@ pub enum CodeCheck {
 }
 
 /// Takes one attempt at a code: counts it and returns the stored MAC and
-/// the attempt number; nil when there is no code.
+/// the attempt number; nil when there is no code, or when its attempts
+/// are used up. Counting and refusing happen in one atomic step, so that
+/// however many guesses arrive at once, at most `ARGV[1]` are ever
+/// compared with the code.
 const TAKE_ATTEMPT: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 0 then return nil end
 local n = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+if n > tonumber(ARGV[1]) then
+  redis.call('DEL', KEYS[1])
+  return nil
+end
 return { redis.call('HGET', KEYS[1], 'mac'), n }
 ";
 
@@ -103,7 +110,7 @@ impl Store {
     }
 
     fn account_key(&self, phone: &Phone) -> String {
-        format!("{}account:{}", self.base, phone.digits())
+        format!("{}account:{}", self.base, phone.e164())
     }
 
     /// The account of a phone, if there is one.
@@ -115,7 +122,7 @@ impl Store {
             .query(conn)?;
         Ok(id.map(|id| Account {
             id,
-            phone: phone.digits().to_string(),
+            phone: phone.e164().to_string(),
             password: password.filter(|p| !p.is_empty()),
         }))
     }
@@ -126,7 +133,7 @@ impl Store {
         let id = hex(&random_bytes::<16>().map_err(io_error)?);
         // HSETNX: two first sign-ins at once still make one account.
         let _: bool = conn.hset_nx(&key, "id", &id)?;
-        let _: bool = conn.hset_nx(&key, "phone", phone.digits())?;
+        let _: bool = conn.hset_nx(&key, "phone", phone.e164())?;
         let _: bool = conn.hset_nx(&key, "created", super::sms::now_rfc3339())?;
         match self.account(conn, phone)? {
             Some(a) => Ok(a),
@@ -143,12 +150,12 @@ impl Store {
     }
 
     fn code_key(&self, purpose: Purpose, phone: &Phone) -> String {
-        format!("{}code:{}:{}", self.base, purpose.name(), phone.digits())
+        format!("{}code:{}:{}", self.base, purpose.name(), phone.e164())
     }
 
     fn code_mac(&self, purpose: Purpose, phone: &Phone, code: &str) -> String {
         self.secret
-            .mac_hex("sms-code", &[purpose.name(), phone.digits(), code])
+            .mac_hex("sms-code", &[purpose.name(), phone.e164(), code])
     }
 
     /// A new 6-digit code from the CSPRNG, replacing any earlier one. Only
@@ -181,8 +188,10 @@ impl Store {
         code: &str,
     ) -> RedisResult<CodeCheck> {
         let key = self.code_key(purpose, phone);
-        let taken: Option<(String, i64)> =
-            redis::Script::new(TAKE_ATTEMPT).key(&key).invoke(conn)?;
+        let taken: Option<(String, i64)> = redis::Script::new(TAKE_ATTEMPT)
+            .key(&key)
+            .arg(MAX_ATTEMPTS)
+            .invoke(conn)?;
         let Some((stored, attempt)) = taken else {
             return Ok(CodeCheck::Missing);
         };

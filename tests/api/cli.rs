@@ -1,8 +1,9 @@
-//! The real binary, `floodgate serve --config FILE` (CONTRACT 1, 4): the
-//! startup line names the file, bind address, Redis target and rule count;
-//! decisions are logged at debug level; SIGHUP reloads the rules from the
-//! edited file, and keeps them (saying why) when the file is invalid;
-//! SIGTERM stops accepting, finishes the request in flight and exits 0.
+//! The real binary, `floodgate serve --config FILE`: the startup line names
+//! the file, bind address, Redis target and rule count; decisions are logged
+//! at debug level; SIGHUP reloads the rules from the edited file, and keeps
+//! them (saying why) when the file is invalid; SIGTERM stops accepting,
+//! finishes the request in flight and exits 0; a body that does not arrive
+//! within `[server] body_timeout` gets 408 and a closed connection.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -12,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::helpers::{
-    free_port, parse_response, raw_request, wait_until, RawResponse, RedisServer,
+    free_port, parse_response, raw_request, read_response, wait_until, RawResponse, RedisServer,
 };
 
 /// `floodgate serve` on a free port with its own Redis; its stderr is collected.
@@ -291,4 +292,104 @@ window = "1m"
     let status = served.wait_for_exit(Duration::from_secs(15));
     assert_eq!(status.code(), Some(0), "{:?}", served.log.lock().unwrap());
     assert!(stopped.elapsed() < Duration::from_secs(15));
+}
+
+/// Sends `head` and the start of a body that never ends, then waits for
+/// the answer; returns it with the time it took.
+fn stalled_body(port: u16, head: &str, start: &str) -> (RawResponse, Duration) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream
+        .write_all(format!("{head}\r\nHost: localhost\r\n{start}").as_bytes())
+        .unwrap();
+    let sent = Instant::now();
+    // Reads until the server closes the connection (a 10 s read timeout
+    // fails the test if it never does).
+    let res = read_response(&mut stream);
+    (res, sent.elapsed())
+}
+
+/// A form announced as 100 bytes of which 7 come.
+const SHORT_FORM: &str = "Content-Type: application/x-www-form-urlencoded\r\n\
+                          Content-Length: 100\r\n\r\nphone=1";
+
+/// A chunked form whose last chunk never comes.
+const OPEN_CHUNKS: &str = "Content-Type: application/x-www-form-urlencoded\r\n\
+                           Transfer-Encoding: chunked\r\n\r\n7\r\nphone=1\r\n";
+
+const BODY_TIMEOUT: &str = r#"
+[server]
+workers = 1
+body_timeout = "300ms"
+
+[[rule]]
+name = "sms"
+paths = ["/sms/send"]
+methods = ["POST"]
+key = "form:phone"
+limit = 100
+window = "1m"
+"#;
+
+#[test]
+fn stalled_body_gets_408_and_a_closed_connection_on_guarded_and_unguarded_routes() {
+    let served = Served::start("body-timeout", BODY_TIMEOUT);
+    // The filter reads the first body for its form:phone key; the handler of
+    // /login/password reads the others through its form extractor.
+    for (head, body) in [
+        ("POST /sms/send HTTP/1.1", SHORT_FORM),
+        ("POST /login/password HTTP/1.1", SHORT_FORM),
+        ("POST /login/password HTTP/1.1", OPEN_CHUNKS),
+    ] {
+        let (res, took) = stalled_body(served.port, head, body);
+        assert_eq!(res.status, 408, "{head}: {}", res.head);
+        assert!(
+            took >= Duration::from_millis(300),
+            "{head}: answered after {took:?}, before body_timeout"
+        );
+        assert!(
+            field(&res, "connection").is_some_and(|c| c.eq_ignore_ascii_case("close")),
+            "{head}: {}",
+            res.head
+        );
+    }
+    // A handler that never reads the body answers at once; the connection
+    // is closed after it rather than kept open to drain a body that never ends.
+    let (res, _) = stalled_body(served.port, "POST /healthz HTTP/1.1", OPEN_CHUNKS);
+    assert_eq!(res.status, 404, "{}", res.head);
+    served.wait_for_log("the 408's log line", |l| {
+        l.contains("POST /login/password") && l.contains("408")
+    });
+    assert_eq!(served.get("/healthz").status, 200);
+}
+
+#[test]
+fn slow_but_complete_body_within_body_timeout_is_read() {
+    let served = Served::start("body-slow", BODY_TIMEOUT);
+    let mut stream = TcpStream::connect(("127.0.0.1", served.port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let body = b"phone=15550109999";
+    let head = format!(
+        "POST /sms/send HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    // The body in three parts, 50 ms apart: well within 300 ms in all.
+    for part in body.chunks(6) {
+        std::thread::sleep(Duration::from_millis(50));
+        stream.write_all(part).unwrap();
+    }
+    let res = read_response(&mut stream);
+    // No CSRF token: the site refuses it, but only after the filter read the
+    // whole body and decided (the RateLimit field).
+    assert_eq!(res.status, 403, "{}", res.head);
+    assert_eq!(
+        field(&res, "ratelimit-policy").as_deref(),
+        Some("\"sms\";q=100;w=60")
+    );
 }

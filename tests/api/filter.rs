@@ -1,4 +1,4 @@
-//! What a request gets from the filter (CONTRACT 3.1, 3.4, 3.5, 3.7-3.10, 4):
+//! What a request gets from the filter:
 //! RateLimit fields, the three kinds of denial, the error page, rules before
 //! routing, form keys (normalized, body handed on byte for byte, 413 when too
 //! large, client address when not a form), the client address behind

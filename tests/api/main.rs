@@ -3,6 +3,7 @@
 //! installed) and its own app, so tests run in parallel without sharing state.
 
 mod browser;
+mod changes;
 mod cli;
 mod cluster;
 mod cluster_helpers;
@@ -10,6 +11,9 @@ mod config_errors;
 mod faults;
 mod filter;
 mod helpers;
+mod isolation;
+mod keys;
 mod limits;
+mod model;
 mod site;
 mod webdriver;

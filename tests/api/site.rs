@@ -211,7 +211,7 @@ async fn an_expired_code_is_refused() {
     let phone = "+15550100004";
     user.post("/sms/send", &[("phone", phone)]).await;
     let code = latest_code(&app, phone).await;
-    let key = "floodgate:@site:code:signin:15550100004";
+    let key = "floodgate:@site:code:signin:+15550100004";
     assert!(app.redis.pttl(key) > 290_000, "a code lives 5 minutes");
     // Let Redis expire it now rather than in five minutes.
     let _: () = redis::cmd("PEXPIRE")
@@ -453,7 +453,16 @@ async fn one_reset_code_per_ten_minutes() {
 
 #[actix_web::test]
 async fn a_bad_phone_is_a_form_error() {
-    let app = spawn_app(DEFAULT).await;
+    // A value that is no phone number is counted by address; shadow the
+    // small per-phone limits so that every try reaches the form.
+    let mut config = DEFAULT.to_string();
+    for rule in ["sms-per-phone", "reset-per-phone", "password-per-phone"] {
+        config = config.replace(
+            &format!("name = \"{rule}\"\n"),
+            &format!("name = \"{rule}\"\nmode = \"shadow\"\n"),
+        );
+    }
+    let app = spawn_app(&config).await;
     let user = User::new(&app);
     for phone in [
         "",
@@ -461,6 +470,9 @@ async fn a_bad_phone_is_a_form_error() {
         "555-CALL-NOW",
         "1234567890123456",
         "+1 555 010 ☎",
+        // The right number of digits, but no possible number in the US.
+        "001 555 010 7777",
+        "12345678",
     ] {
         for route in ["/sms/send", "/login/password", "/password/reset"] {
             let res = user
@@ -514,4 +526,216 @@ async fn the_limits_page_shows_rules_and_the_visitors_usage() {
         "three entries drawn"
     );
     assert!(page.contains("http-equiv=\"refresh\""));
+}
+
+/// The default config behind a proxy on 127.0.0.1, so that a request can
+/// come from another address (X-Forwarded-For) than the test's users.
+fn default_behind_proxy(config: &str) -> String {
+    config.replace("trusted_proxies = []", "trusted_proxies = [\"127.0.0.1\"]")
+}
+
+/// A stranger's cookie-less, CSRF-less posts for someone else's number,
+/// from another address, as many as they like: the owner still gets codes,
+/// signs in by code, and signs in by password.
+#[actix_web::test]
+async fn a_stranger_cannot_lock_someone_else_out() {
+    let app = spawn_app(&default_behind_proxy(DEFAULT)).await;
+    let victim = "+15550100020";
+    let stranger = |path: &'static str, fields: &'static [(&str, &str)]| {
+        app.client
+            .post(app.url(path))
+            .header("x-forwarded-for", "6.6.6.6")
+            .form(fields)
+            .send()
+    };
+    let mut denied = 0;
+    for _ in 0..10 {
+        for (path, fields) in [
+            ("/sms/send", &[("phone", "1 555 010 0020")][..]),
+            (
+                "/login/sms",
+                &[("phone", "+1 555 010 0020"), ("code", "000000")][..],
+            ),
+            (
+                "/login/password",
+                &[("phone", "(555) 010-0020"), ("password", "guess guess")][..],
+            ),
+            ("/password/reset", &[("phone", "15550100020")][..]),
+        ] {
+            let res = stranger(path, fields).await.unwrap();
+            match res.status().as_u16() {
+                403 => {}
+                303 => denied += 1,
+                other => panic!("{path}: {other}"),
+            }
+        }
+    }
+    assert!(denied > 0, "the stranger met the limits");
+    // The owner, from their own address.
+    let owner = User::new(&app);
+    owner.sign_in(victim).await;
+    let res = owner
+        .post(
+            "/account/password",
+            &[("password", "correct horse battery")],
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    let again = User::new(&app);
+    let res = again
+        .post(
+            "/login/password",
+            &[("phone", victim), ("password", "correct horse battery")],
+        )
+        .await;
+    assert_eq!(res.status(), 303);
+    assert_eq!(header(&res, "location").as_deref(), Some("/account"));
+    let res = again.post("/password/reset", &[("phone", victim)]).await;
+    assert_eq!(res.status(), 200);
+}
+
+/// One password tried on many numbers from one address: the per-address
+/// rule stops it, whatever the numbers. (Its limit is lowered here so that
+/// the test runs few Argon2 hashes.)
+#[actix_web::test]
+async fn password_spraying_is_limited_per_address() {
+    let config = DEFAULT.replace(
+        "name = \"password-per-ip\"\npaths = [\"/login/password\"]\nmethods = [\"POST\"]\nkey = \"ip\"\nlimit = 20",
+        "name = \"password-per-ip\"\npaths = [\"/login/password\"]\nmethods = [\"POST\"]\nkey = \"ip\"\nlimit = 3",
+    );
+    assert_ne!(config, DEFAULT);
+    let app = spawn_app(&config).await;
+    let user = User::new(&app);
+    for n in 0..3 {
+        let phone = format!("+1555010003{n}");
+        let res = user
+            .post(
+                "/login/password",
+                &[("phone", &phone), ("password", "Summer2024!")],
+            )
+            .await;
+        assert_eq!(res.status(), 400, "{phone}");
+    }
+    let res = user
+        .post(
+            "/login/password",
+            &[("phone", "+15550100039"), ("password", "Summer2024!")],
+        )
+        .await;
+    assert_eq!(res.status(), 303);
+    let location = header(&res, "location").unwrap();
+    assert!(
+        location.starts_with("/err?rule=password-per-ip&retry_after="),
+        "{location}"
+    );
+}
+
+/// Many password attempts at once: never more than the permitted hashes
+/// run together (each takes 19 MiB), the queue behind them is bounded, and
+/// what does not fit is refused at once with 503 and Retry-After.
+#[actix_web::test]
+async fn concurrent_password_attempts_run_a_bounded_number_of_hashes() {
+    use floodgate::site::auth::{HASH_PERMITS, HASH_QUEUE};
+    let config = default_with_shadow("password-per-phone").replace(
+        "name = \"password-per-ip\"\n",
+        "name = \"password-per-ip\"\nmode = \"shadow\"\n",
+    );
+    let app = spawn_app(&config).await;
+    let user = User::new(&app);
+    let csrf = user.csrf().await;
+    let attempts = HASH_PERMITS + HASH_QUEUE + 8;
+    let mut tasks = Vec::new();
+    for n in 0..attempts {
+        let req = user
+            .http
+            .post(app.url("/login/password"))
+            .form(&[
+                ("phone", format!("+1555010{:04}", 2000 + n)),
+                ("password", "wrong password".to_string()),
+                ("csrf", csrf.clone()),
+            ])
+            .send();
+        tasks.push(actix_web::rt::spawn(req));
+    }
+    let gauge = |text: &str, name: &str| crate::helpers::metric(text, name).unwrap();
+    // Until the queue has refused someone (those past its bound, at once),
+    // the hashes running never exceed the permits.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = app.metrics().await;
+        let peak = gauge(&text, "floodgate_password_hashes_peak");
+        assert!(peak <= HASH_PERMITS as u64, "{peak} hashes at once");
+        assert!(gauge(&text, "floodgate_password_hashes_waiting") <= HASH_QUEUE as u64);
+        if gauge(&text, "floodgate_password_hashes_refused_total") > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no attempt was refused: {text}"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The refused ones were answered with 503 and Retry-After, the others
+    // (as they finish) with the form error; nothing else.
+    let mut refused = 0;
+    for task in tasks {
+        let res = task.await.unwrap().unwrap();
+        match res.status().as_u16() {
+            400 => {}
+            503 => {
+                assert_eq!(header(&res, "retry-after").as_deref(), Some("1"));
+                refused += 1;
+            }
+            other => panic!("status {other}"),
+        }
+    }
+    let text = app.metrics().await;
+    assert_eq!(
+        gauge(&text, "floodgate_password_hashes_refused_total"),
+        refused
+    );
+    assert!(gauge(&text, "floodgate_password_hashes_peak") <= HASH_PERMITS as u64);
+    assert_eq!(gauge(&text, "floodgate_password_hashes_running"), 0);
+}
+
+/// However many wrong guesses arrive at once, a code is compared at most
+/// five times; after that it is gone, even for the right code.
+#[actix_web::test]
+async fn concurrent_guesses_try_a_code_at_most_five_times() {
+    let config = default_with_shadow("verify-per-phone").replace(
+        "name = \"verify-per-ip\"\n",
+        "name = \"verify-per-ip\"\nmode = \"shadow\"\n",
+    );
+    let app = spawn_app(&config).await;
+    let user = User::new(&app);
+    let phone = "+15550100021";
+    assert_eq!(
+        user.post("/sms/send", &[("phone", phone)]).await.status(),
+        200
+    );
+    let code = latest_code(&app, phone).await;
+    let wrong = if code == "000000" { "111111" } else { "000000" };
+    let csrf = user.csrf().await;
+    let mut tasks = Vec::new();
+    for _ in 0..30 {
+        let req = user
+            .http
+            .post(app.url("/login/sms"))
+            .form(&[("phone", phone), ("code", wrong), ("csrf", &csrf)])
+            .send();
+        tasks.push(actix_web::rt::spawn(req));
+    }
+    let mut compared = 0;
+    for task in tasks {
+        let res = task.await.unwrap().unwrap();
+        assert_eq!(res.status(), 400);
+        if res.text().await.unwrap().contains("That code is not right") {
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 5, "wrong guesses compared with the code");
+    let res = user
+        .post("/login/sms", &[("phone", phone), ("code", &code)])
+        .await;
+    assert_eq!(res.status(), 400, "the code is gone");
 }

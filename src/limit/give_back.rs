@@ -1,0 +1,120 @@
+//! Giving units back: a rule with `count = "failures"` charges a request
+//! like any other (so that concurrent guesses cannot overrun the limit),
+//! and when the answer is a success (status below 400) the filter gives the
+//! units back with [`Limiter::give_back`].
+//!
+//! One script call per key (`lua/give_back.lua`), outside the decision
+//! batch, through the pool on the blocking thread pool. A give-back that
+//! cannot be made safely is skipped: the request then simply stays charged.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use super::{Algorithm, Limiter, LimiterError};
+
+/// The Lua that gives one request's units back to one key.
+/// It reads a sliding-window log with the decision script's own code.
+pub const GIVE_BACK_SOURCE: &str = concat!(
+    include_str!("lua/common.lua"),
+    "\n",
+    include_str!("lua/sliding_window.lua"),
+    "\n",
+    include_str!("lua/give_back_fn.lua"),
+    "\n",
+    include_str!("lua/give_back.lua"),
+);
+
+/// One key's units to give back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refund {
+    /// The full Redis key the request was charged under.
+    pub key: String,
+    /// The rule's algorithm and parameters.
+    pub algorithm: Algorithm,
+    /// Units the request took.
+    pub cost: u32,
+    /// For a fixed window: how long the window had left when the request
+    /// was charged (the `wait` of its allowed outcome).
+    pub window_left: Duration,
+}
+
+impl Refund {
+    /// Whether giving back now is still safe, `elapsed` after the decision
+    /// was asked for: the request's own entry must still be in its window
+    /// (sliding), or its window still open (fixed), with `margin` to spare
+    /// for the call to reach Redis.
+    fn safe(&self, elapsed: Duration, margin: Duration) -> bool {
+        match self.algorithm {
+            Algorithm::SlidingWindow { window, .. } => elapsed + margin < window,
+            Algorithm::FixedWindow { .. } => elapsed + margin < self.window_left,
+            Algorithm::TokenBucket { .. } => true,
+        }
+    }
+}
+
+fn script() -> &'static redis::Script {
+    static SCRIPT: OnceLock<redis::Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| redis::Script::new(GIVE_BACK_SOURCE))
+}
+
+impl Limiter {
+    /// Gives back the units of a request decided at `decided` (an instant
+    /// taken before the decision was asked for). Keys whose give-back is no
+    /// longer safe are skipped; returns the units given back. Bounded by the
+    /// Redis timeout.
+    pub async fn give_back(
+        &self,
+        refunds: Vec<Refund>,
+        decided: Instant,
+    ) -> Result<u64, LimiterError> {
+        if refunds.is_empty() {
+            return Ok(0);
+        }
+        let pool = self.pool().clone();
+        let timeout = self.timeout();
+        // Twice the Redis timeout: checkout plus the call itself.
+        let margin = timeout * 2;
+        let work = actix_rt::task::spawn_blocking(move || {
+            let mut conn = pool
+                .get_timeout(timeout)
+                .map_err(|e| LimiterError::Redis(e.to_string()))?;
+            let mut given = 0u64;
+            for r in &refunds {
+                // Measured here, just before the call, not when queued.
+                if !r.safe(decided.elapsed(), margin) {
+                    continue;
+                }
+                let (code, p1, p2) = match r.algorithm {
+                    Algorithm::SlidingWindow { limit, window } => {
+                        (1, f64::from(limit.get()), window.as_millis() as f64)
+                    }
+                    Algorithm::FixedWindow { limit, window } => {
+                        (2, f64::from(limit.get()), window.as_millis() as f64)
+                    }
+                    Algorithm::TokenBucket { rate, burst } => (3, rate, f64::from(burst.get())),
+                };
+                let n: i64 = script()
+                    .key(&r.key)
+                    .arg(code)
+                    .arg(p1)
+                    .arg(p2)
+                    .arg(r.cost)
+                    .invoke(&mut *conn)
+                    .map_err(|e| {
+                        if e.is_timeout() {
+                            LimiterError::Timeout
+                        } else {
+                            LimiterError::Redis(e.to_string())
+                        }
+                    })?;
+                given += n.max(0) as u64;
+            }
+            Ok(given)
+        });
+        match tokio::time::timeout(timeout * 4, work).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(LimiterError::Stopped),
+            Err(_) => Err(LimiterError::Timeout),
+        }
+    }
+}
