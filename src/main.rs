@@ -85,7 +85,29 @@ fn serve(path: PathBuf) -> ExitCode {
         Ok(c) => c,
         Err(e) => return unusable(&e),
     };
-    let target = floodgate::without_password(&config.redis.url);
+    let target = if !config.redis.cluster.is_empty() {
+        let seeds: Vec<String> = config
+            .redis
+            .cluster
+            .iter()
+            .map(|u| floodgate::without_password(u))
+            .collect();
+        format!("cluster {}", seeds.join(","))
+    } else if !config.redis.sentinel.is_empty() {
+        let sentinels: Vec<String> = config
+            .redis
+            .sentinel
+            .iter()
+            .map(|u| floodgate::without_password(u))
+            .collect();
+        format!(
+            "master {:?} via sentinel {}",
+            config.redis.sentinel_master,
+            sentinels.join(",")
+        )
+    } else {
+        floodgate::without_password(&config.redis.url)
+    };
     let (bind, rules) = (config.server.bind.clone(), config.rules.len());
     let result = actix_web::rt::System::new().block_on(async move {
         let app = Application::build(config)?;

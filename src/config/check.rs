@@ -340,9 +340,9 @@ pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Res
     Ok(rule)
 }
 
-/// Cluster and Sentinel settings: consistent with each other, and refused
-/// while those modes are not built (rather than quietly using `url`: a user
-/// who lists nodes expects the counts to live there). Errors name the key.
+/// Cluster and Sentinel settings: consistent with each other (a file that
+/// names both, or Sentinels without the master's name, is refused rather
+/// than half used). Errors name the key.
 pub(super) fn check_topology(
     cluster: &[String],
     sentinel: &[String],
@@ -371,18 +371,6 @@ pub(super) fn check_topology(
         return Err((
             "[redis] sentinel_master",
             format!("must be a name without spaces or control characters, got {master:?}"),
-        ));
-    }
-    if !cluster.is_empty() {
-        return Err((
-            "[redis] cluster",
-            "Redis Cluster mode is not built yet; leave cluster empty and set [redis] url".into(),
-        ));
-    }
-    if !sentinel.is_empty() {
-        return Err((
-            "[redis] sentinel",
-            "Redis Sentinel mode is not built yet; leave sentinel and sentinel_master empty and set [redis] url".into(),
         ));
     }
     Ok(())

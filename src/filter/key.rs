@@ -73,7 +73,7 @@ pub fn header_value(headers: &HeaderMap, name: &str) -> Result<Option<String>, U
 mod tests {
     use super::*;
     use crate::net::{client_addr, ip_id, Cidr};
-    use crate::rule::{compose, e164, normalize, redis_key, Normalize, Region};
+    use crate::rule::{compose, e164, normalize, redis_key, redis_key_for, Normalize, Region};
     use actix_web::http::header::{HeaderName, HeaderValue};
     use std::net::IpAddr;
 
@@ -125,6 +125,18 @@ mod tests {
         let id = k.rsplit(':').next().unwrap();
         assert_eq!(id.len(), 41);
         assert_eq!(redis_key("fg", "r", "ip", "1.2.3.4"), "fg:r:ip:1.2.3.4");
+    }
+
+    #[test]
+    fn cluster_keys_tag_the_id() {
+        assert_eq!(
+            redis_key_for(true, "fg", "r", "ip", "1.2.3.4"),
+            "fg:r:ip:{1.2.3.4}"
+        );
+        let long = redis_key_for(true, "fg", "r", "header", &"x".repeat(65));
+        let plain = redis_key("fg", "r", "header", &"x".repeat(65));
+        let id = plain.rsplit(':').next().unwrap();
+        assert_eq!(long, format!("fg:r:header:{{{id}}}"));
     }
 
     #[test]

@@ -218,7 +218,8 @@ impl Filter {
             [(kind, id)] => ((*kind).to_string(), id.clone()),
             _ => rule::compose(&parts),
         };
-        Ok(rule::redis_key(
+        Ok(rule::redis_key_for(
+            self.state.limiter.hash_tags(),
             &self.state.key_prefix,
             &rule.name,
             &kind,

@@ -22,6 +22,11 @@ pub enum LimiterError {
     /// Something else went wrong on the way to Redis: no pooled connection
     /// in time, an unexpected reply, a thread that could not start.
     Other(String),
+    /// Redis answered, but could not decide this request: one of its rules
+    /// has state or parameters the script cannot use. The other requests
+    /// of the same batch were decided normally, so this says nothing about
+    /// Redis's health.
+    Check(String),
     /// No answer within `redis.timeout`.
     Timeout,
     /// Too many requests are already waiting for Redis.
@@ -54,6 +59,7 @@ impl fmt::Display for LimiterError {
         match self {
             LimiterError::Redis(e) => write!(f, "redis: {e}"),
             LimiterError::Other(e) => write!(f, "redis: {e}"),
+            LimiterError::Check(e) => write!(f, "undecidable check: {e}"),
             LimiterError::Timeout => f.write_str("redis did not answer in time"),
             LimiterError::Overloaded => f.write_str("too many decisions waiting for redis"),
             LimiterError::Stopped => f.write_str("the limiter is stopped"),

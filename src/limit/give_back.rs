@@ -13,7 +13,16 @@ use std::time::{Duration, Instant};
 use super::{Algorithm, Limiter, LimiterError};
 
 /// The Lua that gives one request's units back to one key.
-pub const GIVE_BACK_SOURCE: &str = include_str!("lua/give_back.lua");
+/// It reads a sliding-window log with the decision script's own code.
+pub const GIVE_BACK_SOURCE: &str = concat!(
+    include_str!("lua/common.lua"),
+    "\n",
+    include_str!("lua/sliding_window.lua"),
+    "\n",
+    include_str!("lua/give_back_fn.lua"),
+    "\n",
+    include_str!("lua/give_back.lua"),
+);
 
 /// One key's units to give back.
 #[derive(Debug, Clone, PartialEq)]

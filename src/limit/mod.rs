@@ -6,10 +6,12 @@
 //! it hands the checks to a dispatcher thread (see [`redis`]) and awaits the
 //! answer without ever blocking the caller's thread.
 
+pub mod cluster;
 mod error;
 pub mod give_back;
 pub mod redis;
 mod settings;
+pub mod source;
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -17,6 +19,7 @@ use std::time::Duration;
 pub use self::error::LimiterError;
 pub use self::redis::Limiter;
 pub use self::settings::{without_password, RedisConfig};
+pub use self::source::RedisConn;
 
 /// A rate-limiting algorithm with its parameters. Invalid ones cannot be
 /// built: limits and bursts are non-zero, windows are checked by the config.

@@ -34,10 +34,13 @@ use std::time::{Duration, Instant};
 use redis::ConnectionLike as _;
 use tokio::sync::oneshot;
 
+use super::source::{RedisConn, Source};
 use super::{Algorithm, Check, Decision, LimiterError, Outcome, RedisConfig};
 
 /// The Lua that Redis runs: one function per algorithm, then the batch driver.
 pub const SCRIPT_SOURCE: &str = concat!(
+    include_str!("lua/common.lua"),
+    "\n",
     include_str!("lua/sliding_window.lua"),
     "\n",
     include_str!("lua/fixed_window.lua"),
@@ -65,12 +68,12 @@ const IDLE_CHECK: Duration = Duration::from_millis(1);
 /// work and `/readyz`. (The dispatcher threads open their own.)
 pub type Pool = r2d2::Pool<Manager>;
 
-struct Job {
-    checks: Vec<Check>,
+pub(super) struct Job {
+    pub(super) checks: Vec<Check>,
     /// Pinned clock in ms (tests); `None` = Redis `TIME`.
-    now_ms: Option<u64>,
-    deadline: Instant,
-    reply: oneshot::Sender<Result<Decision, LimiterError>>,
+    pub(super) now_ms: Option<u64>,
+    pub(super) deadline: Instant,
+    pub(super) reply: oneshot::Sender<Result<Decision, LimiterError>>,
 }
 
 /// Decides checks against Redis. Cheap to share (`Arc`); dropping the last
@@ -80,6 +83,8 @@ pub struct Limiter {
     pool: Pool,
     timeout: Duration,
     errors: Arc<AtomicU64>,
+    /// Redis Cluster mode: keys carry hash tags.
+    cluster: bool,
 }
 
 impl std::fmt::Debug for Limiter {
@@ -92,9 +97,9 @@ impl std::fmt::Debug for Limiter {
 
 /// A Redis connection that knows when Redis last answered on it and
 /// whether an error has left it in an unknown state. Derefs to the
-/// `redis::Connection`.
+/// [`RedisConn`] (one server, or a cluster).
 pub struct Conn {
-    inner: redis::Connection,
+    inner: RedisConn,
     /// When Redis last answered on this connection (or when it was opened).
     answered: Instant,
     /// An I/O error (or an unparsable reply) left the connection in an
@@ -147,28 +152,42 @@ impl Conn {
 }
 
 impl Deref for Conn {
-    type Target = redis::Connection;
+    type Target = RedisConn;
 
-    fn deref(&self) -> &redis::Connection {
+    fn deref(&self) -> &RedisConn {
         &self.inner
     }
 }
 
 impl DerefMut for Conn {
-    fn deref_mut(&mut self) -> &mut redis::Connection {
+    fn deref_mut(&mut self) -> &mut RedisConn {
         &mut self.inner
     }
 }
 
-/// Whether an error leaves the connection in an unknown state: any I/O
-/// error (refused, reset, EOF, broken pipe, timeout: after a timeout the
-/// late reply is still on its way) or a reply that could not be parsed.
-fn spoils(e: &redis::RedisError) -> bool {
+/// Whether an error leaves the connection in an unknown state, or pointed
+/// at the wrong server: any I/O error (refused, reset, EOF, broken pipe,
+/// timeout: after a timeout the late reply is still on its way), a reply
+/// that could not be parsed, or a server that is no longer the master
+/// (READONLY: a failover demoted it; the next connection asks the
+/// Sentinels again) or no longer serves the slot.
+pub(super) fn spoils(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
     e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_unrecoverable_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::ReadOnly
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
+                    | ServerErrorKind::ClusterDown
+            )
+        )
 }
 
 /// Opens [`Conn`]s for the pool and the dispatchers: every connect is bounded
@@ -178,7 +197,7 @@ fn spoils(e: &redis::RedisError) -> bool {
 /// (and replaced by the pool when the PING fails).
 #[derive(Debug, Clone)]
 pub struct Manager {
-    client: redis::Client,
+    source: Source,
     timeout: Duration,
 }
 
@@ -186,9 +205,7 @@ impl Manager {
     /// A new connection, open within `within` (at most the timeout).
     fn open(&self, within: Duration) -> redis::RedisResult<Conn> {
         let within = within.min(self.timeout).max(Duration::from_millis(1));
-        let inner = self.client.get_connection_with_timeout(within)?;
-        inner.set_read_timeout(Some(self.timeout))?;
-        inner.set_write_timeout(Some(self.timeout))?;
+        let inner = self.source.open(within, self.timeout)?;
         Ok(Conn {
             inner,
             answered: Instant::now(),
@@ -235,9 +252,9 @@ pub fn build_pool(config: &RedisConfig) -> Result<Pool, LimiterError> {
 }
 
 fn manager(config: &RedisConfig) -> Result<Manager, LimiterError> {
-    let client = redis::Client::open(config.url.as_str()).map_err(LimiterError::from)?;
+    let source = Source::from_config(config).map_err(LimiterError::from)?;
     Ok(Manager {
-        client,
+        source,
         timeout: config.timeout,
     })
 }
@@ -251,7 +268,12 @@ impl Limiter {
         let rx = Arc::new(Mutex::new(rx));
         let script = Arc::new(redis::Script::new(SCRIPT_SOURCE));
         let errors = Arc::new(AtomicU64::new(0));
-        for i in 0..DISPATCHERS {
+        let cluster = !config.cluster.is_empty();
+        if cluster {
+            // A cluster's batches are split by slot: see `cluster.rs`.
+            super::cluster::start(config, &rx, &errors, DISPATCHERS)?;
+        }
+        for i in 0..if cluster { 0 } else { DISPATCHERS } {
             let dispatcher = Dispatcher {
                 rx: Arc::clone(&rx),
                 manager: manager.clone(),
@@ -271,6 +293,7 @@ impl Limiter {
             pool,
             timeout: config.timeout,
             errors,
+            cluster,
         })
     }
 
@@ -336,6 +359,12 @@ impl Limiter {
     /// `web::block`, never on a worker thread).
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// Whether keys carry a hash tag (Redis Cluster mode): the rules of one
+    /// identity then share a slot, so their all-or-nothing stays one call.
+    pub fn hash_tags(&self) -> bool {
+        self.cluster
     }
 
     /// The configured bound on every Redis operation.
@@ -469,7 +498,10 @@ impl Dispatcher {
                 result = self.send(&batch);
             }
             match result {
-                Ok(values) => deliver(batch, &values),
+                Ok(values) => {
+                    let failed = deliver(batch, &values);
+                    self.errors.fetch_add(failed, Ordering::Relaxed);
+                }
                 Err(SendError::Unsent(e) | SendError::Failed(e)) => {
                     self.errors.fetch_add(1, Ordering::Relaxed);
                     log::warn!("redis error, {} decisions affected: {e}", batch.len());
@@ -483,19 +515,7 @@ impl Dispatcher {
 
     /// Blocks for the first job, then takes whatever else is already queued.
     fn next_batch(&self) -> Option<Vec<Job>> {
-        let rx = match self.rx.lock() {
-            Ok(rx) => rx,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        let first = rx.recv().ok()?;
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
-        Some(batch)
+        next_batch(&self.rx)
     }
 
     /// Makes sure the dispatcher holds a connection Redis answers on: the one
@@ -596,8 +616,25 @@ impl Dispatcher {
     }
 }
 
+/// Blocks for the first job, then takes whatever else is already queued.
+pub(super) fn next_batch(rx: &Mutex<Receiver<Job>>) -> Option<Vec<Job>> {
+    let rx = match rx.lock() {
+        Ok(rx) => rx,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    let first = rx.recv().ok()?;
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(job) => batch.push(job),
+            Err(_) => break,
+        }
+    }
+    Some(batch)
+}
+
 /// Keeps the jobs whose caller is still waiting for the answer.
-fn retain_waiting(batch: &mut Vec<Job>) {
+pub(super) fn retain_waiting(batch: &mut Vec<Job>) {
     let now = Instant::now();
     batch.retain(|j| j.deadline > now && !j.reply.is_closed());
 }
@@ -639,25 +676,93 @@ fn write_batch(cmd: &mut redis::Cmd, sha: &str, batch: &[Job]) -> usize {
     3 * keys
 }
 
-fn deliver(batch: Vec<Job>, values: &[i64]) {
+/// Sends every job its decision from the script's reply; returns how many
+/// jobs failed alone (the script could not decide one of their checks).
+fn deliver(batch: Vec<Job>, values: &[i64]) -> u64 {
     let mut at = 0;
+    let mut failed = 0;
     for job in batch {
-        let mut outcomes = Vec::with_capacity(job.checks.len());
-        let mut allowed = true;
-        for check in &job.checks {
-            let outcome = Outcome {
-                allowed: values[at] == 1,
-                remaining: values[at + 1].max(0) as u64,
-                wait: Duration::from_millis(values[at + 2].max(0) as u64),
-            };
-            at += 3;
-            if check.enforce && !outcome.allowed {
-                allowed = false;
-            }
-            outcomes.push(outcome);
+        let result = decision(&job.checks, values, &mut at);
+        if result.is_err() {
+            failed += 1;
         }
-        let _ = job.reply.send(Ok(Decision { outcomes, allowed }));
+        let _ = job.reply.send(result);
     }
+    failed
+}
+
+/// Reads the decision for `checks` from the reply at `at` (three values per
+/// check, laid out as `lua/batch.lua` writes them) and moves `at` past it.
+fn decision(checks: &[Check], values: &[i64], at: &mut usize) -> Result<Decision, LimiterError> {
+    let start = *at;
+    *at += 3 * checks.len();
+    let Some(values) = values.get(start..*at) else {
+        return Err(LimiterError::Other(
+            "the script's reply is too short".into(),
+        ));
+    };
+    if let [-1, code, index, ..] = *values {
+        let key = usize::try_from(index)
+            .ok()
+            .and_then(|i| checks.get(i))
+            .map_or("a key", |c| c.key.as_str());
+        return Err(LimiterError::Check(match code {
+            1 => format!("{key} holds a Redis type that no rate-limit algorithm writes"),
+            2 => format!("the parameters of the check on {key} are out of range"),
+            3 => format!("{key} holds state that is not made of numbers"),
+            _ => format!("the script failed on {key} (the Redis log says why)"),
+        }));
+    }
+    let mut outcomes = Vec::with_capacity(checks.len());
+    let mut allowed = true;
+    for (check, v) in checks.iter().zip(values.chunks_exact(3)) {
+        let outcome = Outcome {
+            allowed: v[0] == 1,
+            remaining: v[1].max(0) as u64,
+            wait: Duration::from_millis(v[2].max(0) as u64),
+        };
+        if check.enforce && !outcome.allowed {
+            allowed = false;
+        }
+        outcomes.push(outcome);
+    }
+    Ok(Decision { outcomes, allowed })
+}
+
+/// Decides `jobs` (each a pinned clock in ms or `None` for Redis `TIME`,
+/// and its checks) in ONE script call on `conn`, written and read exactly
+/// as a dispatcher does with a batch: for tests of what batching does.
+/// Blocking.
+#[doc(hidden)]
+pub fn decide_batch(
+    conn: &mut redis::Connection,
+    jobs: Vec<(Option<u64>, Vec<Check>)>,
+) -> Result<Vec<Result<Decision, LimiterError>>, LimiterError> {
+    let script = redis::Script::new(SCRIPT_SOURCE);
+    script.load(conn).map_err(LimiterError::from)?;
+    let batch: Vec<Job> = jobs
+        .into_iter()
+        .map(|(now_ms, checks)| Job {
+            checks,
+            now_ms,
+            deadline: Instant::now(),
+            reply: oneshot::channel().0,
+        })
+        .collect();
+    let mut cmd = redis::Cmd::new();
+    let expected = write_batch(&mut cmd, script.get_hash(), &batch);
+    let values: Vec<i64> = cmd.query(conn).map_err(LimiterError::from)?;
+    if values.len() != expected {
+        return Err(LimiterError::Other(format!(
+            "the script returned {} values, expected {expected}",
+            values.len()
+        )));
+    }
+    let mut at = 0;
+    Ok(batch
+        .iter()
+        .map(|job| decision(&job.checks, &values, &mut at))
+        .collect())
 }
 
 #[cfg(test)]
@@ -766,5 +871,36 @@ mod tests {
             String::from_utf8_lossy(&cmd.get_packed_command()),
             String::from_utf8_lossy(&expected.get_packed_command())
         );
+    }
+
+    #[test]
+    fn a_failed_job_is_an_error_naming_its_key_and_the_next_job_is_read_after_it() {
+        let n = |v| NonZeroU32::new(v).unwrap();
+        let w = Algorithm::SlidingWindow {
+            limit: n(5),
+            window: Duration::from_secs(1),
+        };
+        let failed = [check("p:a:ip:1", w, 1, true), check("p:b:ip:1", w, 1, true)];
+        let decided = [
+            check("p:a:ip:2", w, 1, true),
+            check("p:b:ip:2", w, 1, false),
+        ];
+        // Job one failed on its second check (type error); job two decided.
+        let values = [-1, 1, 1, -1, 1, 1, 1, 4, 900, 0, 0, 250];
+        let mut at = 0;
+        match decision(&failed, &values, &mut at) {
+            Err(LimiterError::Check(text)) => assert!(text.contains("p:b:ip:1"), "{text}"),
+            other => panic!("{other:?}"),
+        }
+        let d = decision(&decided, &values, &mut at).unwrap();
+        assert!(d.allowed, "a shadow check's denial does not deny");
+        assert_eq!(d.outcomes[0].remaining, 4);
+        assert_eq!(d.outcomes[1].wait, Duration::from_millis(250));
+        assert_eq!(at, values.len());
+        // A reply too short for the checks is an error, not a panic.
+        assert!(matches!(
+            decision(&decided, &values, &mut at),
+            Err(LimiterError::Other(_))
+        ));
     }
 }

@@ -282,12 +282,28 @@ impl KeyKind {
 /// `PREFIX:RULE:KIND:ID`, with an ID longer than 64 bytes replaced by
 /// `~` and 40 hex digits of its SHA-256.
 pub fn redis_key(prefix: &str, rule: &str, kind: &str, id: &str) -> String {
-    if id.len() <= MAX_ID_BYTES {
-        format!("{prefix}:{rule}:{kind}:{id}")
+    redis_key_for(false, prefix, rule, kind, id)
+}
+
+/// [`redis_key`], and with `hash_tag` (Redis Cluster) the ID in braces,
+/// `PREFIX:RULE:KIND:{ID}`: Redis Cluster then places a key by its ID
+/// alone, so the rules that key one request by the same value share a slot
+/// (and are decided in one atomic call), while different IDs spread over
+/// the masters.
+pub fn redis_key_for(hash_tag: bool, prefix: &str, rule: &str, kind: &str, id: &str) -> String {
+    let hashed;
+    let id = if id.len() <= MAX_ID_BYTES {
+        id
     } else {
         let digest = Sha256::digest(id.as_bytes());
         let hex: String = digest[..20].iter().map(|b| format!("{b:02x}")).collect();
-        format!("{prefix}:{rule}:{kind}:~{hex}")
+        hashed = format!("~{hex}");
+        &hashed
+    };
+    if hash_tag {
+        format!("{prefix}:{rule}:{kind}:{{{id}}}")
+    } else {
+        format!("{prefix}:{rule}:{kind}:{id}")
     }
 }
 

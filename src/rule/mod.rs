@@ -8,7 +8,7 @@ mod path;
 
 use std::time::Duration;
 
-pub use self::key::{compose, redis_key, CustomKey, Key, KeyFn, KeyKind};
+pub use self::key::{compose, redis_key, redis_key_for, CustomKey, Key, KeyFn, KeyKind};
 pub use self::normalize::{e164, normalize, Region};
 pub use self::path::PathPattern;
 use crate::limit::Algorithm;

@@ -12,6 +12,7 @@ use super::pages::render;
 use super::{Site, SiteError, Visitor};
 use crate::config::{format_duration, human_duration};
 use crate::limit::Algorithm;
+use crate::limit::RedisConn;
 use crate::rule::{KeyKind, Mode, Rule};
 
 /// Width of the SVG drawings, in user units.
@@ -65,9 +66,10 @@ struct Subject {
 /// The visitor's own keys for a rule: address, account, phone.
 fn subjects(site: &Site, rule: &Rule, client: IpAddr, visitor: &Visitor) -> (Vec<Subject>, String) {
     let prefix = &site.config.redis.key_prefix;
+    let tagged = site.filter.limiter().hash_tags();
     let make = |label: String, kind: &str, id: &str| Subject {
         label,
-        key: crate::rule::redis_key(prefix, &rule.name, kind, id),
+        key: crate::rule::redis_key_for(tagged, prefix, &rule.name, kind, id),
     };
     let address = crate::net::ip_id(client);
     let ip = make(format!("your address {address}"), "ip", &address);
@@ -131,7 +133,7 @@ fn subjects(site: &Site, rule: &Rule, client: IpAddr, visitor: &Visitor) -> (Vec
 
 /// Reads one key's state and describes it.
 fn usage(
-    conn: &mut redis::Connection,
+    conn: &mut RedisConn,
     rule: &Rule,
     subject: Subject,
     now: u64,
@@ -177,18 +179,28 @@ fn usage(
                 })
                 .collect();
         }
-        Algorithm::FixedWindow { limit, .. } => {
-            let ttl: i64 = conn.pttl(&subject.key)?;
-            let used: u64 = if ttl > 0 {
-                conn.get::<_, Option<u64>>(&subject.key)?.unwrap_or(0)
-            } else {
-                0
+        Algorithm::FixedWindow { limit, window } => {
+            // The limiter's hash: the window's start, the units used, and
+            // the window it was last decided under.
+            let (start, used, was): (Option<u64>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
+                .arg(&subject.key)
+                .arg("start")
+                .arg("used")
+                .arg("window")
+                .query(conn)?;
+            let window_ms = window.as_millis() as u64;
+            let open = match (start, used) {
+                (Some(start), Some(used))
+                    if now < start + was.unwrap_or(window_ms) && now < start + window_ms =>
+                {
+                    Some((used, start + window_ms - now))
+                }
+                _ => None,
             };
-            fill(&mut view, used, u64::from(limit.get()));
-            view.next = if ttl > 0 {
-                format!("the window closes in {}", secs_words(ttl as u64))
-            } else {
-                "nothing used".into()
+            fill(&mut view, open.map_or(0, |o| o.0), u64::from(limit.get()));
+            view.next = match open {
+                Some((_, closes)) => format!("the window closes in {}", secs_words(closes)),
+                None => "nothing used".into(),
             };
         }
         Algorithm::TokenBucket { rate, burst } => {

@@ -20,6 +20,7 @@ use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 
 use crate::config::Config;
 use crate::filter::Filter;
+use crate::limit::RedisConn;
 use crate::metrics::Metrics;
 
 /// What every handler can reach (`web::Data<Site>`).
@@ -58,7 +59,7 @@ impl Site {
     /// saw an I/O error is dropped instead of going back to the pool.
     pub async fn redis<T, F>(&self, work: F) -> Result<T, SiteError>
     where
-        F: FnOnce(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
+        F: FnOnce(&mut RedisConn) -> redis::RedisResult<T> + Send + 'static,
         T: Send + 'static,
     {
         let pool = self.filter.limiter().pool().clone();

@@ -107,7 +107,8 @@ impl Application {
         let max_form = config.server.max_form;
         let body_timeout = BodyTimeout::new(config.server.body_timeout);
         let config_path = config.path.clone();
-        let store = Store::new(&config.redis.key_prefix, secret.clone());
+        let store = Store::new(&config.redis.key_prefix, secret.clone())
+            .clustered(!config.redis.cluster.is_empty());
         let outbox = (config.sms.provider == SmsProvider::Outbox).then(|| {
             Arc::new(Outbox {
                 key: store.outbox_key(),

@@ -545,24 +545,6 @@ fn path_with_a_control_character() {
 }
 
 #[test]
-fn cluster_is_refused_at_load_not_only_by_serve() {
-    assert_refused(
-        "cluster_not_built.toml",
-        "[redis] cluster: Redis Cluster mode is not built yet; leave cluster empty and set \
-         [redis] url",
-    );
-}
-
-#[test]
-fn sentinel_is_refused_at_load() {
-    assert_refused(
-        "sentinel_not_built.toml",
-        "[redis] sentinel: Redis Sentinel mode is not built yet; leave sentinel and \
-         sentinel_master empty and set [redis] url",
-    );
-}
-
-#[test]
 fn sentinel_without_sentinel_master() {
     assert_refused(
         "sentinel_without_master.toml",

@@ -572,8 +572,9 @@ deny = "status"
     assert_eq!(header(&res, "retry-after").as_deref(), Some("1"));
     // A denial neither counts nor reopens the window.
     assert_eq!(
-        redis::cmd("GET")
+        redis::cmd("HGET")
             .arg(key)
+            .arg("used")
             .query::<String>(&mut app.redis.connection())
             .unwrap(),
         "3"

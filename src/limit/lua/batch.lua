@@ -9,9 +9,16 @@
 --         number of checks, then per check:
 --           algorithm (1 sliding_window, 2 fixed_window, 3 token_bucket),
 --           p1, p2 (see each algorithm), cost, enforce (1) or shadow (0)
--- Returns a flat array, per check: allowed (1/0), remaining, ms
--- (ms: retry-after when denied, time to reset when allowed).
--- A key of the wrong type (a reload changed a rule's algorithm) is reset.
+-- Returns a flat array, three values per check:
+--   decided:  allowed (1/0), remaining, ms
+--             (ms: retry-after when denied, time to reset when allowed)
+--   failed:   -1, error code (see common.lua), index of the failing check
+--             within its job (every check of a failed job says the same)
+-- A job that fails (a key of a type no algorithm writes, parameters out of
+-- range, unreadable state) fails alone: it records nothing, and the other
+-- jobs are decided as if it had not been there. A key that holds another
+-- algorithm's state (a reload changed the rule's algorithm) is started
+-- afresh. Every key written gets its TTL before the call returns.
 local peeks = { sliding_window_peek, fixed_window_peek, token_bucket_peek }
 local commits = { sliding_window_commit, fixed_window_commit, token_bucket_commit }
 
@@ -24,72 +31,150 @@ local function redis_now()
   return clock
 end
 
--- A key that holds another algorithm's state (a reload changed the rule's
--- algorithm) is started afresh rather than failing the whole batch.
+local function whole(x, lo, hi)
+  return x ~= nil and x >= lo and x <= hi and x == math.floor(x)
+end
+
+-- One check's algorithm and parameters, or fail(ERR_PARAMS).
+local function params(a)
+  local alg = tonumber(ARGV[a])
+  local p1, p2 = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local cost = tonumber(ARGV[a + 3])
+  if alg == 1 or alg == 2 then
+    if whole(p1, 1, MAX_LIMIT) and whole(p2, 1, math.huge) and whole(cost, 1, p1) then
+      return alg, p1, p2, cost
+    end
+  elseif alg == 3 then
+    if p1 and p1 > 0 and p1 < math.huge and whole(p2, 1, math.huge) and whole(cost, 1, p2) then
+      return alg, p1, p2, cost
+    end
+  end
+  fail(ERR_PARAMS)
+end
+
+local function message(e)
+  if type(e) == 'table' then
+    return e.err
+  end
+  return e
+end
+
+-- Which algorithm's state a key of an unexpected type holds: 1, 2, 3,
+-- 'legacy' (a fixed-window counter from before windows stored their
+-- start), or nil (none of ours).
+local function owner(key)
+  local t = redis.call('TYPE', key)
+  t = type(t) == 'table' and t.ok or t
+  if t == 'list' then
+    return 1
+  elseif t == 'hash' then
+    local h = redis.call('HMGET', key, 'start', 'tokens')
+    if h[1] then
+      return 2
+    elseif h[2] then
+      return 3
+    end
+  elseif t == 'string' and tonumber(redis.call('GET', key)) then
+    return 'legacy'
+  end
+  return nil
+end
+
 local function peek(alg, key, now, p1, p2, cost)
   local ok, allowed, remaining, ms, state = pcall(peeks[alg], key, now, p1, p2, cost)
   if ok then
     return allowed, remaining, ms, state
   end
-  redis.call('DEL', key)
+  local m = message(allowed)
+  if type(m) ~= 'string' or string.sub(m, 1, 9) ~= 'WRONGTYPE' then
+    error(allowed, 0)
+  end
+  local who = owner(key)
+  if who == nil or who == alg then
+    fail(ERR_TYPE)
+  end
+  memo[key] = nil
+  if who == 'legacy' and alg == 2 then
+    fixed_window_adopt(key, now, p2)
+  else
+    redis.call('DEL', key)
+  end
   return peeks[alg](key, now, p1, p2, cost)
 end
 
-local function emit(out, allowed, remaining, ms)
-  out[#out + 1] = allowed and 1 or 0
-  out[#out + 1] = math.max(0, math.floor(remaining))
-  out[#out + 1] = math.max(0, math.ceil(ms))
+local out = {}
+-- The check being decided, counted from 0 within its job (for errors).
+local failing = 0
+
+local function emit(k, allowed, remaining, ms)
+  local at = 3 * k - 2
+  out[at] = allowed and 1 or 0
+  out[at + 1] = math.max(0, math.floor(remaining))
+  out[at + 2] = math.max(0, math.ceil(ms))
 end
 
--- Several rules: peek every check, commit them all only if every enforce
--- check allows. Returns the next KEYS and ARGV positions.
-local function decide_job(out, n, now, k, a)
+-- Decides the n checks of one job: KEYS from k, ARGV from a.
+local function decide_job(n, now, k, a)
+  if n == 1 then
+    -- One rule (the common case): no bookkeeping across checks.
+    failing = 0
+    local alg, p1, p2, cost = params(a)
+    local key = KEYS[k]
+    local allowed, remaining, ms, state = peek(alg, key, now, p1, p2, cost)
+    if allowed then
+      commits[alg](key, now, p1, p2, cost, state)
+    end
+    emit(k, allowed, remaining, ms)
+    return
+  end
+  -- Several rules: peek every check, commit them all only if every
+  -- enforce check allows.
   local checks = {}
   local all_enforced_allow = true
   for i = 1, n do
-    local alg = tonumber(ARGV[a])
-    local p1, p2 = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-    local cost = tonumber(ARGV[a + 3])
+    failing = i - 1
+    local alg, p1, p2, cost = params(a)
     local enforce = ARGV[a + 4] == '1'
-    a = a + 5
-    local allowed, remaining, ms, state = peek(alg, KEYS[k], now, p1, p2, cost)
-    checks[i] = { KEYS[k], alg, p1, p2, cost, allowed, remaining, ms, state }
-    k = k + 1
+    local key = KEYS[k + i - 1]
+    local allowed, remaining, ms, state = peek(alg, key, now, p1, p2, cost)
+    checks[i] = { key, alg, p1, p2, cost, allowed, remaining, ms, state }
     if enforce and not allowed then
       all_enforced_allow = false
     end
+    a = a + 5
   end
   for i = 1, n do
+    failing = i - 1
     local c = checks[i]
     if all_enforced_allow and c[6] then
       commits[c[2]](c[1], now, c[3], c[4], c[5], c[9])
     end
-    emit(out, c[6], c[7], c[8])
+    emit(k + i - 1, c[6], c[7], c[8])
   end
-  return k, a
 end
 
-local out = {}
 local a = 2
 local k = 1
 for _ = 1, tonumber(ARGV[1]) do
   local now = tonumber(ARGV[a]) or redis_now()
   local n = tonumber(ARGV[a + 1])
-  a = a + 2
-  if n == 1 then
-    -- One rule (the common case): no bookkeeping across checks.
-    local alg = tonumber(ARGV[a])
-    local p1, p2 = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-    local cost = tonumber(ARGV[a + 3])
-    a = a + 5
-    local allowed, remaining, ms, state = peek(alg, KEYS[k], now, p1, p2, cost)
-    if allowed then
-      commits[alg](KEYS[k], now, p1, p2, cost, state)
+  local ok, e = pcall(decide_job, n, now, k, a + 2)
+  if not ok then
+    local code = type(e) == 'table' and e.floodgate
+    if not code then
+      code = ERR_OTHER
+      redis.log(redis.LOG_WARNING, 'floodgate: the check on ' .. tostring(KEYS[k + failing])
+        .. ' failed: ' .. tostring(message(e)))
     end
-    k = k + 1
-    emit(out, allowed, remaining, ms)
-  else
-    k, a = decide_job(out, n, now, k, a)
+    for i = k, k + n - 1 do
+      local at = 3 * i - 2
+      out[at], out[at + 1], out[at + 2] = -1, code, failing
+    end
   end
+  a = a + 2 + 5 * n
+  k = k + n
+end
+for key, ms in pairs(expire_in) do
+  redis.call('PEXPIRE', key, ms)
 end
 return out

@@ -1,27 +1,61 @@
 -- Fixed window counter.
--- KEY   a string counter; its TTL is what is left of the window.
+-- KEY   a hash {start, used, window}: the window opened at `start` (ms) with
+--       `used` units taken, under a window of `window` ms.
 -- p1    limit: units allowed in one window
 -- p2    window, ms; it opens at the first allowed request for the key
 -- cost  units one request takes
--- peek returns allowed, remaining, ms until the window closes, state (used).
-local function fixed_window_peek(key, _, limit, window, cost)
-  local ttl = redis.call('PTTL', key)
-  local used = 0
-  if ttl > 0 then
-    used = tonumber(redis.call('GET', key)) or 0
-  else
-    ttl = window
+--
+-- The stored window is the one in force when the key was last decided: the
+-- key expires when that window closes, and until the key's next decision
+-- that is when it closes. The next decision applies the window in force
+-- from then on: a window still open under both closes at start + the new
+-- window (so a shorter one may have closed already), and the key is
+-- stamped with the new window and its TTL. A lowered or raised limit
+-- applies to the units already used at once.
+-- peek returns allowed, remaining, ms until the window closes, state.
+local function fixed_window_peek(key, now, limit, window, cost)
+  memo[key] = nil
+  local h = redis.call('HMGET', key, 'start', 'used', 'window', 'tokens')
+  local s = { start = now, used = 0, closes = now + window }
+  if h[4] then
+    -- A token bucket's state: a reload changed the rule's algorithm.
+    redis.call('DEL', key)
+  elseif h[1] or h[2] then
+    local start, used = stored(h[1]), stored(h[2])
+    local was = window
+    if h[3] then
+      was = stored(h[3])
+    end
+    local now_eff = math.max(now, start)
+    if now_eff < start + was and now_eff < start + window then
+      s.start, s.used, s.closes = start, used, start + window
+      if was ~= window then
+        redis.call('HSET', key, 'window', window)
+        set_ttl(key, s.closes - now)
+      end
+    end
   end
-  if used + cost <= limit then
-    return true, limit - used - cost, ttl, used
+  local wait = s.closes - now
+  if s.used + cost <= limit then
+    return true, limit - s.used - cost, wait, s
   end
-  return false, limit - used, ttl, used
+  return false, limit - s.used, wait, s
 end
 
-local function fixed_window_commit(key, _, _, window, cost, used)
-  if used == 0 then
-    redis.call('SET', key, cost, 'PX', window)
-  else
-    redis.call('INCRBY', key, cost)
+local function fixed_window_commit(key, now, _, window, cost, s)
+  redis.call('HSET', key, 'start', s.start, 'used', s.used + cost, 'window', window)
+  set_ttl(key, s.closes - now)
+end
+
+-- A counter written before windows stored their start (a plain integer
+-- with a TTL): the window keeps its closing time.
+local function fixed_window_adopt(key, now, window)
+  local used = tonumber(redis.call('GET', key))
+  local ttl = redis.call('PTTL', key)
+  redis.call('DEL', key)
+  if used and ttl > 0 then
+    local start = math.min(now, now + ttl - window)
+    redis.call('HSET', key, 'start', start, 'used', used, 'window', window)
+    set_ttl(key, start + window - now)
   end
 end

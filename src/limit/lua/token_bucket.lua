@@ -1,28 +1,55 @@
 -- Token bucket.
--- KEY   a hash {tokens, ts}: tokens left at time ts (ms, Redis clock).
---       A missing key is a full bucket; the key expires when the bucket
---       would be full again.
+-- KEY   a hash {tokens, ts, rate, burst}: tokens left at time ts (ms), and
+--       the parameters it refills under. A missing key is a full bucket;
+--       the key expires when the bucket would be full again.
 -- p1    rate: tokens added per second
 -- p2    burst: capacity
 -- cost  tokens one request takes
--- peek returns allowed, remaining (whole tokens), ms, state (tokens left):
+--
+-- Until the key's next decision the bucket refills under the stored
+-- parameters (which is also when its TTL runs out); the next decision
+-- applies the parameters in force from then on: a bucket full under the old
+-- ones is full under the new ones, any other keeps its tokens (at most the
+-- new burst), and the key is stamped with the new parameters and TTL.
+-- peek returns allowed, remaining (whole tokens), ms, state:
 --   allowed: ms until the bucket is full again
 --   denied:  ms until cost tokens are there
 local function token_bucket_peek(key, now, rate, burst, cost)
-  local tokens = burst
-  local saved = redis.call('HMGET', key, 'tokens', 'ts')
-  if saved[1] and saved[2] then
-    local elapsed = math.max(0, now - tonumber(saved[2]))
-    tokens = math.min(burst, tonumber(saved[1]) + elapsed * rate / 1000)
+  memo[key] = nil
+  local h = redis.call('HMGET', key, 'tokens', 'ts', 'rate', 'burst', 'start')
+  local tokens, now_eff = burst, now
+  if h[5] then
+    -- A fixed window's state: a reload changed the rule's algorithm.
+    redis.call('DEL', key)
+  elseif h[1] or h[2] then
+    local left, ts = stored(h[1]), stored(h[2])
+    local was_rate, was_burst = rate, burst
+    if h[3] then
+      was_rate = stored(h[3])
+    end
+    if h[4] then
+      was_burst = stored(h[4])
+    end
+    now_eff = math.max(now, ts)
+    local t = left + (now_eff - ts) * was_rate / 1000
+    if t < was_burst then
+      tokens = math.min(t, burst)
+      if was_rate ~= rate or was_burst ~= burst then
+        redis.call('HSET', key, 'tokens', tokens, 'ts', now_eff, 'rate', rate, 'burst', burst)
+        set_ttl(key, now_eff + (burst - tokens) * 1000 / rate - now)
+      end
+    end
   end
+  local s = { tokens = tokens, now_eff = now_eff }
   if tokens + 1e-9 >= cost then
     local left = math.max(0, tokens - cost)
-    return true, math.floor(left + 1e-9), math.ceil((burst - left) * 1000 / rate), left
+    return true, math.floor(left + 1e-9), now_eff + (burst - left) * 1000 / rate - now, s
   end
-  return false, math.floor(tokens + 1e-9), math.ceil((cost - tokens) * 1000 / rate), tokens
+  return false, math.floor(tokens + 1e-9), now_eff + (cost - tokens) * 1000 / rate - now, s
 end
 
-local function token_bucket_commit(key, now, rate, burst, _, left)
-  redis.call('HSET', key, 'tokens', left, 'ts', now)
-  redis.call('PEXPIRE', key, math.max(1, math.ceil((burst - left) * 1000 / rate)))
+local function token_bucket_commit(key, now, rate, burst, cost, s)
+  local left = math.max(0, s.tokens - cost)
+  redis.call('HSET', key, 'tokens', left, 'ts', s.now_eff, 'rate', rate, 'burst', burst)
+  set_ttl(key, s.now_eff + (burst - left) * 1000 / rate - now)
 end

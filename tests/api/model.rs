@@ -1,0 +1,368 @@
+//! The algorithms against reference models, on random schedules that mix
+//! reloads (requests under changed parameters, old and new in one batch),
+//! backward clock steps, and batches of one or several requests. Each model
+//! is a plain in-memory statement of what the limiter promises; every
+//! decision (allowed, remaining, wait) and every TTL the script sets must
+//! match it, so no schedule admits more than the limit in force allows.
+//!
+//! Redis's own expiry runs on real time, not on the pinned clock: after each
+//! step the test reads the key's TTL (it must be what the model says), then
+//! removes it, and expires the key itself when the pinned clock passes the
+//! moment the model says Redis would.
+
+use std::cell::{Cell, RefCell};
+use std::time::Instant;
+
+use floodgate::__private::decide_batch;
+use floodgate::{Algorithm, Check, Decision};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
+
+use crate::changes::{bucket, fixed, sliding, T0};
+use crate::helpers::RedisServer;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Sliding,
+    Fixed,
+    Bucket,
+}
+
+/// One moment: the clock moves by `step` ms (backwards too), then the
+/// requests, each under one of the schedule's rules, are decided in one
+/// batch (`together`) or one call each.
+#[derive(Clone, Debug)]
+struct Tick {
+    step: i64,
+    requests: Vec<(usize, u32)>,
+    together: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Schedule {
+    /// The versions of the rule that reloads switch between.
+    rules: Vec<Algorithm>,
+    ticks: Vec<Tick>,
+}
+
+fn rule(kind: Kind) -> BoxedStrategy<Algorithm> {
+    match kind {
+        Kind::Sliding => (1u32..=6, 1u64..=5)
+            .prop_map(|(l, w)| sliding(l, w * 1000))
+            .boxed(),
+        Kind::Fixed => (1u32..=6, 1u64..=5)
+            .prop_map(|(l, w)| fixed(l, w * 1000))
+            .boxed(),
+        Kind::Bucket => (
+            prop::sample::select(vec![0.25, 0.5, 1.0, 2.0, 4.0]),
+            1u32..=6,
+        )
+            .prop_map(|(rate, burst)| bucket(rate, burst))
+            .boxed(),
+    }
+}
+
+fn tick() -> impl Strategy<Value = Tick> {
+    (
+        prop_oneof![6 => 0i64..=1500, 2 => 1500i64..=8000, 2 => -4000i64..=-1],
+        prop::collection::vec((0usize..3, 1u32..=3), 1..=3),
+        any::<bool>(),
+    )
+        .prop_map(|(step, requests, together)| Tick {
+            step,
+            requests,
+            together,
+        })
+}
+
+fn schedule() -> impl Strategy<Value = Schedule> {
+    prop_oneof![Just(Kind::Sliding), Just(Kind::Fixed), Just(Kind::Bucket)].prop_flat_map(|kind| {
+        (
+            prop::collection::vec(rule(kind), 1..=3),
+            prop::collection::vec(tick(), 1..=40),
+        )
+            .prop_map(|(rules, ticks)| Schedule { rules, ticks })
+    })
+}
+
+// ---------------------------------------------------------------------------
+// The models
+// ---------------------------------------------------------------------------
+
+/// What one decision answers: allowed, remaining, wait (ms).
+type Answer = (bool, u64, u64);
+
+/// The state one key holds, as each algorithm defines it.
+#[derive(Debug, Default)]
+struct Model {
+    /// Sliding window: admission times (one per unit), newest first.
+    log: Vec<i64>,
+    /// Fixed window: start, used, the window it was last decided under.
+    window: Option<(i64, i64, i64)>,
+    /// Token bucket: tokens at ts, ts, and the rate and burst it refills under.
+    bucket: Option<(f64, i64, f64, f64)>,
+    /// When Redis would drop the key (absolute ms on the pinned clock).
+    expire_at: Option<i64>,
+    /// Whether the current step set the key's TTL.
+    ttl_set: bool,
+}
+
+fn ceil_ms(ms: f64) -> i64 {
+    (ms.ceil() as i64).max(1)
+}
+
+impl Model {
+    fn exists(&self) -> bool {
+        !self.log.is_empty() || self.window.is_some() || self.bucket.is_some()
+    }
+
+    fn set_ttl(&mut self, now: i64, ms: f64) {
+        self.expire_at = Some(now + ceil_ms(ms));
+        self.ttl_set = true;
+    }
+
+    fn decide(&mut self, now: i64, algorithm: Algorithm, cost: u32) -> Answer {
+        match algorithm {
+            Algorithm::SlidingWindow { limit, window } => {
+                self.sliding(now, i64::from(limit.get()), window.as_millis() as i64, cost)
+            }
+            Algorithm::FixedWindow { limit, window } => {
+                self.fixed(now, i64::from(limit.get()), window.as_millis() as i64, cost)
+            }
+            Algorithm::TokenBucket { rate, burst } => {
+                self.bucket(now, rate, f64::from(burst.get()), cost)
+            }
+        }
+    }
+
+    /// At most `limit` units in any window on the state's clock, which never
+    /// runs earlier than its newest entry; entries out of the window are
+    /// forgotten when an admission moves the state's clock past them.
+    fn sliding(&mut self, now: i64, limit: i64, window: i64, cost: u32) -> Answer {
+        let cost = i64::from(cost);
+        let now_eff = self.log.first().map_or(now, |&newest| now.max(newest));
+        let live: Vec<i64> = self
+            .log
+            .iter()
+            .copied()
+            .filter(|&t| t > now_eff - window)
+            .collect();
+        let used = live.len() as i64;
+        if let (Some(&newest), true) = (self.log.first(), used > 0) {
+            self.set_ttl(now, (newest + window - now) as f64);
+        }
+        if used + cost <= limit {
+            let oldest = live.last().copied().unwrap_or(now_eff);
+            self.log = live;
+            for _ in 0..cost {
+                self.log.insert(0, now_eff);
+            }
+            self.set_ttl(now, (now_eff + window - now) as f64);
+            return (
+                true,
+                (limit - used - cost) as u64,
+                (oldest + window - now) as u64,
+            );
+        }
+        let freeing = live[(limit - cost) as usize];
+        (
+            false,
+            (limit - used).max(0) as u64,
+            (freeing + window - now) as u64,
+        )
+    }
+
+    /// A window opens at the first admission and lasts the window in force
+    /// when it is decided; a window is closed once it closed under the
+    /// window it was last decided under, or under the one in force.
+    fn fixed(&mut self, now: i64, limit: i64, window: i64, cost: u32) -> Answer {
+        let cost = i64::from(cost);
+        let mut open = None;
+        if let Some((start, used, was)) = self.window {
+            let now_eff = now.max(start);
+            if now_eff < start + was && now_eff < start + window {
+                if was != window {
+                    self.window = Some((start, used, window));
+                    self.set_ttl(now, (start + window - now) as f64);
+                }
+                open = Some((start, used));
+            }
+        }
+        let (start, used) = open.unwrap_or((now, 0));
+        let closes = start + window;
+        if used + cost <= limit {
+            self.window = Some((start, used + cost, window));
+            self.set_ttl(now, (closes - now) as f64);
+            return (true, (limit - used - cost) as u64, (closes - now) as u64);
+        }
+        (false, (limit - used).max(0) as u64, (closes - now) as u64)
+    }
+
+    /// Tokens refill under the parameters the bucket was last decided
+    /// under until it is decided again; a bucket full then is full.
+    fn bucket(&mut self, now: i64, rate: f64, burst: f64, cost: u32) -> Answer {
+        let cost = f64::from(cost);
+        let (mut tokens, mut now_eff) = (burst, now);
+        if let Some((left, ts, was_rate, was_burst)) = self.bucket {
+            now_eff = now.max(ts);
+            let t = left + (now_eff - ts) as f64 * was_rate / 1000.0;
+            if t < was_burst {
+                tokens = t.min(burst);
+                if was_rate != rate || was_burst != burst {
+                    self.bucket = Some((tokens, now_eff, rate, burst));
+                    self.set_ttl(
+                        now,
+                        now_eff as f64 + (burst - tokens) * 1000.0 / rate - now as f64,
+                    );
+                }
+            }
+        }
+        let secs = |x: f64| x.ceil().max(0.0) as u64;
+        if tokens + 1e-9 >= cost {
+            let left = (tokens - cost).max(0.0);
+            let wait = now_eff as f64 + (burst - left) * 1000.0 / rate - now as f64;
+            self.bucket = Some((left, now_eff, rate, burst));
+            self.set_ttl(now, wait);
+            return (true, (left + 1e-9).floor() as u64, secs(wait));
+        }
+        let wait = now_eff as f64 + (cost - tokens) * 1000.0 / rate - now as f64;
+        (false, (tokens + 1e-9).floor() as u64, secs(wait))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The test
+// ---------------------------------------------------------------------------
+
+fn answer(decision: &Decision) -> Answer {
+    let o = decision.outcomes[0];
+    (o.allowed, o.remaining, o.wait.as_millis() as u64)
+}
+
+fn quota(algorithm: &Algorithm) -> u32 {
+    algorithm.quota()
+}
+
+fn run(conn: &mut redis::Connection, schedule: &Schedule, case: u64) -> Result<(), TestCaseError> {
+    let key = format!("floodgate:model:ip:{case}");
+    let mut model = Model::default();
+    let mut now = T0 as i64;
+    // A sliding window without reloads must also obey the plain definition
+    // on every admission since the key last expired (a log that is never
+    // trimmed): the units admitted in the window ending at the state's
+    // clock, plus this request, fit the limit exactly when it is allowed.
+    let single = schedule.rules.len() == 1;
+    let mut admitted: Vec<i64> = Vec::new();
+    for (i, tick) in schedule.ticks.iter().enumerate() {
+        now += tick.step;
+        if model.expire_at.is_some_and(|at| now > at) {
+            redis::cmd("DEL").arg(&key).query::<()>(conn).unwrap();
+            model = Model::default();
+            // What Redis dropped is gone for the definition too.
+            admitted.clear();
+        }
+        model.ttl_set = false;
+        let requests: Vec<(Algorithm, u32)> = tick
+            .requests
+            .iter()
+            .map(|&(r, cost)| {
+                let algorithm = schedule.rules[r % schedule.rules.len()];
+                (algorithm, cost.min(quota(&algorithm)))
+            })
+            .collect();
+        let jobs: Vec<(Option<u64>, Vec<Check>)> = requests
+            .iter()
+            .map(|&(algorithm, cost)| {
+                (
+                    Some(now as u64),
+                    vec![Check {
+                        key: key.clone(),
+                        algorithm,
+                        cost,
+                        enforce: true,
+                    }],
+                )
+            })
+            .collect();
+        let sent = Instant::now();
+        let results = if tick.together {
+            decide_batch(conn, jobs).unwrap()
+        } else {
+            jobs.into_iter()
+                .flat_map(|job| decide_batch(conn, vec![job]).unwrap())
+                .collect()
+        };
+        let ttl: i64 = redis::cmd("PTTL").arg(&key).query(conn).unwrap();
+        let elapsed = sent.elapsed().as_millis() as i64 + 1;
+        for (j, (&(algorithm, cost), result)) in requests.iter().zip(&results).enumerate() {
+            let got = answer(result.as_ref().unwrap());
+            if single {
+                if let Algorithm::SlidingWindow { limit, window } = algorithm {
+                    let window = window.as_millis() as i64;
+                    let clock = admitted.first().map_or(now, |&n| now.max(n));
+                    let held = admitted.iter().filter(|&&t| t > clock - window).count();
+                    let fits = held + cost as usize <= limit.get() as usize;
+                    prop_assert_eq!(got.0, fits, "tick {} request {}: {} held", i, j, held);
+                    if got.0 {
+                        for _ in 0..cost {
+                            admitted.insert(0, clock);
+                        }
+                    }
+                }
+            }
+            let expected = model.decide(now, algorithm, cost);
+            prop_assert_eq!(
+                got,
+                expected,
+                "tick {} request {} at {} under {:?} cost {}; model {:?}",
+                i,
+                j,
+                now - T0 as i64,
+                algorithm,
+                cost,
+                model
+            );
+        }
+        if model.ttl_set {
+            let want = model.expire_at.unwrap() - now;
+            prop_assert!(
+                ttl <= want && ttl >= want - elapsed,
+                "tick {}: PTTL {} where the model says {}",
+                i,
+                ttl,
+                want
+            );
+        } else if model.exists() {
+            prop_assert_eq!(
+                ttl,
+                -1,
+                "tick {}: a decision that wrote nothing set a TTL",
+                i
+            );
+        } else {
+            prop_assert_eq!(ttl, -2, "tick {}: the key should not exist", i);
+        }
+        redis::cmd("PERSIST").arg(&key).query::<()>(conn).unwrap();
+    }
+    Ok(())
+}
+
+#[test]
+fn random_reloads_and_clock_steps_match_the_reference_models() {
+    let redis = RedisServer::start();
+    let conn = RefCell::new(redis.connection());
+    let cases = Cell::new(0);
+    let mut config = Config::with_cases(200);
+    config.source_file = Some(file!());
+    config.failure_persistence = Some(Box::new(FileFailurePersistence::SourceParallel(
+        "proptest-regressions",
+    )));
+    let mut runner = TestRunner::new(config);
+    let result = runner.run(&schedule(), |schedule| {
+        cases.set(cases.get() + 1);
+        run(&mut conn.borrow_mut(), &schedule, cases.get())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
