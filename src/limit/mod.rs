@@ -19,6 +19,7 @@ use std::time::Duration;
 pub use self::error::LimiterError;
 pub use self::redis::Limiter;
 pub use self::settings::{without_password, RedisConfig};
+#[cfg(feature = "site")]
 pub use self::source::RedisConn;
 
 /// A rate-limiting algorithm with its parameters. Invalid ones cannot be
