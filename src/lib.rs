@@ -125,6 +125,7 @@ pub use crate::rule::{
 /// Items the benchmarks and tests reach; not part of the supported API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::limit::peek::PEEK_SOURCE;
     pub use crate::limit::redis::{decide_batch, SCRIPT_SOURCE};
     pub use crate::rule::{redis_key, redis_key_for};
 }

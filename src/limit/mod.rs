@@ -9,6 +9,7 @@
 pub mod cluster;
 mod error;
 pub mod give_back;
+pub mod peek;
 pub mod redis;
 mod settings;
 pub mod source;
