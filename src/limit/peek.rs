@@ -62,6 +62,25 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub async fn peek(&self, checks: Vec<Check>) -> Result<Vec<Outcome>, LimiterError> {
+        self.peek_with(checks, None).await
+    }
+
+    /// As [`Limiter::peek`], with the clock pinned to `now_ms` (ms since the
+    /// epoch) instead of Redis `TIME`, as [`Limiter::decide_at`] pins it.
+    #[doc(hidden)]
+    pub async fn peek_at(
+        &self,
+        now_ms: u64,
+        checks: Vec<Check>,
+    ) -> Result<Vec<Outcome>, LimiterError> {
+        self.peek_with(checks, Some(now_ms)).await
+    }
+
+    async fn peek_with(
+        &self,
+        checks: Vec<Check>,
+        now_ms: Option<u64>,
+    ) -> Result<Vec<Outcome>, LimiterError> {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
@@ -69,7 +88,7 @@ impl Limiter {
         let timeout = self.timeout();
         let one_per_call = self.hash_tags();
         let work = actix_rt::task::spawn_blocking(move || {
-            peek_blocking(&pool, timeout, one_per_call, &checks)
+            peek_blocking(&pool, timeout, one_per_call, &checks, now_ms)
         });
         match tokio::time::timeout(timeout, work).await {
             Ok(Ok(result)) => result,
@@ -86,6 +105,7 @@ fn peek_blocking(
     timeout: Duration,
     one_per_call: bool,
     checks: &[Check],
+    now_ms: Option<u64>,
 ) -> Result<Vec<Outcome>, LimiterError> {
     let deadline = Instant::now() + timeout;
     let mut conn = pool
@@ -102,7 +122,10 @@ fn peek_blocking(
             return Err(LimiterError::Timeout);
         }
         let mut call = script().prepare_invoke();
-        call.arg("");
+        match now_ms {
+            Some(ms) => call.arg(ms),
+            None => call.arg(""),
+        };
         for check in group {
             call.key(&check.key);
             // Algorithm code, p1, p2 exactly as a decision sends them.
