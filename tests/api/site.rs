@@ -635,7 +635,7 @@ async fn password_spraying_is_limited_per_address() {
 /// what does not fit is refused at once with 503 and Retry-After.
 #[actix_web::test]
 async fn concurrent_password_attempts_run_a_bounded_number_of_hashes() {
-    use floodgate::site::auth::{HASH_PERMITS, HASH_QUEUE};
+    use floodgate::site::password::{HASH_PERMITS, HASH_QUEUE};
     let config = default_with_shadow("password-per-phone").replace(
         "name = \"password-per-ip\"\n",
         "name = \"password-per-ip\"\nmode = \"shadow\"\n",
