@@ -87,7 +87,8 @@
 //!   lets it [charge](Limits::charge) or [give back](Limits::give_back) units.
 //! - [`KeyFn`], [`DenialResponder`], [`FilterBuilder::session_lookup`]: your
 //!   own key function, denial response and account lookup.
-//! - [`Limiter`]: the Redis side alone, for deciding [`Check`]s directly.
+//! - [`Limiter`]: the Redis side alone, for deciding [`Check`]s directly, or
+//!   [peeking](Limiter::peek) at what a decision would answer.
 //!
 //! The default feature `site` also builds the demo site ([`site`]) and the
 //! `floodgate` binary; `default-features = false` leaves them out.
@@ -125,7 +126,6 @@ pub use crate::rule::{
 /// Items the benchmarks and tests reach; not part of the supported API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::limit::peek::PEEK_SOURCE;
     pub use crate::limit::redis::{decide_batch, SCRIPT_SOURCE};
     pub use crate::rule::{redis_key, redis_key_for};
 }
