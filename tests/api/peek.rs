@@ -3,12 +3,14 @@
 //! counter, a list longer than any limit), a peek answers exactly what a
 //! decision of the same check at the same moment answers, and changes
 //! nothing in Redis (the whole dataset's digest, every key's value, and its
-//! expiry time). `/limits` shows the remaining of the last allowed request.
+//! expiry time). `/limits` shows the remaining of the last allowed request,
+//! also on a cluster, where the keys of one page live on different masters.
 
 use floodgate::{Algorithm, Outcome};
 
 use crate::changes::{bucket, check, fixed, pinned_limiter, sliding, T0};
-use crate::helpers::{remaining, spawn_app, RedisServer};
+use crate::cluster_helpers::Cluster;
+use crate::helpers::{remaining, spawn_app, spawn_app_with, RedisServer};
 
 /// A key's value (`DUMP`, `None` when there is none) and its absolute
 /// expiry time in ms (`PEXPIRETIME`: -1 none, -2 no key).
@@ -255,4 +257,58 @@ async fn the_limits_page_shows_the_remaining_of_the_last_allowed_request() {
         let again = app.get("/limits").await.text().await.unwrap();
         assert!(again.contains("4 of 5 used"), "{algorithm}");
     }
+}
+
+/// On a cluster, `/limits` peeks at keys that live on different masters
+/// (one call per key) and shows each rule's usage.
+#[actix_web::test]
+async fn the_limits_page_peeks_across_slots_on_a_cluster() {
+    let cluster = Cluster::start();
+    let seeds = cluster.seeds();
+    let app = spawn_app_with(
+        r#"
+[[rule]]
+name = "per-user"
+paths = ["/check"]
+key = "header:x-user"
+limit = 5
+window = "1m"
+
+[[rule]]
+name = "per-address"
+paths = ["/check"]
+key = "ip"
+algorithm = "fixed_window"
+limit = 7
+window = "1m"
+"#,
+        move |c| c.redis.cluster = seeds,
+    )
+    .await;
+    let get = |path: &'static str| app.client.get(app.url(path)).header("x-user", "ann").send();
+    let mut last = None;
+    for _ in 0..2 {
+        let res = get("/check").await.unwrap();
+        assert_eq!(res.status(), 200);
+        last = Some(res);
+    }
+    let last = last.unwrap();
+    assert_eq!(remaining(&last, "per-user"), Some(3));
+    assert_eq!(remaining(&last, "per-address"), Some(5));
+    let res = get("/limits").await.unwrap();
+    assert_eq!(res.status(), 200);
+    let page = res.text().await.unwrap();
+    let card = |rule: &str| {
+        page.split(&format!("id=\"rule-{rule}\""))
+            .nth(1)
+            .and_then(|rest| rest.split("</section>").next())
+            .unwrap()
+            .to_string()
+    };
+    let user = card("per-user");
+    assert!(
+        user.contains("your x-user header</strong>: 2 of 5 used"),
+        "{user}"
+    );
+    assert!(card("per-address").contains("2 of 7 used"), "{page}");
 }
