@@ -87,7 +87,8 @@
 //!   lets it [charge](Limits::charge) or [give back](Limits::give_back) units.
 //! - [`KeyFn`], [`DenialResponder`], [`FilterBuilder::session_lookup`]: your
 //!   own key function, denial response and account lookup.
-//! - [`Limiter`]: the Redis side alone, for deciding [`Check`]s directly.
+//! - [`Limiter`]: the Redis side alone, for deciding [`Check`]s directly, or
+//!   [peeking](Limiter::peek) at what a decision would answer.
 //!
 //! The default feature `site` also builds the demo site ([`site`]) and the
 //! `floodgate` binary; `default-features = false` leaves them out.

@@ -4,11 +4,13 @@
 //! checks of one request go to Redis together and are decided atomically
 //! (all recorded, or none). [`Limiter::decide`] is the whole public surface:
 //! it hands the checks to a dispatcher thread (see [`redis`]) and awaits the
-//! answer without ever blocking the caller's thread.
+//! answer without ever blocking the caller's thread. [`Limiter::peek`]
+//! answers the same questions without recording anything.
 
 pub mod cluster;
 mod error;
 pub mod give_back;
+mod peek;
 pub mod redis;
 mod settings;
 pub mod source;

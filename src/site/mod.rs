@@ -1,11 +1,16 @@
 //! The demo site: pages that show the filter at work, plus the operational
 //! endpoints (`/healthz`, `/readyz`, `/metrics`).
 
-pub mod auth;
+pub mod account;
+mod codes;
 pub mod dashboard;
+pub mod forms;
 pub mod pages;
+pub mod password;
 pub mod phone;
+pub mod reset;
 pub mod session;
+pub mod signin;
 pub mod sms;
 pub mod startup;
 pub mod store;
@@ -40,7 +45,7 @@ pub struct Site {
     /// The outbox, when `[sms] provider = "outbox"`.
     pub outbox: Option<Arc<sms::Outbox>>,
     /// The bound on password hashes running at once.
-    pub hashing: auth::Hashing,
+    pub hashing: password::Hashing,
 }
 
 impl Site {
@@ -210,18 +215,18 @@ impl Visitor {
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/", web::get().to(pages::home))
         .route("/check", web::get().to(pages::check))
-        .route("/login", web::get().to(auth::login_form))
-        .route("/sms/send", web::post().to(auth::send_code))
-        .route("/login/sms", web::post().to(auth::login_sms))
-        .route("/login/password", web::post().to(auth::login_password))
-        .route("/logout", web::post().to(auth::logout))
-        .route("/account", web::get().to(auth::account))
-        .route("/account/password", web::post().to(auth::set_password))
-        .route("/password/reset", web::get().to(auth::reset_form))
-        .route("/password/reset", web::post().to(auth::reset_request))
+        .route("/login", web::get().to(signin::login_form))
+        .route("/sms/send", web::post().to(signin::send_code))
+        .route("/login/sms", web::post().to(signin::login_sms))
+        .route("/login/password", web::post().to(signin::login_password))
+        .route("/logout", web::post().to(signin::logout))
+        .route("/account", web::get().to(account::account))
+        .route("/account/password", web::post().to(account::set_password))
+        .route("/password/reset", web::get().to(reset::reset_form))
+        .route("/password/reset", web::post().to(reset::reset_request))
         .route(
             "/password/reset/confirm",
-            web::post().to(auth::reset_confirm),
+            web::post().to(reset::reset_confirm),
         )
         .route("/limits", web::get().to(dashboard::limits))
         .route("/dev/outbox", web::get().to(dashboard::outbox))

@@ -126,7 +126,7 @@ impl Application {
             store,
             sms,
             outbox,
-            hashing: site::auth::Hashing::default(),
+            hashing: site::password::Hashing::default(),
         });
         let app_filter = filter.clone();
         let mut server = HttpServer::new(move || {

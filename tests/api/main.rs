@@ -16,4 +16,5 @@ mod library;
 
 mod limits;
 mod model;
+mod peek;
 mod site;
