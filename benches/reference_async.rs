@@ -10,7 +10,7 @@
 //! ```
 //!
 //! `serve` guards `GET /check` with floodgate's own script
-//! ([`floodgate::limit::redis::SCRIPT_SOURCE`], one job per `EVALSHA`)
+//! ([`floodgate::__private::SCRIPT_SOURCE`], one job per `EVALSHA`)
 //! through the redis crate's async multiplexed connection, one connection
 //! per actix worker: the best async design, to measure floodgate's pooled
 //! synchronous connections and batching dispatcher against. It does what
@@ -32,7 +32,7 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use actix_web::middleware::{from_fn, Next};
 use actix_web::{web, App, Error, HttpResponse, HttpServer};
-use floodgate::limit::redis::SCRIPT_SOURCE;
+use floodgate::__private::SCRIPT_SOURCE;
 use redis::aio::MultiplexedConnection;
 
 const TIMEOUT: Duration = Duration::from_millis(250);

@@ -3,11 +3,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use floodgate::config::{
-    format_duration, Config, ConfigError, Deny, Mode, OnRedisError, DEFAULT_PATH,
-};
-use floodgate::limit::Algorithm;
-use floodgate::startup::Application;
+use floodgate::site::Application;
+use floodgate::Algorithm;
+use floodgate::{format_duration, Config, ConfigError, DEFAULT_PATH};
 
 const USAGE: &str = "usage: floodgate [serve [--config FILE]] | check-config [FILE]";
 
@@ -73,19 +71,9 @@ fn check_config(path: PathBuf) -> ExitCode {
             r.key,
             r.algorithm.name(),
             r.cost,
-            match r.deny {
-                Deny::Redirect => "redirect",
-                Deny::Status => "status",
-            },
-            match r.on_redis_error {
-                OnRedisError::Allow => "allow",
-                OnRedisError::Deny => "deny",
-                OnRedisError::Local => "local",
-            },
-            match r.mode {
-                Mode::Enforce => "enforce",
-                Mode::Shadow => "shadow",
-            }
+            r.deny,
+            r.on_redis_error,
+            r.mode
         );
     }
     ExitCode::SUCCESS
@@ -97,7 +85,29 @@ fn serve(path: PathBuf) -> ExitCode {
         Ok(c) => c,
         Err(e) => return unusable(&e),
     };
-    let target = without_password(&config.redis.url);
+    let target = if !config.redis.cluster.is_empty() {
+        let seeds: Vec<String> = config
+            .redis
+            .cluster
+            .iter()
+            .map(|u| floodgate::without_password(u))
+            .collect();
+        format!("cluster {}", seeds.join(","))
+    } else if !config.redis.sentinel.is_empty() {
+        let sentinels: Vec<String> = config
+            .redis
+            .sentinel
+            .iter()
+            .map(|u| floodgate::without_password(u))
+            .collect();
+        format!(
+            "master {:?} via sentinel {}",
+            config.redis.sentinel_master,
+            sentinels.join(",")
+        )
+    } else {
+        floodgate::without_password(&config.redis.url)
+    };
     let (bind, rules) = (config.server.bind.clone(), config.rules.len());
     let result = actix_web::rt::System::new().block_on(async move {
         let app = Application::build(config)?;
@@ -109,7 +119,7 @@ fn serve(path: PathBuf) -> ExitCode {
         );
         app.run_with_signals()
             .await
-            .map_err(|e| floodgate::startup::StartError::Bind(bind.clone(), e))
+            .map_err(|e| floodgate::site::StartError::Bind(bind.clone(), e))
     });
     match result {
         Ok(()) => {
@@ -120,17 +130,5 @@ fn serve(path: PathBuf) -> ExitCode {
             eprintln!("floodgate: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// `redis://user:secret@host/0` → `redis://user:***@host/0`, for the log.
-fn without_password(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_string(),
     }
 }

@@ -1,284 +1,7 @@
-//! Who is asking: the client address behind trusted proxies, the values a
-//! rule reads (read exactly as a handler would, or refused), phone numbers
-//! in E.164, and the Redis key of each rule for a request. Pure functions of
-//! the request's parts.
-
-use std::net::{IpAddr, Ipv6Addr};
+//! Reading the values a rule keys by from a request, exactly as a handler
+//! would read them, or refusing the request. Pure functions of its parts.
 
 use actix_web::http::header::HeaderMap;
-use phonenumber::metadata::DATABASE;
-use sha2::{Digest, Sha256};
-
-use crate::config::{Cidr, Normalize};
-
-/// Longest ID kept as is in a Redis key; longer ones are hashed.
-pub const MAX_ID_BYTES: usize = 64;
-
-/// IPv4-mapped IPv6 (`::ffff:1.2.3.4`) becomes the IPv4 address.
-pub fn canonical_ip(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
-        },
-        v4 => v4,
-    }
-}
-
-/// The ID of a client address: IPv4 as is, IPv6 by its /64 (one host
-/// usually holds a whole /64, so a single address would be no limit).
-pub fn ip_id(ip: IpAddr) -> String {
-    match canonical_ip(ip) {
-        IpAddr::V4(v4) => v4.to_string(),
-        IpAddr::V6(v6) => {
-            let net = u128::from(v6) & (u128::MAX << 64);
-            format!("{}/64", Ipv6Addr::from(net))
-        }
-    }
-}
-
-/// The client address: the TCP peer, unless the peer is a trusted proxy.
-/// Then the forwarding headers are walked from the right, over the hops
-/// that trusted proxies appended, and the first address that is not a
-/// trusted proxy is the client. A hop that cannot be read ends the walk at
-/// the last trusted address.
-///
-/// `Forwarded` and `X-Forwarded-For` are walked separately. When a request
-/// carries only one of them, that one decides. When it carries both, the
-/// proxy appended to one of them and the client may have written the other
-/// from scratch (nginx, for one, appends only `X-Forwarded-For` and passes a
-/// client's `Forwarded` on untouched), so neither may decide alone: if both
-/// walks end at the same address that is the client, otherwise the request
-/// is keyed by the trusted peer itself, an address no client can choose.
-pub fn client_addr(peer: IpAddr, headers: &HeaderMap, trusted: &[Cidr]) -> IpAddr {
-    let peer = canonical_ip(peer);
-    let is_trusted = |ip: IpAddr| trusted.iter().any(|c| c.contains(ip));
-    if !is_trusted(peer) {
-        return peer;
-    }
-    let walk = |hops: Vec<String>| {
-        let mut client = peer;
-        for hop in hops.iter().rev() {
-            match parse_hop(hop) {
-                Some(ip) => {
-                    client = ip;
-                    if !is_trusted(ip) {
-                        break;
-                    }
-                }
-                None => break,
-            }
-        }
-        client
-    };
-    let forwarded = forwarded_hops(headers);
-    let xff = x_forwarded_for_hops(headers);
-    match (forwarded, xff) {
-        (None, None) => peer,
-        (Some(hops), None) | (None, Some(hops)) => walk(hops),
-        (Some(f), Some(x)) => {
-            let (f, x) = (walk(f), walk(x));
-            if f == x {
-                f
-            } else {
-                peer
-            }
-        }
-    }
-}
-
-/// The `for=` of every `Forwarded` element, left (client) to right, over
-/// every `Forwarded` line in order; `None` without the header. An element
-/// without a readable `for=` is an empty hop (which ends a walk).
-fn forwarded_hops(headers: &HeaderMap) -> Option<Vec<String>> {
-    let mut lines = headers.get_all("forwarded").peekable();
-    lines.peek()?;
-    let mut hops = Vec::new();
-    for value in lines {
-        let value = String::from_utf8_lossy(value.as_bytes());
-        for element in value.split(',') {
-            let for_ = element.split(';').find_map(|pair| {
-                let (k, v) = pair.split_once('=')?;
-                k.trim()
-                    .eq_ignore_ascii_case("for")
-                    .then(|| v.trim().trim_matches('"').to_string())
-            });
-            hops.push(for_.unwrap_or_default());
-        }
-    }
-    Some(hops)
-}
-
-/// The addresses of every `X-Forwarded-For` line, left to right; `None`
-/// without the header.
-fn x_forwarded_for_hops(headers: &HeaderMap) -> Option<Vec<String>> {
-    let mut lines = headers.get_all("x-forwarded-for").peekable();
-    lines.peek()?;
-    Some(
-        lines
-            .flat_map(|v| {
-                String::from_utf8_lossy(v.as_bytes())
-                    .split(',')
-                    .map(|s| s.trim().to_string())
-                    .collect::<Vec<_>>()
-            })
-            .collect(),
-    )
-}
-
-/// `1.2.3.4`, `1.2.3.4:80`, `[2001:db8::1]:443`, `2001:db8::1`.
-fn parse_hop(hop: &str) -> Option<IpAddr> {
-    let hop = hop.trim();
-    if let Ok(ip) = hop.parse::<IpAddr>() {
-        return Some(canonical_ip(ip));
-    }
-    if let Some(rest) = hop.strip_prefix('[') {
-        let (inside, _) = rest.split_once(']')?;
-        return inside.parse::<IpAddr>().ok().map(canonical_ip);
-    }
-    let (host, port) = hop.rsplit_once(':')?;
-    port.parse::<u16>().ok()?;
-    host.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4)
-}
-
-/// Applies a rule's `normalize` to a header, query or form value; `None`
-/// when nothing is left (the request is then keyed by its address).
-pub fn normalize(value: &str, how: Normalize) -> Option<String> {
-    let v = match how {
-        Normalize::None => value.to_string(),
-        Normalize::Digits => value.chars().filter(char::is_ascii_digit).collect(),
-        Normalize::Lowercase => value.trim().to_lowercase(),
-        Normalize::E164(region) => return e164(value, region),
-    };
-    (!v.is_empty()).then_some(v)
-}
-
-/// A region whose dialling conventions apply to numbers written without a
-/// leading `+` (its national prefix, its international prefix).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Region(phonenumber::country::Id);
-
-impl Region {
-    /// A two-letter region code with phone number data (`US`, `GB`, `de`…).
-    pub fn parse(code: &str) -> Option<Region> {
-        let id: phonenumber::country::Id = code.trim().to_ascii_uppercase().parse().ok()?;
-        DATABASE.by_id(id.as_ref())?;
-        Some(Region(id))
-    }
-
-    /// The United States (the default).
-    pub fn us() -> Region {
-        Region(phonenumber::country::US)
-    }
-
-    /// The two-letter code.
-    pub fn code(&self) -> &str {
-        self.0.as_ref()
-    }
-}
-
-impl Default for Region {
-    fn default() -> Region {
-        Region::us()
-    }
-}
-
-/// Longest phone value parsed (anything longer is not a phone number).
-const MAX_PHONE_CHARS: usize = 64;
-
-/// A phone number in E.164, `+DIGITS`: a leading `+` gives the country
-/// code; otherwise `region`'s international prefix (011 in the US, 00 in
-/// most of Europe) or national prefix (1 in the US, 0 in the UK) is
-/// recognised and removed as libphonenumber does. Only digits, one leading
-/// `+`, spaces and `-./()[]` are accepted. `None` unless the result is a
-/// possible number (the national part has a length the country uses), so
-/// that `+1 555 010 7777`, `1-555-010-7777` and `011 1 555 010 7777` are
-/// one number, and `001 555 010 7777` (no US prefix) is none.
-///
-/// The site reads its phone fields with this same function, so its
-/// accounts and the rules agree on what one number is.
-pub fn e164(value: &str, region: Region) -> Option<String> {
-    let t = value.trim();
-    if t.is_empty() || t.len() > MAX_PHONE_CHARS {
-        return None;
-    }
-    let body = t.strip_prefix('+').unwrap_or(t);
-    if !body
-        .chars()
-        .all(|c| c.is_ascii_digit() || " -./()[]".contains(c))
-    {
-        return None;
-    }
-    if !body.chars().any(|c| c.is_ascii_digit()) {
-        return None;
-    }
-    // The parser is third-party code fed with client input: a panic in it
-    // must cost this request its key, never the worker.
-    let parsed = std::panic::catch_unwind(|| phonenumber::parse(Some(region.0), t)).ok()?;
-    let number = parsed.ok()?;
-    let code = number.code().value();
-    let national = number.national().to_string();
-    let len = u16::try_from(national.len()).ok()?;
-    if !possible_length(code, len) {
-        return None;
-    }
-    let e164 = format!("+{code}{national}");
-    // E.164 allows at most 15 digits.
-    (e164.len() <= 16).then_some(e164)
-}
-
-/// `PREFIX:RULE:KIND:ID`, with an ID longer than 64 bytes replaced by
-/// `~` and 40 hex digits of its SHA-256.
-pub fn redis_key(prefix: &str, rule: &str, kind: &str, id: &str) -> String {
-    if id.len() <= MAX_ID_BYTES {
-        format!("{prefix}:{rule}:{kind}:{id}")
-    } else {
-        let digest = Sha256::digest(id.as_bytes());
-        let hex: String = digest[..20].iter().map(|b| format!("{b:02x}")).collect();
-        format!("{prefix}:{rule}:{kind}:~{hex}")
-    }
-}
-
-/// Whether national numbers of country `code` have `len` digits: the
-/// lengths of any number type of the country's main region (what
-/// libphonenumber's "possible number" means), local-only lengths excluded.
-fn possible_length(code: u16, len: u16) -> bool {
-    let Some(meta) = DATABASE.by_code(&code).and_then(|m| m.into_iter().next()) else {
-        return false;
-    };
-    let d = meta.descriptors();
-    if d.general().possible_length().contains(&len) {
-        return true;
-    }
-    [
-        d.fixed_line(),
-        d.mobile(),
-        d.toll_free(),
-        d.premium_rate(),
-        d.shared_cost(),
-        d.personal_number(),
-        d.voip(),
-        d.pager(),
-        d.uan(),
-        d.voicemail(),
-    ]
-    .into_iter()
-    .flatten()
-    .any(|desc| desc.possible_length().contains(&len))
-}
-
-/// Joins the parts of a composite key: KIND is the kinds joined by `+`, ID
-/// the IDs joined by `|`, each with `%` and `|` percent-escaped so that no
-/// two different combinations make the same ID.
-pub fn compose(parts: &[(&str, String)]) -> (String, String) {
-    let kind = parts.iter().map(|(k, _)| *k).collect::<Vec<_>>().join("+");
-    let id = parts
-        .iter()
-        .map(|(_, id)| id.replace('%', "%25").replace('|', "%7C"))
-        .collect::<Vec<_>>()
-        .join("|");
-    (kind, id)
-}
 
 /// A value a rule must read but may not read alone: the request is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -349,7 +72,10 @@ pub fn header_value(headers: &HeaderMap, name: &str) -> Result<Option<String>, U
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::net::{client_addr, ip_id, Cidr};
+    use crate::rule::{compose, e164, normalize, redis_key, redis_key_for, Normalize, Region};
     use actix_web::http::header::{HeaderName, HeaderValue};
+    use std::net::IpAddr;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -399,6 +125,18 @@ mod tests {
         let id = k.rsplit(':').next().unwrap();
         assert_eq!(id.len(), 41);
         assert_eq!(redis_key("fg", "r", "ip", "1.2.3.4"), "fg:r:ip:1.2.3.4");
+    }
+
+    #[test]
+    fn cluster_keys_tag_the_id() {
+        assert_eq!(
+            redis_key_for(true, "fg", "r", "ip", "1.2.3.4"),
+            "fg:r:ip:{1.2.3.4}"
+        );
+        let long = redis_key_for(true, "fg", "r", "header", &"x".repeat(65));
+        let plain = redis_key("fg", "r", "header", &"x".repeat(65));
+        let id = plain.rsplit(':').next().unwrap();
+        assert_eq!(long, format!("fg:r:header:{{{id}}}"));
     }
 
     #[test]

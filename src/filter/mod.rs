@@ -7,9 +7,13 @@
 //! the error page, or 429), or apply the Redis error policy (see [`policy`]:
 //! the denial cache, and `on_redis_error`).
 
-pub mod key;
+mod builder;
+pub(crate) mod key;
+mod limits;
 mod policy;
-pub mod route;
+
+pub use self::builder::{FilterBuilder, Limit, SetupError};
+pub use self::limits::{Limits, RuleState};
 
 use std::future::{ready, Future, Ready};
 use std::net::{IpAddr, Ipv4Addr};
@@ -27,10 +31,11 @@ use actix_web::web::{Bytes, BytesMut};
 use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
 
-use crate::config::{Cidr, Count, Deny, KeyKind, Mode, Rule};
 use crate::limit::give_back::Refund;
 use crate::limit::{Check, Decision, Limiter, Outcome};
 use crate::metrics::{Metrics, Outcome as Counted};
+use crate::net::{self, Cidr};
+use crate::rule::{self, Count, Deny, KeyKind, Mode, Rule};
 use policy::Verdict;
 
 /// Renders the HTML error page for a denial: `(rule, retry_after_secs)`.
@@ -39,15 +44,39 @@ pub type DenialPage = dyn Fn(&Rule, u64) -> String + Send + Sync;
 /// Tells who is signed in, for `key = "session"`: the account ID or `None`.
 pub type SessionLookup = dyn Fn(&HttpRequest) -> Option<String> + Send + Sync;
 
+/// Answers a denied request in place of the filter's own 303 / 429: given
+/// the denial and the request, the whole response. The filter still adds
+/// `Retry-After` and `Cache-Control: no-store` when the response lacks them.
+pub type DenialResponder = dyn Fn(&Denial, &HttpRequest) -> HttpResponse + Send + Sync;
+
+/// A denied request, as a [`DenialResponder`] sees it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Denial {
+    /// The denying rule that frees last.
+    pub rule: Rule,
+    /// Seconds until the same request would be allowed (at least 1).
+    pub retry_after: u64,
+}
+
+impl std::fmt::Debug for Filter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self.rules().iter().map(|r| r.name.clone()).collect();
+        f.debug_struct("Filter").field("rules", &names).finish()
+    }
+}
+
 /// The filter's shared state: rules (replaceable at run time), the limiter,
 /// and what keys and denials need. Clone it freely; `.wrap()` it into an app.
 #[derive(Clone)]
 pub struct Filter {
+    /// A limit declared in code could not be used: the app must not start.
+    refuse: bool,
+    rules: Arc<RwLock<Arc<Vec<Rule>>>>,
     state: Arc<FilterState>,
 }
 
 struct FilterState {
-    rules: RwLock<Arc<Vec<Rule>>>,
     limiter: Arc<Limiter>,
     metrics: Arc<Metrics>,
     trusted_proxies: Vec<Cidr>,
@@ -55,6 +84,7 @@ struct FilterState {
     key_prefix: String,
     denial_page: Box<DenialPage>,
     session: Option<Box<SessionLookup>>,
+    responder: Option<Box<DenialResponder>>,
 }
 
 /// What the filter needs besides its rules.
@@ -69,6 +99,8 @@ pub struct FilterOptions {
     pub denial_page: Box<DenialPage>,
     /// Who is signed in (`None`: `session` keys by client address).
     pub session: Option<Box<SessionLookup>>,
+    /// The whole response to a denial (`None`: 303 to the error page or 429).
+    pub responder: Option<Box<DenialResponder>>,
 }
 
 impl Filter {
@@ -81,8 +113,9 @@ impl Filter {
     ) -> Filter {
         metrics.watch(&limiter);
         Filter {
+            refuse: false,
+            rules: Arc::new(RwLock::new(Arc::new(rules))),
             state: Arc::new(FilterState {
-                rules: RwLock::new(Arc::new(rules)),
                 limiter,
                 metrics,
                 trusted_proxies: options.trusted_proxies,
@@ -90,13 +123,14 @@ impl Filter {
                 key_prefix: options.key_prefix,
                 denial_page: options.denial_page,
                 session: options.session,
+                responder: options.responder,
             }),
         }
     }
 
     /// The rules in force now.
     pub fn rules(&self) -> Arc<Vec<Rule>> {
-        match self.state.rules.read() {
+        match self.rules.read() {
             Ok(r) => Arc::clone(&r),
             Err(p) => Arc::clone(&p.into_inner()),
         }
@@ -106,7 +140,7 @@ impl Filter {
     /// What the process remembered about keys under the old rules (cached
     /// denials, local counts) is forgotten.
     pub fn replace_rules(&self, rules: Vec<Rule>) {
-        let mut slot = match self.state.rules.write() {
+        let mut slot = match self.rules.write() {
             Ok(r) => r,
             Err(p) => p.into_inner(),
         };
@@ -120,20 +154,39 @@ impl Filter {
         &self.state.limiter
     }
 
+    /// The counters of its decisions, for a `/metrics` page.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.state.metrics
+    }
+
+    /// A filter with only `rules`, sharing everything else with this one
+    /// (limiter, pool, dispatcher, responses, metrics).
+    pub(crate) fn with_rules(&self, rules: Vec<Rule>) -> Filter {
+        Filter {
+            refuse: false,
+            rules: Arc::new(RwLock::new(Arc::new(rules))),
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    pub(crate) fn refuse_to_start(&mut self) {
+        self.refuse = true;
+    }
+
     /// The client address of a request, behind trusted proxies.
     pub fn client_addr(&self, req: &HttpRequest) -> IpAddr {
         let peer = req
             .peer_addr()
             .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
-        key::client_addr(peer, req.headers(), &self.state.trusted_proxies)
+        net::client_addr(peer, req.headers(), &self.state.trusted_proxies)
     }
 
     /// The Redis key a rule uses for a request. `form` is the urlencoded
-    /// body already decoded from its charset (see [`form_text`]), when one
+    /// body already decoded from its charset (see `form_text`), when one
     /// was read. A value the rule must read but cannot read exactly as a
     /// handler would is an error: the request is refused, never keyed by
     /// something else.
-    pub fn key_for(
+    pub(crate) fn key_for(
         &self,
         rule: &Rule,
         req: &HttpRequest,
@@ -143,19 +196,20 @@ impl Filter {
         let mut parts: Vec<(&'static str, String)> = Vec::with_capacity(rule.key.kinds().len());
         for kind in rule.key.kinds() {
             let value = match kind {
-                KeyKind::Ip => Some(key::ip_id(self.client_addr(req))),
+                KeyKind::Ip => Some(net::ip_id(self.client_addr(req))),
                 KeyKind::Global => Some("all".to_string()),
                 KeyKind::Path => Some(path.to_string()),
                 KeyKind::Session => self.state.session.as_ref().and_then(|f| f(req)),
                 KeyKind::Header(name) => key::header_value(req.headers(), name)?
-                    .and_then(|v| key::normalize(&v, rule.normalize)),
+                    .and_then(|v| rule::normalize(&v, rule.normalize)),
                 KeyKind::Query(name) => key::urlencoded_value(req.query_string().as_bytes(), name)?
-                    .and_then(|v| key::normalize(&v, rule.normalize)),
+                    .and_then(|v| rule::normalize(&v, rule.normalize)),
                 KeyKind::Form(name) => match form {
                     Some(body) => key::urlencoded_value(body, name)?
-                        .and_then(|v| key::normalize(&v, rule.normalize)),
+                        .and_then(|v| rule::normalize(&v, rule.normalize)),
                     None => None,
                 },
+                KeyKind::Custom(f) => f.key(req),
             };
             match value {
                 Some(v) => parts.push((kind.kind(), v)),
@@ -163,16 +217,17 @@ impl Filter {
                 // its address alone (a part missing makes no combination).
                 None => {
                     parts.clear();
-                    parts.push(("ip", key::ip_id(self.client_addr(req))));
+                    parts.push(("ip", net::ip_id(self.client_addr(req))));
                     break;
                 }
             }
         }
         let (kind, id) = match parts.as_slice() {
             [(kind, id)] => ((*kind).to_string(), id.clone()),
-            _ => key::compose(&parts),
+            _ => rule::compose(&parts),
         };
-        Ok(key::redis_key(
+        Ok(rule::redis_key_for(
+            self.state.limiter.hash_tags(),
             &self.state.key_prefix,
             &rule.name,
             &kind,
@@ -186,7 +241,7 @@ impl Filter {
 /// decoded without replacement; UTF-8 as it is. A body with a content
 /// coding, an unknown charset, or bytes its charset cannot decode is
 /// refused (415) rather than read in some other way than the handler's.
-pub fn form_text<'a>(
+pub(crate) fn form_text<'a>(
     req: &impl HttpMessage,
     body: &'a [u8],
 ) -> Result<std::borrow::Cow<'a, [u8]>, key::Unreadable> {
@@ -225,6 +280,9 @@ where
     type Future = Ready<Result<Self::Transform, Self::InitError>>;
 
     fn new_transform(&self, service: S) -> Self::Future {
+        if self.refuse {
+            return ready(Err(()));
+        }
         ready(Ok(FilterService {
             service: Rc::new(service),
             filter: self.clone(),
@@ -358,10 +416,9 @@ where
     let metrics = &filter.state.metrics;
     let started = Instant::now();
     // Rules that count failures only need the keys again afterwards.
-    let charged = matched
-        .iter()
-        .any(|r| r.count == Count::Failures)
-        .then(|| checks.clone());
+    let charged = matched.iter().any(|r| r.count == Count::Failures);
+    // The keys again, for a give-back and for the handler's `Limits`.
+    let kept = checks.clone();
     let verdict = policy::decide(&filter.state.limiter, metrics, &matched, checks, started).await;
     metrics.observe(started.elapsed());
 
@@ -372,10 +429,29 @@ where
                 "{method} {path}: allowed ({})",
                 summary(&matched, &decision)
             );
+            let taken = Limits::record(
+                req.request(),
+                filter.limiter(),
+                &matched,
+                &kept,
+                &decision,
+                started,
+            );
             let mut res = service.call(req).await?;
+            if res
+                .request()
+                .extensions()
+                .get::<limits::Withdrawn>()
+                .is_some()
+            {
+                // An inner filter denied the request: it takes nothing from us.
+                if let Err(e) = taken.withdraw(&filter).await {
+                    log::warn!("could not give units back ({e}); the request stays charged");
+                }
+            }
             let mut decision = decision;
-            if let Some(checks) = charged.filter(|_| res.status().as_u16() < 400) {
-                give_back(&filter, &matched, &checks, &mut decision, started).await;
+            if charged && res.status().as_u16() < 400 {
+                give_back(&filter, &matched, &kept, &mut decision, started).await;
             }
             add_ratelimit_fields(res.headers_mut(), &matched, &decision);
             Ok(res.map_into_left_body())
@@ -399,6 +475,8 @@ where
                 summary(&matched, &decision)
             );
             let response = denial(&filter, req.request(), rule, outcome.retry_after_secs());
+            // Limits an outer filter already took for this request go back.
+            Limits::deny_outer(req.request());
             Ok(req.into_response(response).map_into_right_body())
         }
         Verdict::Cached { rule, wait } => {
@@ -414,9 +492,11 @@ where
                 rule.name
             );
             let response = denial(&filter, req.request(), rule, retry);
+            Limits::deny_outer(req.request());
             Ok(req.into_response(response).map_into_right_body())
         }
         Verdict::Unavailable(e) => {
+            Limits::deny_outer(req.request());
             log::warn!("{method} {path}: no decision ({e}), error_denied");
             let response = HttpResponse::ServiceUnavailable()
                 .insert_header((header::RETRY_AFTER, "1"))
@@ -444,6 +524,7 @@ where
                     outcome.retry_after_secs()
                 );
                 let response = denial(&filter, req.request(), rule, outcome.retry_after_secs());
+                Limits::deny_outer(req.request());
                 return Ok(req.into_response(response).map_into_right_body());
             }
             log::warn!(
@@ -626,11 +707,16 @@ fn add_ratelimit_fields(headers: &mut header::HeaderMap, matched: &[&Rule], deci
     if policy.is_empty() {
         return;
     }
-    if let Ok(v) = HeaderValue::try_from(policy) {
-        headers.insert(HeaderName::from_static("ratelimit-policy"), v);
-    }
-    if let Ok(v) = HeaderValue::try_from(state) {
-        headers.insert(HeaderName::from_static("ratelimit"), v);
+    // An inner filter (limits declared on a resource) may have written its
+    // own rules already: ours go first, theirs follow.
+    for (name, mut ours) in [("ratelimit-policy", policy), ("ratelimit", state)] {
+        let name = HeaderName::from_static(name);
+        if let Some(inner) = headers.get(&name).and_then(|v| v.to_str().ok()) {
+            ours = format!("{ours}, {inner}");
+        }
+        if let Ok(v) = HeaderValue::try_from(ours) {
+            headers.insert(name, v);
+        }
     }
 }
 
@@ -649,6 +735,23 @@ pub fn accepts(req: &HttpRequest, media: &str) -> bool {
 
 /// The response to a denied request: a 303 to the error page, or a 429.
 fn denial(filter: &Filter, req: &HttpRequest, rule: &Rule, retry: u64) -> HttpResponse {
+    if let Some(respond) = &filter.state.responder {
+        let denial = Denial {
+            rule: rule.clone(),
+            retry_after: retry,
+        };
+        let mut res = respond(&denial, req);
+        let headers = res.headers_mut();
+        if !headers.contains_key(header::RETRY_AFTER) {
+            if let Ok(v) = HeaderValue::try_from(retry.to_string()) {
+                headers.insert(header::RETRY_AFTER, v);
+            }
+        }
+        if !headers.contains_key(header::CACHE_CONTROL) {
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        }
+        return res;
+    }
     let json = accepts(req, "application/json");
     let redirect = rule.deny == Deny::Redirect && (!json || accepts(req, "text/html"));
     if redirect {
@@ -665,7 +768,7 @@ fn denial(filter: &Filter, req: &HttpRequest, rule: &Rule, retry: u64) -> HttpRe
         .insert_header((header::RETRY_AFTER, retry.to_string()))
         .insert_header((header::CACHE_CONTROL, "no-store"));
     if json {
-        // Rule names are [A-Za-z0-9_-]: nothing to escape; fields in contract order.
+        // Rule names are [A-Za-z0-9_-]: nothing to escape; fields in the documented order.
         builder.content_type("application/json").body(format!(
             "{{\"error\":\"rate_limited\",\"rule\":\"{}\",\"retry_after\":{retry}}}",
             rule.name

@@ -5,9 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::config::{Count, Mode, OnRedisError, Rule};
 use crate::limit::{Check, Decision, Limiter, LimiterError};
 use crate::metrics::{Metrics, Outcome as Counted};
+use crate::rule::{Count, Mode, OnRedisError, Rule};
 
 /// What the filter does with a request.
 pub(crate) enum Verdict {

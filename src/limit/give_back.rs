@@ -19,6 +19,8 @@ pub const GIVE_BACK_SOURCE: &str = concat!(
     "\n",
     include_str!("lua/sliding_window.lua"),
     "\n",
+    include_str!("lua/give_back_fn.lua"),
+    "\n",
     include_str!("lua/give_back.lua"),
 );
 
@@ -75,7 +77,7 @@ impl Limiter {
         let work = actix_rt::task::spawn_blocking(move || {
             let mut conn = pool
                 .get_timeout(timeout)
-                .map_err(|e| LimiterError::Redis(e.to_string()))?;
+                .map_err(|e| LimiterError::Other(e.to_string()))?;
             let mut given = 0u64;
             for r in &refunds {
                 // Measured here, just before the call, not when queued.
@@ -102,7 +104,7 @@ impl Limiter {
                         if e.is_timeout() {
                             LimiterError::Timeout
                         } else {
-                            LimiterError::Redis(e.to_string())
+                            LimiterError::Redis(e)
                         }
                     })?;
                 given += n.max(0) as u64;

@@ -4,17 +4,27 @@
 //! checks of one request go to Redis together and are decided atomically
 //! (all recorded, or none). [`Limiter::decide`] is the whole public surface:
 //! it hands the checks to a dispatcher thread (see [`redis`]) and awaits the
-//! answer without ever blocking the caller's thread.
+//! answer without ever blocking the caller's thread. [`Limiter::peek`]
+//! answers the same questions without recording anything.
 
+pub mod cluster;
 pub mod deny_cache;
+mod error;
 pub mod give_back;
 pub mod local;
+mod peek;
 pub mod redis;
+mod settings;
+pub mod source;
 
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-pub use self::redis::{Limiter, LimiterError};
+pub use self::error::LimiterError;
+pub use self::redis::Limiter;
+pub use self::settings::{without_password, RedisConfig};
+#[cfg(feature = "site")]
+pub use self::source::RedisConn;
 
 /// How the limiter behaves besides talking to Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +51,7 @@ impl Default for LimiterOptions {
 
 /// How decisions travel to Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Dispatch {
     /// Two dispatcher threads with a connection each take queued jobs and
     /// send each batch as one script call; callers await a oneshot. No

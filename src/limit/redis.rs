@@ -39,8 +39,10 @@ use tokio::sync::oneshot;
 
 use super::deny_cache::DenyCache;
 use super::local::LocalLimiter;
-use super::{Algorithm, Check, Decision, Dispatch, LimiterOptions, Outcome};
-use crate::config::RedisConfig;
+use super::source::{RedisConn, Source};
+use super::{
+    Algorithm, Check, Decision, Dispatch, LimiterError, LimiterOptions, Outcome, RedisConfig,
+};
 
 /// The Lua that Redis runs: one function per algorithm, then the batch driver.
 pub const SCRIPT_SOURCE: &str = concat!(
@@ -73,54 +75,15 @@ const IDLE_CHECK: Duration = Duration::from_millis(1);
 /// work and `/readyz`. (The dispatcher threads open their own.)
 pub type Pool = r2d2::Pool<Manager>;
 
-/// Why a decision could not be made. The filter applies `on_redis_error`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LimiterError {
-    /// Redis refused, failed or returned something unexpected.
-    Redis(String),
-    /// Redis answered, but could not decide this request: one of its rules
-    /// has state or parameters the script cannot use. The other requests
-    /// of the same batch were decided normally, so this says nothing about
-    /// Redis's health.
-    Check(String),
-    /// No answer within `redis.timeout` (or the answer came too late to be
-    /// used, and Redis was told to decide nothing).
-    Timeout,
-    /// Redis failed to answer a moment ago: until the breaker period has
-    /// passed, no call is made and the error policy applies at once.
-    BreakerOpen,
-    /// Too many requests are already waiting for Redis.
-    Overloaded,
-    /// The dispatcher threads are gone (the process is stopping).
-    Stopped,
-}
-
-impl std::fmt::Display for LimiterError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            LimiterError::Redis(e) => write!(f, "redis: {e}"),
-            LimiterError::Check(e) => write!(f, "undecidable check: {e}"),
-            LimiterError::Timeout => f.write_str("redis did not answer in time"),
-            LimiterError::BreakerOpen => f.write_str(
-                "redis failed a moment ago; not asked again until the breaker period ends",
-            ),
-            LimiterError::Overloaded => f.write_str("too many decisions waiting for redis"),
-            LimiterError::Stopped => f.write_str("the limiter is stopped"),
-        }
-    }
-}
-
-impl std::error::Error for LimiterError {}
-
-struct Job {
-    checks: Vec<Check>,
+pub(super) struct Job {
+    pub(super) checks: Vec<Check>,
     /// Pinned clock in ms (tests); `None` = Redis `TIME`.
-    now_ms: Option<u64>,
+    pub(super) now_ms: Option<u64>,
     /// When the caller stops waiting.
-    deadline: Instant,
+    pub(super) deadline: Instant,
     /// Whether this job probes Redis for the open breaker.
-    probe: bool,
-    reply: oneshot::Sender<Result<Decision, LimiterError>>,
+    pub(super) probe: bool,
+    pub(super) reply: oneshot::Sender<Result<Decision, LimiterError>>,
 }
 
 /// How much earlier than its caller's deadline a job's deadline in Redis
@@ -137,7 +100,7 @@ fn deadline_margin(timeout: Duration) -> Duration {
 /// Redis's clock at any later local instant is at least the local instant
 /// plus the offset (unless Redis's clock is stepped back).
 #[derive(Debug)]
-struct RedisClock {
+pub(super) struct RedisClock {
     epoch: Instant,
     offset_us: AtomicI64,
     known: AtomicBool,
@@ -157,7 +120,7 @@ impl RedisClock {
     }
 
     /// Redis said its clock read `redis_us` in a reply that arrived at `received`.
-    fn sample(&self, redis_us: i64, received: Instant) {
+    pub(super) fn sample(&self, redis_us: i64, received: Instant) {
         // One microsecond off for the local reading's rounding.
         let offset = redis_us - self.local_us(received) - 1;
         self.offset_us.store(offset, Ordering::Relaxed);
@@ -166,7 +129,7 @@ impl RedisClock {
 
     /// Redis's clock at local instant `at`, in ms, at least (`None` until
     /// Redis has told its time once).
-    fn redis_ms(&self, at: Instant) -> Option<i64> {
+    pub(super) fn redis_ms(&self, at: Instant) -> Option<i64> {
         if !self.known.load(Ordering::Acquire) {
             return None;
         }
@@ -267,7 +230,9 @@ impl Breaker {
                     self.close();
                 }
             }
-            Err(e @ (LimiterError::Timeout | LimiterError::Redis(_))) => self.trip(e),
+            Err(e @ (LimiterError::Timeout | LimiterError::Redis(_) | LimiterError::Other(_))) => {
+                self.trip(e)
+            }
             // No call was made: let the next request probe.
             Err(LimiterError::Overloaded | LimiterError::Stopped | LimiterError::BreakerOpen) => {
                 if probe {
@@ -280,13 +245,13 @@ impl Breaker {
 
 /// What the limiter and its dispatcher threads share.
 #[derive(Debug)]
-struct Shared {
-    errors: AtomicU64,
+pub(super) struct Shared {
+    pub(super) errors: AtomicU64,
     /// Jobs the script skipped because their deadline had passed.
-    late: AtomicU64,
-    clock: RedisClock,
+    pub(super) late: AtomicU64,
+    pub(super) clock: RedisClock,
     breaker: Breaker,
-    deny_cache: Option<DenyCache>,
+    pub(super) deny_cache: Option<DenyCache>,
 }
 
 /// Decides checks against Redis. Cheap to share (`Arc`); dropping the last
@@ -304,6 +269,8 @@ pub struct Limiter {
     rx: Arc<Mutex<Receiver<Job>>>,
     manager: Manager,
     script: Arc<redis::Script>,
+    /// Redis Cluster mode: keys carry hash tags, and batches go by slot.
+    cluster: bool,
 }
 
 /// `FLOODGATE_DISPATCH=threads` (or `worker`) overrides the dispatch the
@@ -362,9 +329,9 @@ impl std::fmt::Debug for Limiter {
 
 /// A Redis connection that knows when Redis last answered on it and
 /// whether an error has left it in an unknown state. Derefs to the
-/// `redis::Connection`.
+/// [`RedisConn`] (one server, or a cluster).
 pub struct Conn {
-    inner: redis::Connection,
+    inner: RedisConn,
     /// When Redis last answered on this connection (or when it was opened).
     answered: Instant,
     /// An I/O error (or an unparsable reply) left the connection in an
@@ -428,28 +395,42 @@ impl Conn {
 }
 
 impl Deref for Conn {
-    type Target = redis::Connection;
+    type Target = RedisConn;
 
-    fn deref(&self) -> &redis::Connection {
+    fn deref(&self) -> &RedisConn {
         &self.inner
     }
 }
 
 impl DerefMut for Conn {
-    fn deref_mut(&mut self) -> &mut redis::Connection {
+    fn deref_mut(&mut self) -> &mut RedisConn {
         &mut self.inner
     }
 }
 
-/// Whether an error leaves the connection in an unknown state: any I/O
-/// error (refused, reset, EOF, broken pipe, timeout: after a timeout the
-/// late reply is still on its way) or a reply that could not be parsed.
-fn spoils(e: &redis::RedisError) -> bool {
+/// Whether an error leaves the connection in an unknown state, or pointed
+/// at the wrong server: any I/O error (refused, reset, EOF, broken pipe,
+/// timeout: after a timeout the late reply is still on its way), a reply
+/// that could not be parsed, or a server that is no longer the master
+/// (READONLY: a failover demoted it; the next connection asks the
+/// Sentinels again) or no longer serves the slot.
+pub(super) fn spoils(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
     e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_unrecoverable_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::ReadOnly
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
+                    | ServerErrorKind::ClusterDown
+            )
+        )
 }
 
 /// Opens [`Conn`]s for the pool and the dispatchers: every connect is bounded
@@ -459,7 +440,7 @@ fn spoils(e: &redis::RedisError) -> bool {
 /// (and replaced by the pool when the PING fails).
 #[derive(Debug, Clone)]
 pub struct Manager {
-    client: redis::Client,
+    source: Source,
     timeout: Duration,
 }
 
@@ -467,9 +448,7 @@ impl Manager {
     /// A new connection, open within `within` (at most the timeout).
     fn open(&self, within: Duration) -> redis::RedisResult<Conn> {
         let within = within.min(self.timeout).max(Duration::from_millis(1));
-        let inner = self.client.get_connection_with_timeout(within)?;
-        inner.set_read_timeout(Some(self.timeout))?;
-        inner.set_write_timeout(Some(self.timeout))?;
+        let inner = self.source.open(within, self.timeout)?;
         Ok(Conn {
             inner,
             answered: Instant::now(),
@@ -516,10 +495,9 @@ pub fn build_pool(config: &RedisConfig) -> Result<Pool, LimiterError> {
 }
 
 fn manager(config: &RedisConfig) -> Result<Manager, LimiterError> {
-    let client =
-        redis::Client::open(config.url.as_str()).map_err(|e| LimiterError::Redis(e.to_string()))?;
+    let source = Source::from_config(config).map_err(LimiterError::from)?;
     Ok(Manager {
-        client,
+        source,
         timeout: config.timeout,
     })
 }
@@ -540,7 +518,18 @@ impl Limiter {
             breaker: Breaker::new(options.breaker),
             deny_cache: options.deny_cache.then(DenyCache::default),
         });
-        for i in 0..DISPATCHERS {
+        let cluster = !config.cluster.is_empty();
+        if cluster {
+            // A cluster's batches are split by slot: see `cluster.rs`.
+            super::cluster::start(
+                config,
+                &rx,
+                &shared,
+                deadline_margin(config.timeout),
+                DISPATCHERS,
+            )?;
+        }
+        for i in 0..if cluster { 0 } else { DISPATCHERS } {
             let dispatcher = Dispatcher {
                 rx: Arc::clone(&rx),
                 manager: manager.clone(),
@@ -554,7 +543,7 @@ impl Limiter {
             std::thread::Builder::new()
                 .name(format!("floodgate-redis-{i}"))
                 .spawn(move || dispatcher.run())
-                .map_err(|e| LimiterError::Redis(format!("cannot start a dispatcher: {e}")))?;
+                .map_err(|e| LimiterError::Other(format!("cannot start a dispatcher: {e}")))?;
         }
         Ok(Limiter {
             queue,
@@ -562,11 +551,17 @@ impl Limiter {
             timeout: config.timeout,
             shared,
             local: LocalLimiter::default(),
-            dispatch: dispatch(options.dispatch),
+            // A cluster's batches need the slot-aware dispatcher threads.
+            dispatch: if cluster {
+                Dispatch::Threads
+            } else {
+                dispatch(options.dispatch)
+            },
             id,
             rx,
             manager,
             script,
+            cluster,
         })
     }
 
@@ -716,6 +711,12 @@ impl Limiter {
         &self.pool
     }
 
+    /// Whether keys carry a hash tag (Redis Cluster mode): the rules of one
+    /// identity then share a slot, so their all-or-nothing stays one call.
+    pub fn hash_tags(&self) -> bool {
+        self.cluster
+    }
+
     /// The configured bound on every Redis operation.
     pub fn timeout(&self) -> Duration {
         self.timeout
@@ -736,14 +737,14 @@ impl Limiter {
             let mut conn = self
                 .pool
                 .get_timeout(wait)
-                .map_err(|e| LimiterError::Redis(e.to_string()))?;
+                .map_err(|e| LimiterError::Other(e.to_string()))?;
             match conn.ping() {
                 Ok(()) => return Ok(()),
                 Err(e) if spoils(&e) && !retried && Instant::now() < deadline => {
                     log::debug!("readiness PING on a broken connection ({e}); trying another");
                     retried = true;
                 }
-                Err(e) => return Err(LimiterError::Redis(e.to_string())),
+                Err(e) => return Err(LimiterError::from(e)),
             }
         }
     }
@@ -881,19 +882,7 @@ impl Dispatcher {
 
     /// Blocks for the first job, then takes whatever else is already queued.
     fn next_batch(&self) -> Option<Vec<Job>> {
-        let rx = match self.rx.lock() {
-            Ok(rx) => rx,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        let first = rx.recv().ok()?;
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
-        Some(batch)
+        next_batch(&self.rx)
     }
 
     /// Makes sure the dispatcher holds a connection Redis answers on: the one
@@ -915,15 +904,12 @@ impl Dispatcher {
         }
         if self.conn.is_none() {
             let within = deadline.saturating_duration_since(Instant::now());
-            let mut conn = self
-                .manager
-                .open(within)
-                .map_err(|e| LimiterError::Redis(e.to_string()))?;
+            let mut conn = self.manager.open(within).map_err(LimiterError::from)?;
             conn.time(&self.shared.clock).map_err(|e| {
                 if e.is_timeout() {
                     LimiterError::Timeout
                 } else {
-                    LimiterError::Redis(e.to_string())
+                    LimiterError::Redis(e)
                 }
             })?;
             self.conn = Some(conn);
@@ -998,7 +984,7 @@ impl Dispatcher {
                 }
                 Ok(values)
             }
-            Ok(values) => Err(SendError::Failed(LimiterError::Redis(format!(
+            Ok(values) => Err(SendError::Failed(LimiterError::Other(format!(
                 "the script returned {} values, expected {}",
                 values.len(),
                 expected + 1
@@ -1007,7 +993,7 @@ impl Dispatcher {
                 let limiter_error = if e.error().is_timeout() {
                     LimiterError::Timeout
                 } else {
-                    LimiterError::Redis(e.error().to_string())
+                    LimiterError::Redis(e.error().clone())
                 };
                 match e {
                     CallError::Unsent(_) => Err(SendError::Unsent(limiter_error)),
@@ -1020,8 +1006,25 @@ impl Dispatcher {
     }
 }
 
+/// Blocks for the first job, then takes whatever else is already queued.
+pub(super) fn next_batch(rx: &Mutex<Receiver<Job>>) -> Option<Vec<Job>> {
+    let rx = match rx.lock() {
+        Ok(rx) => rx,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    let first = rx.recv().ok()?;
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(job) => batch.push(job),
+            Err(_) => break,
+        }
+    }
+    Some(batch)
+}
+
 /// Keeps the jobs whose caller is still waiting for the answer.
-fn retain_waiting(batch: &mut Vec<Job>) {
+pub(super) fn retain_waiting(batch: &mut Vec<Job>) {
     let now = Instant::now();
     batch.retain(|j| j.deadline > now && !j.reply.is_closed());
 }
@@ -1098,7 +1101,7 @@ fn decision(checks: &[Check], values: &[i64], at: &mut usize) -> Result<Decision
     let start = *at;
     *at += 3 * checks.len();
     let Some(values) = values.get(start..*at) else {
-        return Err(LimiterError::Redis(
+        return Err(LimiterError::Other(
             "the script's reply is too short".into(),
         ));
     };
@@ -1159,9 +1162,7 @@ pub fn decide_batch_with_deadlines(
     jobs: Vec<(Option<u64>, Option<i64>, Vec<Check>)>,
 ) -> Result<Vec<Result<Decision, LimiterError>>, LimiterError> {
     let script = redis::Script::new(SCRIPT_SOURCE);
-    script
-        .load(conn)
-        .map_err(|e| LimiterError::Redis(e.to_string()))?;
+    script.load(conn).map_err(LimiterError::from)?;
     let deadlines: Vec<Option<i64>> = jobs.iter().map(|j| j.1).collect();
     let batch: Vec<Job> = jobs
         .into_iter()
@@ -1180,11 +1181,9 @@ pub fn decide_batch_with_deadlines(
         next.set(i + 1);
         deadlines.get(i).copied().flatten()
     });
-    let values: Vec<i64> = cmd
-        .query(conn)
-        .map_err(|e| LimiterError::Redis(e.to_string()))?;
+    let values: Vec<i64> = cmd.query(conn).map_err(LimiterError::from)?;
     if values.len() != expected + 1 {
-        return Err(LimiterError::Redis(format!(
+        return Err(LimiterError::Other(format!(
             "the script returned {} values, expected {}",
             values.len(),
             expected + 1
@@ -1338,7 +1337,7 @@ mod tests {
         // A reply too short for the checks is an error, not a panic.
         assert!(matches!(
             decision(&decided, &values, &mut at),
-            Err(LimiterError::Redis(_))
+            Err(LimiterError::Other(_))
         ));
     }
 }

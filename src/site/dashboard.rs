@@ -1,8 +1,6 @@
 //! `/limits`, the live view of every rule and the visitor's own usage, and
 //! `/dev/outbox`, the SMS messages the demo "sent".
 
-use std::net::IpAddr;
-
 use actix_web::http::{header, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse};
 use askama::Template;
@@ -10,9 +8,9 @@ use redis::Commands;
 
 use super::pages::render;
 use super::{Site, SiteError, Visitor};
-use crate::config::{format_duration, human_duration, KeyKind, Mode, Rule};
-use crate::filter::key;
-use crate::limit::Algorithm;
+use crate::config::{format_duration, human_duration};
+use crate::limit::{Algorithm, Check, Outcome};
+use crate::rule::{KeyKind, Mode, Rule};
 
 /// Width of the SVG drawings, in user units.
 const WIDTH: f64 = 600.0;
@@ -62,82 +60,99 @@ struct Subject {
     key: String,
 }
 
-/// The visitor's own keys for a rule: address, account, phone.
-fn subjects(site: &Site, rule: &Rule, client: IpAddr, visitor: &Visitor) -> (Vec<Subject>, String) {
-    let prefix = &site.config.redis.key_prefix;
-    let make = |label: String, kind: &str, id: &str| Subject {
-        label,
-        key: key::redis_key(prefix, &rule.name, kind, id),
-    };
-    let address = key::ip_id(client);
-    let ip = make(format!("your address {address}"), "ip", &address);
+/// The visitor's own keys for a rule (address, account, phone), each built
+/// by the filter from this request as it builds the key of a guarded one:
+/// the phone of a signed-in visitor stands for the form fields the site's
+/// forms send, the page's own headers for header parts.
+fn subjects(
+    site: &Site,
+    rule: &Rule,
+    req: &HttpRequest,
+    visitor: &Visitor,
+) -> (Vec<Subject>, String) {
+    let address = crate::net::ip_id(site.filter.client_addr(req));
+    let key = |path: &str, form: Option<&[u8]>| site.filter.key_for(rule, req, path, form).ok();
     if let Some(KeyKind::Path) = rule.key.single() {
         return (
             rule.path_text
                 .iter()
                 .filter(|p| !p.contains([':', '*']))
-                .map(|p| make(format!("the page {p}"), "path", p))
+                .filter_map(|p| {
+                    key(p, None).map(|key| Subject {
+                        label: format!("the page {p}"),
+                        key,
+                    })
+                })
                 .collect(),
             String::new(),
         );
     }
-    // Each part of the key as the visitor's own requests would have it.
-    let mut parts: Vec<(&'static str, String)> = Vec::new();
     let mut labels: Vec<String> = Vec::new();
+    let mut form = form_urlencoded::Serializer::new(String::new());
     for kind in rule.key.kinds() {
-        let part = match kind {
-            KeyKind::Ip => Some((address.clone(), format!("your address {address}"))),
-            KeyKind::Global => Some(("all".to_string(), "everyone together".to_string())),
-            KeyKind::Path => None,
-            KeyKind::Session => visitor
-                .account
-                .as_ref()
-                .map(|id| (id.clone(), "your account".to_string())),
-            KeyKind::Header(_) | KeyKind::Query(_) | KeyKind::Form(_) => {
-                visitor.phone.as_ref().and_then(|phone| {
-                    key::normalize(phone, rule.normalize)
-                        .map(|id| (id, format!("your phone {phone}")))
-                })
-            }
+        let label = match kind {
+            KeyKind::Ip => Some(format!("your address {address}")),
+            KeyKind::Global => Some("everyone together".to_string()),
+            KeyKind::Path | KeyKind::Custom(_) | KeyKind::Query(_) => None,
+            KeyKind::Session => visitor.account.as_ref().map(|_| "your account".to_string()),
+            KeyKind::Header(name) => req
+                .headers()
+                .contains_key(name.as_str())
+                .then(|| format!("your {name} header")),
+            KeyKind::Form(name) => visitor.phone.as_ref().map(|phone| {
+                form.append_pair(name, phone);
+                format!("your phone {phone}")
+            }),
         };
-        match part {
-            Some((id, label)) => {
-                parts.push((kind.kind(), id));
-                labels.push(label);
-            }
-            None => {
-                let note = match kind {
-                    KeyKind::Session => "Keyed by your address until you sign in.".to_string(),
-                    _ => format!(
-                        "Counted per {} sent; sign in to see your phone's usage.",
-                        rule.key
-                    ),
-                };
-                let shown = if rule.key.single().is_some() && matches!(kind, KeyKind::Session) {
-                    vec![ip]
-                } else {
-                    Vec::new()
-                };
-                return (shown, note);
-            }
-        }
+        let Some(label) = label else {
+            let note = match kind {
+                KeyKind::Session => "Keyed by your address until you sign in.".to_string(),
+                _ => format!(
+                    "Counted per {} sent; sign in to see your phone's usage.",
+                    rule.key
+                ),
+            };
+            // Signed out, a session rule keys this visitor by address:
+            // the filter falls back to it by itself.
+            let shown = if rule.key.single().is_some() && matches!(kind, KeyKind::Session) {
+                key(req.path(), None)
+                    .map(|key| Subject {
+                        label: format!("your address {address}"),
+                        key,
+                    })
+                    .into_iter()
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            return (shown, note);
+        };
+        labels.push(label);
     }
-    let (kind, id) = match parts.as_slice() {
-        [(kind, id)] => ((*kind).to_string(), id.clone()),
-        _ => key::compose(&parts),
-    };
-    (vec![make(labels.join(" from "), &kind, &id)], String::new())
+    let body = form.finish();
+    match key(req.path(), Some(body.as_bytes())) {
+        Some(key) => (
+            vec![Subject {
+                label: labels.join(" from "),
+                key,
+            }],
+            String::new(),
+        ),
+        None => (Vec::new(), "Your usage cannot be shown here.".to_string()),
+    }
 }
 
-/// Reads one key's state and describes it.
-fn usage(
-    conn: &mut redis::Connection,
-    rule: &Rule,
-    subject: Subject,
-    now: u64,
-) -> redis::RedisResult<SubjectView> {
+/// Describes one key from what a one-unit request would be answered now
+/// (the limiter's own peek: nothing is counted), and for a sliding window
+/// the times of the entries still in it, newest first.
+fn usage(rule: &Rule, label: String, now: &Outcome, entries: &[u64], clock: u64) -> SubjectView {
+    let quota = u64::from(rule.algorithm.quota());
+    // What is left before this request would take its unit.
+    let left = (now.remaining + u64::from(now.allowed)).min(quota);
+    let used = quota - left;
+    let wait = now.wait.as_millis() as u64;
     let mut view = SubjectView {
-        label: subject.label,
+        label,
         used: String::new(),
         bar: 0,
         full: false,
@@ -146,87 +161,52 @@ fn usage(
         sliding: false,
         window: String::new(),
     };
+    fill(&mut view, used, quota);
     match rule.algorithm {
-        Algorithm::SlidingWindow { limit, window } => {
-            let window_ms = window.as_millis() as u64;
-            let stamps: Vec<u64> = conn.lrange(&subject.key, 0, MAX_TICKS as isize - 1)?;
-            let live: Vec<u64> = stamps.into_iter().filter(|t| t + window_ms > now).collect();
-            // Each entry is one unit; past the drawn ones, count the list.
-            let used = if live.len() < MAX_TICKS {
-                live.len() as u64
-            } else {
-                conn.llen(&subject.key)?
-            };
-            fill(&mut view, used, u64::from(limit.get()));
-            // The oldest entry in the window frees the next slot.
-            view.next = match live.last() {
-                Some(oldest) if view.full => wait_words(oldest + window_ms - now),
-                Some(oldest) => format!(
+        Algorithm::SlidingWindow { window, .. } => {
+            view.next = if used == 0 {
+                "nothing used".into()
+            } else if now.allowed {
+                // The reset of an allowed request: when its oldest use leaves.
+                format!(
                     "a slot is free now; the oldest use leaves in {}",
-                    secs_words(oldest + window_ms - now)
-                ),
-                None => "nothing used".into(),
+                    secs_words(wait)
+                )
+            } else {
+                wait_words(wait)
             };
             view.sliding = true;
             view.window = format_duration(window);
-            view.ticks = live
+            let window_ms = window.as_millis() as f64;
+            view.ticks = entries
                 .iter()
                 .map(|t| {
-                    let age = now.saturating_sub(*t) as f64;
-                    (WIDTH - age / window_ms as f64 * WIDTH).clamp(0.0, WIDTH) as u32
+                    let age = clock.saturating_sub(*t) as f64;
+                    (WIDTH - age / window_ms * WIDTH).clamp(0.0, WIDTH) as u32
                 })
                 .collect();
         }
-        Algorithm::FixedWindow { limit, window } => {
-            // The limiter's hash: the window's start, the units used, and
-            // the window it was last decided under.
-            let (start, used, was): (Option<u64>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
-                .arg(&subject.key)
-                .arg("start")
-                .arg("used")
-                .arg("window")
-                .query(conn)?;
-            let window_ms = window.as_millis() as u64;
-            let open = match (start, used) {
-                (Some(start), Some(used))
-                    if now < start + was.unwrap_or(window_ms) && now < start + window_ms =>
-                {
-                    Some((used, start + window_ms - now))
-                }
-                _ => None,
-            };
-            fill(&mut view, open.map_or(0, |o| o.0), u64::from(limit.get()));
-            view.next = match open {
-                Some((_, closes)) => format!("the window closes in {}", secs_words(closes)),
-                None => "nothing used".into(),
+        Algorithm::FixedWindow { .. } => {
+            view.next = if used == 0 {
+                "nothing used".into()
+            } else {
+                format!("the window closes in {}", secs_words(wait))
             };
         }
-        Algorithm::TokenBucket { rate, burst } => {
-            let (tokens, ts): (Option<f64>, Option<u64>) = redis::cmd("HMGET")
-                .arg(&subject.key)
-                .arg("tokens")
-                .arg("ts")
-                .query(conn)?;
-            let burst_f = f64::from(burst.get());
-            let tokens = match (tokens, ts) {
-                (Some(t), Some(ts)) => {
-                    (t + now.saturating_sub(ts) as f64 * rate / 1000.0).min(burst_f)
-                }
-                _ => burst_f,
-            };
-            let used = (burst_f - tokens).max(0.0).floor() as u64;
-            fill(&mut view, used, u64::from(burst.get()));
-            view.next = if tokens >= burst_f {
+        Algorithm::TokenBucket { .. } => {
+            view.next = if used == 0 {
                 "the bucket is full".into()
+            } else if now.allowed {
+                "a token is free now".into()
             } else {
                 format!(
-                    "full again in {}",
-                    secs_words(((burst_f - tokens) * 1000.0 / rate).ceil() as u64)
+                    "the bucket is empty: the next token comes in {}",
+                    secs_words(wait)
                 )
             };
         }
     }
-    Ok(view)
+    view
 }
 
 fn fill(view: &mut SubjectView, used: u64, limit: u64) {
@@ -255,11 +235,11 @@ pub async fn limits(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
     let visitor = Visitor::of(&site, &req).await?;
     let client = site.filter.client_addr(&req);
     let rules = site.filter.rules();
-    let mut plan = Vec::new();
+    let mut plan: Vec<(usize, Subject)> = Vec::new();
     let mut views = Vec::new();
-    for rule in rules.iter() {
-        let (subs, note) = subjects(&site, rule, client, &visitor);
-        plan.push((rule.clone(), subs));
+    for (at, rule) in rules.iter().enumerate() {
+        let (subs, note) = subjects(&site, rule, &req, &visitor);
+        plan.extend(subs.into_iter().map(|s| (at, s)));
         views.push(RuleView {
             name: rule.name.clone(),
             methods: if rule.methods.is_empty() {
@@ -285,33 +265,60 @@ pub async fn limits(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
             note,
         });
     }
-    let usages = site
+    let checks: Vec<Check> = plan
+        .iter()
+        .map(|(at, s)| Check {
+            key: s.key.clone(),
+            algorithm: rules[*at].algorithm,
+            cost: 1,
+            enforce: true,
+        })
+        .collect();
+    let outcomes = site
+        .filter
+        .limiter()
+        .peek(checks)
+        .await
+        .map_err(|e| SiteError::unavailable(format!("limits: {e}")))?;
+    // The timelines: the entries in each sliding window, newest first (the
+    // log's head), as many as the peek counted, and Redis's clock.
+    let drawn: Vec<(String, isize)> = plan
+        .iter()
+        .zip(&outcomes)
+        .filter(|((at, _), _)| matches!(rules[*at].algorithm, Algorithm::SlidingWindow { .. }))
+        .map(|((at, s), o)| {
+            let quota = u64::from(rules[*at].algorithm.quota());
+            let used = quota - (o.remaining + u64::from(o.allowed)).min(quota);
+            (s.key.clone(), used.min(MAX_TICKS as u64) as isize)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let (clock, mut entries) = site
         .redis(move |conn| {
             let (secs, micros): (u64, u64) = redis::cmd("TIME").query(conn)?;
-            let now = secs * 1000 + micros / 1000;
-            let mut all = Vec::new();
-            for (rule, subs) in plan {
-                let mut one = Vec::new();
-                for s in subs {
-                    one.push(usage(conn, &rule, s, now)?);
-                }
-                all.push(one);
+            let mut all = Vec::with_capacity(drawn.len());
+            for (key, n) in drawn {
+                let stamps: Vec<u64> = conn.lrange(&key, 0, n - 1)?;
+                all.push((key, stamps));
             }
-            Ok(all)
+            Ok((secs * 1000 + micros / 1000, all))
         })
         .await?;
-    for (view, subs) in views.iter_mut().zip(usages) {
-        view.subjects = subs;
+    for ((at, subject), now) in plan.into_iter().zip(&outcomes) {
+        let rule = &rules[at];
+        let stamps = match entries.iter().position(|(k, _)| *k == subject.key) {
+            Some(i) => entries.swap_remove(i).1,
+            None => Vec::new(),
+        };
+        views[at]
+            .subjects
+            .push(usage(rule, subject.label, now, &stamps, clock));
     }
     let page = LimitsPage {
         site_title: site.title(),
         signed_in: visitor.signed_in(),
-        address: key::ip_id(client),
-        phone: visitor
-            .phone
-            .as_ref()
-            .map(|p| format!("+{p}"))
-            .unwrap_or_default(),
+        address: crate::net::ip_id(client),
+        phone: visitor.phone.clone().unwrap_or_default(),
         rules: views,
     };
     let mut res = visitor.respond(render(&page, StatusCode::OK));

@@ -1,13 +1,21 @@
 //! The demo site: pages that show the filter at work, plus the operational
 //! endpoints (`/healthz`, `/readyz`, `/metrics`).
 
-pub mod auth;
+pub mod account;
+mod codes;
 pub mod dashboard;
+pub mod forms;
 pub mod pages;
+pub mod password;
 pub mod phone;
+pub mod reset;
 pub mod session;
+pub mod signin;
 pub mod sms;
+pub mod startup;
 pub mod store;
+
+pub use self::startup::{Application, StartError};
 
 use std::sync::Arc;
 
@@ -17,6 +25,7 @@ use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 
 use crate::config::Config;
 use crate::filter::Filter;
+use crate::limit::RedisConn;
 use crate::metrics::Metrics;
 
 /// What every handler can reach (`web::Data<Site>`).
@@ -36,7 +45,7 @@ pub struct Site {
     /// The outbox, when `[sms] provider = "outbox"`.
     pub outbox: Option<Arc<sms::Outbox>>,
     /// The bound on password hashes running at once.
-    pub hashing: auth::Hashing,
+    pub hashing: password::Hashing,
 }
 
 impl Site {
@@ -55,7 +64,7 @@ impl Site {
     /// saw an I/O error is dropped instead of going back to the pool.
     pub async fn redis<T, F>(&self, work: F) -> Result<T, SiteError>
     where
-        F: FnOnce(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
+        F: FnOnce(&mut RedisConn) -> redis::RedisResult<T> + Send + 'static,
         T: Send + 'static,
     {
         let pool = self.filter.limiter().pool().clone();
@@ -206,18 +215,18 @@ impl Visitor {
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/", web::get().to(pages::home))
         .route("/check", web::get().to(pages::check))
-        .route("/login", web::get().to(auth::login_form))
-        .route("/sms/send", web::post().to(auth::send_code))
-        .route("/login/sms", web::post().to(auth::login_sms))
-        .route("/login/password", web::post().to(auth::login_password))
-        .route("/logout", web::post().to(auth::logout))
-        .route("/account", web::get().to(auth::account))
-        .route("/account/password", web::post().to(auth::set_password))
-        .route("/password/reset", web::get().to(auth::reset_form))
-        .route("/password/reset", web::post().to(auth::reset_request))
+        .route("/login", web::get().to(signin::login_form))
+        .route("/sms/send", web::post().to(signin::send_code))
+        .route("/login/sms", web::post().to(signin::login_sms))
+        .route("/login/password", web::post().to(signin::login_password))
+        .route("/logout", web::post().to(signin::logout))
+        .route("/account", web::get().to(account::account))
+        .route("/account/password", web::post().to(account::set_password))
+        .route("/password/reset", web::get().to(reset::reset_form))
+        .route("/password/reset", web::post().to(reset::reset_request))
         .route(
             "/password/reset/confirm",
-            web::post().to(auth::reset_confirm),
+            web::post().to(reset::reset_confirm),
         )
         .route("/limits", web::get().to(dashboard::limits))
         .route("/dev/outbox", web::get().to(dashboard::outbox))

@@ -5,7 +5,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use askama::Template;
 
 use super::Site;
-use crate::config::{Mode, Rule};
+use crate::rule::{Mode, Rule};
 
 /// Longest wait the error page will show (a year); larger values are clamped.
 const MAX_RETRY_AFTER: u64 = 366 * 86_400;

@@ -3,6 +3,8 @@
 use redis::Commands;
 use serde::{Deserialize, Serialize};
 
+use crate::limit::RedisConn;
+
 use super::phone::Phone;
 
 /// One message "sent".
@@ -25,12 +27,7 @@ const OUTBOX_TTL_SECS: i64 = 3600;
 /// `web::block`.
 pub trait SmsSender: Send + Sync {
     /// Delivers `text` to `phone`.
-    fn send(
-        &self,
-        conn: &mut redis::Connection,
-        phone: &Phone,
-        text: &str,
-    ) -> redis::RedisResult<()>;
+    fn send(&self, conn: &mut RedisConn, phone: &Phone, text: &str) -> redis::RedisResult<()>;
 }
 
 /// Keeps messages in a Redis list (newest first, TTL), shown at `/dev/outbox`.
@@ -40,12 +37,7 @@ pub struct Outbox {
 }
 
 impl SmsSender for Outbox {
-    fn send(
-        &self,
-        conn: &mut redis::Connection,
-        phone: &Phone,
-        text: &str,
-    ) -> redis::RedisResult<()> {
+    fn send(&self, conn: &mut RedisConn, phone: &Phone, text: &str) -> redis::RedisResult<()> {
         let message = Message {
             phone: phone.display(),
             text: text.to_string(),
@@ -63,7 +55,7 @@ impl SmsSender for Outbox {
 
 impl Outbox {
     /// The messages, newest first.
-    pub fn read(&self, conn: &mut redis::Connection) -> redis::RedisResult<Vec<Message>> {
+    pub fn read(&self, conn: &mut RedisConn) -> redis::RedisResult<Vec<Message>> {
         let items: Vec<String> = conn.lrange(&self.key, 0, OUTBOX_LEN - 1)?;
         Ok(items
             .iter()
@@ -77,7 +69,7 @@ impl Outbox {
 pub struct LogSender;
 
 impl SmsSender for LogSender {
-    fn send(&self, _: &mut redis::Connection, phone: &Phone, text: &str) -> redis::RedisResult<()> {
+    fn send(&self, _: &mut RedisConn, phone: &Phone, text: &str) -> redis::RedisResult<()> {
         log::info!(target: "floodgate::sms", "SMS to {}: {text}", phone.display());
         Ok(())
     }

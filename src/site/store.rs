@@ -2,7 +2,9 @@
 //! function here blocks on Redis: call them inside `web::block`.
 //!
 //! Keys live under `PREFIX:@site:` (`@` cannot start a rule name, so they
-//! never meet the limiter's `PREFIX:RULE:KIND:ID`):
+//! never meet the limiter's `PREFIX:RULE:KIND:ID`); on a Redis Cluster under
+//! `PREFIX:{@site}:`, one hash tag, so that every key a pipeline or
+//! transaction here touches is in one slot:
 //! - `account:+DIGITS`         hash {id, phone (E.164), password (Argon2id PHC), created}
 //! - `code:PURPOSE:+DIGITS`    hash {mac, attempts}, 5-minute TTL
 //! - `session:SID`             hash {account, phone}, 7-day TTL
@@ -13,6 +15,7 @@ use redis::{Commands, RedisResult};
 
 use super::phone::Phone;
 use super::session::{hex, random_bytes, same, Secret, SESSION_TTL_SECS};
+use crate::limit::RedisConn;
 
 /// How long a code is valid.
 pub const CODE_TTL_SECS: u64 = 300;
@@ -90,6 +93,17 @@ impl Store {
         }
     }
 
+    /// On a Redis Cluster (`yes`): every key under one hash tag, as the
+    /// site's pipelines and transactions need their keys in one slot.
+    pub fn clustered(mut self, yes: bool) -> Store {
+        if yes {
+            if let Some(prefix) = self.base.strip_suffix(":@site:") {
+                self.base = format!("{prefix}:{{@site}}:");
+            }
+        }
+        self
+    }
+
     /// The outbox list's key.
     pub fn outbox_key(&self) -> String {
         format!("{}outbox", self.base)
@@ -100,11 +114,7 @@ impl Store {
     }
 
     /// The account of a phone, if there is one.
-    pub fn account(
-        &self,
-        conn: &mut redis::Connection,
-        phone: &Phone,
-    ) -> RedisResult<Option<Account>> {
+    pub fn account(&self, conn: &mut RedisConn, phone: &Phone) -> RedisResult<Option<Account>> {
         let (id, password): (Option<String>, Option<String>) = redis::cmd("HMGET")
             .arg(self.account_key(phone))
             .arg("id")
@@ -118,11 +128,7 @@ impl Store {
     }
 
     /// The account of a phone, created on first sign-in.
-    pub fn find_or_create(
-        &self,
-        conn: &mut redis::Connection,
-        phone: &Phone,
-    ) -> RedisResult<Account> {
+    pub fn find_or_create(&self, conn: &mut RedisConn, phone: &Phone) -> RedisResult<Account> {
         let key = self.account_key(phone);
         let id = hex(&random_bytes::<16>().map_err(io_error)?);
         // HSETNX: two first sign-ins at once still make one account.
@@ -139,12 +145,7 @@ impl Store {
     }
 
     /// Stores a new password hash.
-    pub fn set_password(
-        &self,
-        conn: &mut redis::Connection,
-        phone: &Phone,
-        phc: &str,
-    ) -> RedisResult<()> {
+    pub fn set_password(&self, conn: &mut RedisConn, phone: &Phone, phc: &str) -> RedisResult<()> {
         conn.hset(self.account_key(phone), "password", phc)
     }
 
@@ -161,7 +162,7 @@ impl Store {
     /// its keyed hash is stored; the code itself is returned to be sent.
     pub fn issue_code(
         &self,
-        conn: &mut redis::Connection,
+        conn: &mut RedisConn,
         purpose: Purpose,
         phone: &Phone,
     ) -> RedisResult<String> {
@@ -181,7 +182,7 @@ impl Store {
     /// attempts invalidate it.
     pub fn check_code(
         &self,
-        conn: &mut redis::Connection,
+        conn: &mut RedisConn,
         purpose: Purpose,
         phone: &Phone,
         code: &str,
@@ -222,7 +223,7 @@ impl Store {
     /// Records a signed-in session.
     pub fn start_session(
         &self,
-        conn: &mut redis::Connection,
+        conn: &mut RedisConn,
         sid: &str,
         account: &Account,
     ) -> RedisResult<()> {
@@ -241,7 +242,7 @@ impl Store {
     /// The phone of a live session of `account_id`, if the session is live.
     pub fn session_phone(
         &self,
-        conn: &mut redis::Connection,
+        conn: &mut RedisConn,
         sid: &str,
         account_id: &str,
     ) -> RedisResult<Option<String>> {
@@ -259,7 +260,7 @@ impl Store {
     /// Ends one session.
     pub fn end_session(
         &self,
-        conn: &mut redis::Connection,
+        conn: &mut RedisConn,
         sid: &str,
         account_id: &str,
     ) -> RedisResult<()> {
@@ -272,7 +273,7 @@ impl Store {
     /// Ends every session of an account except `keep`; returns how many ended.
     pub fn end_sessions(
         &self,
-        conn: &mut redis::Connection,
+        conn: &mut RedisConn,
         account_id: &str,
         keep: Option<&str>,
     ) -> RedisResult<usize> {

@@ -9,9 +9,9 @@ use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::Duration;
 
-use floodgate::config::Config;
-use floodgate::limit::redis::decide_batch;
-use floodgate::limit::{Algorithm, Check, Decision, Limiter, LimiterError, LimiterOptions};
+use floodgate::__private::decide_batch;
+use floodgate::Config;
+use floodgate::{Algorithm, Check, Decision, Limiter, LimiterError, LimiterOptions};
 
 use crate::helpers::{header, remaining, spawn_app, RedisServer};
 

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floodgate::config::Config;
-use floodgate::limit::{Algorithm, Check, Limiter, LimiterError, LimiterOptions};
+use floodgate::Config;
+use floodgate::{Algorithm, Check, Limiter, LimiterError, LimiterOptions};
 
 use crate::helpers::{header, metric, raw_request, remaining, spawn_app, RedisServer, TestApp};
 

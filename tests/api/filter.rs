@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use floodgate::config::Config;
+use floodgate::Config;
 
 use crate::helpers::{header, metric, remaining, spawn_app, TestApp};
 

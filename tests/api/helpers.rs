@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use actix_web::dev::ServerHandle;
 use actix_web::{web, HttpResponse};
-use floodgate::config::Config;
-use floodgate::filter::Filter;
-use floodgate::startup::Application;
+use floodgate::site::Application;
+use floodgate::Config;
+use floodgate::Filter;
 
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
@@ -186,9 +186,16 @@ pub struct TestApp {
 /// Starts the app for `toml` (bind, Redis URL and workers are set here) with
 /// `POST /echo` added behind the filter, on a private Redis.
 pub async fn spawn_app(toml: &str) -> TestApp {
+    spawn_app_with(toml, |_| {}).await
+}
+
+/// [`spawn_app`], with `edit` applied to the config after the private
+/// Redis is set (e.g. to point the app at a cluster or at Sentinels).
+pub async fn spawn_app_with(toml: &str, edit: impl FnOnce(&mut Config)) -> TestApp {
     let redis = RedisServer::start();
     let mut config = Config::parse(toml, Path::new("test.toml")).expect("the test config is valid");
     config.redis.url = redis.url();
+    edit(&mut config);
     config.server.bind = "127.0.0.1:0".into();
     config.server.workers = 2;
     let app = Application::build_with(config, extra_routes).expect("the app starts");

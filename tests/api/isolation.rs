@@ -3,8 +3,8 @@
 //! cannot hurt another: a check the script cannot decide fails its own
 //! request, and the rest of its batch is decided normally.
 
-use floodgate::limit::redis::decide_batch;
-use floodgate::limit::{Decision, LimiterError};
+use floodgate::__private::decide_batch;
+use floodgate::{Decision, LimiterError};
 
 use crate::changes::{bucket, check, fixed, pinned_limiter, sliding, T0};
 use crate::helpers::{header, metric, remaining, spawn_app, RedisServer};

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use actix_web::dev::ServerHandle;
 use actix_web::{web, HttpResponse};
-use floodgate::config::Config;
-use floodgate::startup::Application;
+use floodgate::site::Application;
+use floodgate::Config;
 
 use crate::helpers::{client, remaining, RedisServer};
 

@@ -1,4 +1,4 @@
-//! The limiter's arithmetic (CONTRACT 3.2, 3.3, 3.6, 3.8, 3.12): exactness
+//! The limiter's arithmetic: exactness
 //! under concurrency; the sliding-window property (never more than the limit
 //! in any window, and never a denial unless the window is full) on a pinned
 //! clock and over HTTP in real time; Retry-After honoured by all three
@@ -9,8 +9,8 @@ use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use floodgate::config::Config;
-use floodgate::limit::{Algorithm, Check, Limiter, LimiterOptions};
+use floodgate::Config;
+use floodgate::{Algorithm, Check, Limiter, LimiterOptions};
 
 use crate::helpers::{header, metric, remaining, spawn_app, RedisServer};
 

@@ -2,17 +2,20 @@
 //! test starts its own redis-server on a free port (redis-server must be
 //! installed) and its own app, so tests run in parallel without sharing state.
 
-mod browser;
 mod changes;
 mod cli;
+mod cluster;
+mod cluster_helpers;
 mod config_errors;
 mod faults;
 mod filter;
 mod helpers;
 mod isolation;
 mod keys;
+mod library;
+
 mod limits;
 mod model;
+mod peek;
 mod resilience;
 mod site;
-mod webdriver;

@@ -13,8 +13,8 @@
 use std::cell::{Cell, RefCell};
 use std::time::Instant;
 
-use floodgate::limit::redis::decide_batch;
-use floodgate::limit::{Algorithm, Check, Decision};
+use floodgate::__private::decide_batch;
+use floodgate::{Algorithm, Check, Decision};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 

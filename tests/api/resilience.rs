@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floodgate::config::Config;
-use floodgate::limit::redis::decide_batch_with_deadlines;
-use floodgate::limit::{Algorithm, Check, Limiter, LimiterError, LimiterOptions};
+use floodgate::__private::decide_batch_with_deadlines;
+use floodgate::Config;
+use floodgate::{Algorithm, Check, Limiter, LimiterError, LimiterOptions};
 
 use crate::faults::until_redis_decides;
 use crate::helpers::{header, metric, remaining, spawn_app, wait_until, RedisServer};

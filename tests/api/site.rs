@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::helpers::{header, spawn_app, wait_until, TestApp};
+use crate::helpers::{header, remaining, spawn_app, wait_until, TestApp};
 
 const DEFAULT: &str = include_str!("../../config/default.toml");
 
@@ -120,7 +120,7 @@ async fn sign_in_by_code_creates_the_account_and_renews_the_session() {
     assert!(page.contains("+15550100001"), "{page}");
     // A new session ID means a new CSRF token.
     assert_ne!(user.csrf().await, before);
-    // The outbox is JSON, newest first, with the contract's fields.
+    // The outbox is JSON, newest first, with the documented fields.
     let m = &outbox(&app).await[0];
     assert_eq!(m["phone"], "+15550100001");
     assert!(m["sent_at"].as_str().unwrap().ends_with('Z'));
@@ -528,6 +528,35 @@ async fn the_limits_page_shows_rules_and_the_visitors_usage() {
     assert!(page.contains("http-equiv=\"refresh\""));
 }
 
+/// A signed-in visitor's phone rules on `/limits` are the keys the filter
+/// counted their sends under (the phone written any way, from their
+/// address), with the remaining of the last send's `RateLimit` field.
+#[actix_web::test]
+async fn the_limits_page_shows_the_phone_keys_the_filter_counts() {
+    let app = spawn_app(DEFAULT).await;
+    let user = User::new(&app);
+    user.sign_in("+1 (555) 010-0030").await;
+    let res = user.post("/sms/send", &[("phone", "1-555-010-0030")]).await;
+    assert_eq!(res.status(), 200);
+    let left = remaining(&res, "sms-per-phone").unwrap();
+    assert_eq!(left, 1, "two codes of three");
+    let page = user.get("/limits").await.text().await.unwrap();
+    let card = page
+        .split("id=\"rule-sms-per-phone\"")
+        .nth(1)
+        .and_then(|rest| rest.split("</section>").next())
+        .unwrap();
+    assert!(
+        card.contains("your phone +15550100030 from your address 127.0.0.1"),
+        "{card}"
+    );
+    assert!(card.contains(&format!("{} of 3 used", 3 - left)), "{card}");
+    assert!(
+        page.contains("signed in as <code>+15550100030</code>"),
+        "{page}"
+    );
+}
+
 /// The default config behind a proxy on 127.0.0.1, so that a request can
 /// come from another address (X-Forwarded-For) than the test's users.
 fn default_behind_proxy(config: &str) -> String {
@@ -635,7 +664,7 @@ async fn password_spraying_is_limited_per_address() {
 /// what does not fit is refused at once with 503 and Retry-After.
 #[actix_web::test]
 async fn concurrent_password_attempts_run_a_bounded_number_of_hashes() {
-    use floodgate::site::auth::{HASH_PERMITS, HASH_QUEUE};
+    use floodgate::site::password::{HASH_PERMITS, HASH_QUEUE};
     let config = default_with_shadow("password-per-phone").replace(
         "name = \"password-per-ip\"\n",
         "name = \"password-per-ip\"\nmode = \"shadow\"\n",

@@ -41,3 +41,11 @@ end
 -- the same key. An entry is used only for the same algorithm, parameters
 -- and clock, and any other algorithm's access to the key drops it.
 local memo = {}
+
+-- Set only by the peek script (peek.lua), which answers what a decision
+-- would without writing anything: false in every other script. In peek
+-- mode it is a table of the keys whose state a decision would replace
+-- before reading it (another algorithm's state, an old-layout counter),
+-- each with what the replacement would hold ({} = nothing); the peek
+-- functions read that instead of the key and skip every write.
+local READ_ONLY = false

@@ -15,11 +15,13 @@
 -- peek returns allowed, remaining, ms until the window closes, state.
 local function fixed_window_peek(key, now, limit, window, cost)
   memo[key] = nil
-  local h = redis.call('HMGET', key, 'start', 'used', 'window', 'tokens')
+  local h = READ_ONLY and READ_ONLY[key] or redis.call('HMGET', key, 'start', 'used', 'window', 'tokens')
   local s = { start = now, used = 0, closes = now + window }
   if h[4] then
     -- A token bucket's state: a reload changed the rule's algorithm.
-    redis.call('DEL', key)
+    if not READ_ONLY then
+      redis.call('DEL', key)
+    end
   elseif h[1] or h[2] then
     local start, used = stored(h[1]), stored(h[2])
     local was = window
@@ -29,7 +31,7 @@ local function fixed_window_peek(key, now, limit, window, cost)
     local now_eff = math.max(now, start)
     if now_eff < start + was and now_eff < start + window then
       s.start, s.used, s.closes = start, used, start + window
-      if was ~= window then
+      if was ~= window and not READ_ONLY then
         redis.call('HSET', key, 'window', window)
         set_ttl(key, s.closes - now)
       end
@@ -52,6 +54,14 @@ end
 local function fixed_window_adopt(key, now, window)
   local used = tonumber(redis.call('GET', key))
   local ttl = redis.call('PTTL', key)
+  if READ_ONLY then
+    -- Peek: what the key would hold after the adoption, read from here on.
+    READ_ONLY[key] = {}
+    if used and ttl > 0 then
+      READ_ONLY[key] = { math.min(now, now + ttl - window), used, window }
+    end
+    return
+  end
   redis.call('DEL', key)
   if used and ttl > 0 then
     local start = math.min(now, now + ttl - window)

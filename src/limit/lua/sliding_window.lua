@@ -35,6 +35,9 @@ local PUSH_CHUNK = 1000
 -- head) are in the window.
 local function sliding_window_read(key, now, limit, window)
   local s = { alg = 1, now = now, limit = limit, window = window, used = 0, len = 0, now_eff = now }
+  if READ_ONLY and READ_ONLY[key] then
+    return s
+  end
   local head = redis.call('LINDEX', key, 0)
   if not head then
     return s
@@ -45,7 +48,9 @@ local function sliding_window_read(key, now, limit, window)
   local n = redis.call('LLEN', key)
   if n > MAX_LIMIT then
     -- Only a list this code did not write: no limit can look past MAX_LIMIT entries.
-    redis.call('LTRIM', key, 0, MAX_LIMIT - 1)
+    if not READ_ONLY then
+      redis.call('LTRIM', key, 0, MAX_LIMIT - 1)
+    end
     n = MAX_LIMIT
   end
   s.len, s.newest, s.now_eff = n, newest, now_eff
@@ -55,7 +60,8 @@ local function sliding_window_read(key, now, limit, window)
   end
   local oldest = newest
   if n > 1 then
-    oldest = stored(redis.call('LINDEX', key, -1))
+    -- (Entry n - 1 is the last one, also when a peek left a longer list untrimmed.)
+    oldest = stored(redis.call('LINDEX', key, n - 1))
   end
   local used = n
   if oldest <= horizon then

@@ -16,11 +16,13 @@
 --   denied:  ms until cost tokens are there
 local function token_bucket_peek(key, now, rate, burst, cost)
   memo[key] = nil
-  local h = redis.call('HMGET', key, 'tokens', 'ts', 'rate', 'burst', 'start')
+  local h = READ_ONLY and READ_ONLY[key] or redis.call('HMGET', key, 'tokens', 'ts', 'rate', 'burst', 'start')
   local tokens, now_eff = burst, now
   if h[5] then
     -- A fixed window's state: a reload changed the rule's algorithm.
-    redis.call('DEL', key)
+    if not READ_ONLY then
+      redis.call('DEL', key)
+    end
   elseif h[1] or h[2] then
     local left, ts = stored(h[1]), stored(h[2])
     local was_rate, was_burst = rate, burst
@@ -34,7 +36,7 @@ local function token_bucket_peek(key, now, rate, burst, cost)
     local t = left + (now_eff - ts) * was_rate / 1000
     if t < was_burst then
       tokens = math.min(t, burst)
-      if was_rate ~= rate or was_burst ~= burst then
+      if (was_rate ~= rate or was_burst ~= burst) and not READ_ONLY then
         redis.call('HSET', key, 'tokens', tokens, 'ts', now_eff, 'rate', rate, 'burst', burst)
         set_ttl(key, now_eff + (burst - tokens) * 1000 / rate - now)
       end

@@ -24,13 +24,13 @@ use futures_util::Stream;
 
 use crate::config::SmsProvider;
 use crate::config::{self, Config};
-use crate::filter::{Filter, FilterOptions};
 use crate::limit::{Limiter, LimiterError, LimiterOptions};
 use crate::metrics::Metrics;
 use crate::site::session::{self, Secret};
 use crate::site::sms::{LogSender, Outbox, SmsSender};
 use crate::site::store::Store;
 use crate::site::{self, Site};
+use crate::{Filter, FilterOptions};
 
 /// Why the application could not start.
 #[derive(Debug)]
@@ -88,7 +88,7 @@ impl Application {
         let metrics = Arc::new(Metrics::default());
         let title = config.site.title.clone();
         let secret = Secret::new(&config.server.secret)
-            .map_err(|e| StartError::Limiter(LimiterError::Redis(format!("no randomness: {e}"))))?;
+            .map_err(|e| StartError::Limiter(LimiterError::Other(format!("no randomness: {e}"))))?;
         let cookie_secret = secret.clone();
         let filter = Filter::new(
             config.rules.clone(),
@@ -105,13 +105,15 @@ impl Application {
                 session: Some(Box::new(move |req| {
                     session::read_cookie(&cookie_secret, req).and_then(|c| c.account)
                 })),
+                responder: None,
             },
         );
         let workers = config.server.workers;
         let max_form = config.server.max_form;
         let body_timeout = BodyTimeout::new(config.server.body_timeout);
         let config_path = config.path.clone();
-        let store = Store::new(&config.redis.key_prefix, secret.clone());
+        let store = Store::new(&config.redis.key_prefix, secret.clone())
+            .clustered(!config.redis.cluster.is_empty());
         let outbox = (config.sms.provider == SmsProvider::Outbox).then(|| {
             Arc::new(Outbox {
                 key: store.outbox_key(),
@@ -129,7 +131,7 @@ impl Application {
             store,
             sms,
             outbox,
-            hashing: site::auth::Hashing::default(),
+            hashing: site::password::Hashing::default(),
         });
         let app_filter = filter.clone();
         let mut server = HttpServer::new(move || {

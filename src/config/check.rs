@@ -1,0 +1,423 @@
+//! The checks that turn the file as written into rules and settings that
+//! cannot be invalid; every refusal says what is wrong and the range allowed.
+
+use std::num::NonZeroU32;
+
+use super::raw::{AlgorithmName, NormalizeName, RawKey, RawPolicy, RawRule};
+pub(super) use super::units::duration_setting;
+use super::units::{amount_of_time, number};
+use super::{ConfigError, MAX_ERROR_PAGE, MAX_LIMIT, MAX_RATE, MAX_WINDOW};
+use crate::limit::Algorithm;
+use crate::rule::{
+    Count, Deny, Key, KeyKind, Mode, Normalize, OnRedisError, PathPattern, Region, Rule,
+};
+
+/// Checks `[defaults]` and every `[[rule]]`; used at start and on SIGHUP.
+pub fn rules_from_raw(
+    defaults: &RawPolicy,
+    raw: Vec<RawRule>,
+    file: &str,
+) -> Result<Vec<Rule>, ConfigError> {
+    let defaults =
+        check_policy(defaults, &Policy::builtin()).map_err(|(key, what)| ConfigError {
+            file: file.to_string(),
+            place: format!("[defaults] {key}"),
+            what,
+        })?;
+    let mut rules: Vec<Rule> = Vec::with_capacity(raw.len());
+    for (i, r) in raw.into_iter().enumerate() {
+        let place = format!("rule {:?} (rule {})", r.name, i + 1);
+        let rule = check_rule(r, &defaults, &rules).map_err(|what| ConfigError {
+            file: file.to_string(),
+            place,
+            what,
+        })?;
+        rules.push(rule);
+    }
+    Ok(rules)
+}
+
+/// The policy part of a rule, resolved.
+#[derive(Debug, Clone)]
+pub(super) struct Policy {
+    pub(super) algorithm: AlgorithmName,
+    pub(super) deny: Deny,
+    error_page: String,
+    on_redis_error: OnRedisError,
+    mode: Mode,
+    pub(super) region: Region,
+    pub(super) count: Count,
+}
+
+impl Policy {
+    pub(super) fn builtin() -> Policy {
+        Policy {
+            algorithm: AlgorithmName::SlidingWindow,
+            deny: Deny::Redirect,
+            error_page: "/err".into(),
+            on_redis_error: OnRedisError::Allow,
+            mode: Mode::Enforce,
+            region: Region::us(),
+            count: Count::All,
+        }
+    }
+}
+
+/// Resolves a `[defaults]`-style table over `base`; errors name the key.
+pub(super) fn check_policy(
+    raw: &RawPolicy,
+    base: &Policy,
+) -> Result<Policy, (&'static str, String)> {
+    let mut p = base.clone();
+    p.algorithm = raw.algorithm.unwrap_or(p.algorithm);
+    p.deny = raw.deny.unwrap_or(p.deny);
+    if let Some(e) = &raw.error_page {
+        check_error_page(e).map_err(|what| ("error_page", what))?;
+        p.error_page = e.clone();
+    }
+    p.on_redis_error = raw.on_redis_error.unwrap_or(p.on_redis_error);
+    p.mode = raw.mode.unwrap_or(p.mode);
+    if let Some(r) = &raw.region {
+        p.region = Region::parse(r).ok_or_else(|| {
+            (
+                "region",
+                format!("unknown region {r:?}, expected a two-letter region code such as \"US\" or \"GB\""),
+            )
+        })?;
+    }
+    p.count = raw.count.unwrap_or(p.count);
+    Ok(p)
+}
+
+/// `error_page` is a plain absolute path on this site: it starts with one
+/// `/`, has no query, fragment or percent-encoding, no empty, `.` or `..`
+/// segment, and only the printable ASCII characters a path may hold as
+/// they are (letters, digits and `-._~!$&'()*+,;=:@/`), at most
+/// [`MAX_ERROR_PAGE`] bytes. So the `Location` header is always valid, and
+/// what the browser asks for next is exactly the path the rules are
+/// matched against.
+pub(super) fn check_error_page(e: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "-._~!$&'()*+,;=:@/".contains(c);
+    let problem = if !e.starts_with('/') {
+        Some("must start with \"/\"")
+    } else if e.starts_with("//") {
+        Some("must not start with \"//\" (a browser reads that as another host)")
+    } else if e.len() > MAX_ERROR_PAGE {
+        Some("is longer than 256 bytes")
+    } else if e.contains(['?', '#']) {
+        Some("must not have a query or fragment (the rule and retry time are added as the query)")
+    } else if e.contains('%') {
+        Some("must not be percent-encoded")
+    } else if !e.chars().all(allowed) {
+        Some("may hold only letters, digits and -._~!$&'()*+,;=:@/ (no spaces, control or non-ASCII characters)")
+    } else if e.contains("//") || e.split('/').any(|seg| seg == "." || seg == "..") {
+        Some("must not have an empty, \".\" or \"..\" segment")
+    } else {
+        None
+    };
+    match problem {
+        Some(why) => Err(format!(
+            "error_page {e:?} {why}: it must be a plain absolute path on this site, like \"/err\""
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Path patterns are matched against the percent-decoded path: a pattern
+/// that holds a query, a fragment, percent-encoding, spaces or control
+/// characters can never match what a client is guarded by.
+pub(super) fn check_path_chars(p: &str) -> Result<(), String> {
+    let why = if p.contains('?') {
+        "\"?\" (a query is not part of the path)"
+    } else if p.contains('#') {
+        "\"#\" (a fragment is never sent)"
+    } else if p.contains('%') {
+        "\"%\" (paths are matched percent-decoded: write \"/café\", not \"/caf%C3%A9\")"
+    } else if p.chars().any(char::is_control) {
+        "a control character"
+    } else if p.chars().any(char::is_whitespace) {
+        "a space"
+    } else {
+        return Ok(());
+    };
+    Err(format!("path {p:?} can never match: it contains {why}"))
+}
+
+pub(super) fn valid_rule_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+const METHODS: &[&str] = &[
+    "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE",
+];
+
+pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Result<Rule, String> {
+    if !valid_rule_name(&r.name) {
+        return Err(
+            "name must be 1 to 64 characters from A-Z, a-z, 0-9, \"_\" and \"-\"".to_string(),
+        );
+    }
+    if let Some(i) = earlier.iter().position(|e| e.name == r.name) {
+        return Err(format!("duplicate rule name (also rule {})", i + 1));
+    }
+    let own = RawPolicy {
+        algorithm: r.algorithm,
+        deny: r.deny,
+        error_page: r.error_page.clone(),
+        on_redis_error: r.on_redis_error,
+        mode: r.mode,
+        region: r.region.clone(),
+        count: r.count,
+    };
+    let policy = check_policy(&own, defaults).map_err(|(_, what)| what)?;
+
+    if r.paths.is_empty() {
+        return Err("paths must name at least one path".into());
+    }
+    let mut paths = Vec::new();
+    for p in &r.paths {
+        check_path_chars(p)?;
+        paths.push(PathPattern::parse(p)?);
+    }
+
+    let mut methods = Vec::new();
+    for m in &r.methods {
+        let up = m.to_ascii_uppercase();
+        if !METHODS.contains(&up.as_str()) {
+            return Err(format!("unknown method {m:?}"));
+        }
+        methods.push(up);
+    }
+
+    let key = match &r.key {
+        None => Key(vec![KeyKind::Ip]),
+        Some(RawKey::One(text)) => Key(vec![KeyKind::parse(text)?]),
+        Some(RawKey::Many(list)) => {
+            if list.is_empty() {
+                return Err("key must name at least one kind".into());
+            }
+            if list.len() > 4 {
+                return Err("key may combine at most 4 kinds".into());
+            }
+            let mut kinds: Vec<KeyKind> = Vec::with_capacity(list.len());
+            for text in list {
+                let kind = KeyKind::parse(text)?;
+                if kinds.contains(&kind) {
+                    return Err(format!("key lists {text:?} twice"));
+                }
+                kinds.push(kind);
+            }
+            Key(kinds)
+        }
+    };
+    let normalize = match r.normalize.unwrap_or(NormalizeName::None) {
+        NormalizeName::None => Normalize::None,
+        NormalizeName::Digits => Normalize::Digits,
+        NormalizeName::Lowercase => Normalize::Lowercase,
+        NormalizeName::E164 => Normalize::E164(policy.region),
+    };
+
+    let cost_wanted = r.cost.unwrap_or(1);
+
+    let algorithm = match policy.algorithm {
+        AlgorithmName::TokenBucket => {
+            if r.limit.is_some() || r.window.is_some() {
+                return Err(
+                    "limit and window do not apply to token_bucket (use rate and burst)".into(),
+                );
+            }
+            let (rate, burst) = match (r.rate, r.burst) {
+                (Some(rate), Some(burst)) => (rate, burst),
+                (None, Some(_)) => return Err("token_bucket needs rate (tokens per second)".into()),
+                (Some(_), None) => {
+                    return Err("token_bucket needs burst (the bucket's capacity)".into())
+                }
+                (None, None) => return Err("token_bucket needs rate and burst".into()),
+            };
+            if !(rate.is_finite() && rate > 0.0 && rate <= MAX_RATE) {
+                return Err(format!(
+                    "rate must be greater than 0 and at most {MAX_RATE} (tokens per second), got {}",
+                    number(rate)
+                ));
+            }
+            let burst = u32::try_from(burst)
+                .ok()
+                .filter(|b| *b <= MAX_LIMIT)
+                .and_then(NonZeroU32::new)
+                .ok_or_else(|| format!("burst must be between 1 and {MAX_LIMIT}, got {burst}"))?;
+            // Every time the bucket's script derives (its TTL, a wait) is at
+            // most burst / rate: bounding it keeps them whole milliseconds
+            // that Redis takes as integers.
+            let max_secs = MAX_WINDOW.as_secs_f64();
+            // (A hair of slack, so the least rate the message names is accepted
+            // when written back despite float rounding.)
+            if f64::from(burst.get()) / rate > max_secs * (1.0 + 1e-9) {
+                return Err(format!(
+                    "a bucket of {burst} refilling at rate {} per second needs more than {} to refill from empty; rate must be at least {} (burst / {} seconds)",
+                    number(rate),
+                    amount_of_time(MAX_WINDOW),
+                    number(f64::from(burst.get()) / max_secs),
+                    MAX_WINDOW.as_secs()
+                ));
+            }
+            Algorithm::TokenBucket { rate, burst }
+        }
+        window_algorithm => {
+            let window_kind = if window_algorithm == AlgorithmName::FixedWindow {
+                "fixed_window"
+            } else {
+                "sliding_window"
+            };
+            if r.rate.is_some() || r.burst.is_some() {
+                return Err(format!(
+                    "rate and burst apply only to token_bucket, not {window_kind}"
+                ));
+            }
+            let (limit, window) = match (r.limit, r.window.as_deref()) {
+                (Some(limit), Some(window)) => (limit, window),
+                (None, Some(_)) => return Err(format!("{window_kind} needs limit")),
+                (Some(_), None) => return Err(format!("{window_kind} needs window")),
+                (None, None) => return Err(format!("{window_kind} needs limit and window")),
+            };
+            let limit = u32::try_from(limit)
+                .ok()
+                .filter(|l| *l <= MAX_LIMIT)
+                .and_then(NonZeroU32::new)
+                .ok_or_else(|| format!("limit must be between 1 and {MAX_LIMIT}, got {limit}"))?;
+            let window = duration_setting(window, MAX_WINDOW).map_err(|w| w.named("window"))?;
+            if window_algorithm == AlgorithmName::FixedWindow {
+                Algorithm::FixedWindow { limit, window }
+            } else {
+                Algorithm::SlidingWindow { limit, window }
+            }
+        }
+    };
+
+    // Units one request takes: 1 ..= the rule's limit or burst.
+    let quota = algorithm.quota();
+    let cost = u32::try_from(cost_wanted)
+        .ok()
+        .filter(|c| (1..=quota).contains(c))
+        .ok_or_else(|| {
+            let of = match algorithm {
+                Algorithm::TokenBucket { .. } => "burst",
+                _ => "limit",
+            };
+            format!("cost must be between 1 and {quota} (the rule's {of}), got {cost_wanted}")
+        })?;
+
+    let description = match r.description {
+        Some(d) if !d.trim().is_empty() => d.trim().to_string(),
+        _ => crate::rule::describe(&algorithm, cost, &key),
+    };
+
+    let rule = Rule {
+        description,
+        name: r.name,
+        path_text: r.paths,
+        paths,
+        methods,
+        key,
+        normalize,
+        algorithm,
+        cost,
+        deny: policy.deny,
+        error_page: policy.error_page,
+        on_redis_error: policy.on_redis_error,
+        mode: policy.mode,
+        count: policy.count,
+    };
+    // A browser sent to the error page would be sent there again, forever.
+    if rule.deny == Deny::Redirect && rule.matches("GET", &rule.error_page) {
+        return Err(format!(
+            "deny = \"redirect\" sends denied requests to error_page {:?}, which this rule's paths and methods cover too (a loop); leave the error page out of paths, set another error_page, or use deny = \"status\"",
+            rule.error_page
+        ));
+    }
+    Ok(rule)
+}
+
+/// Cluster and Sentinel settings: consistent with each other (a file that
+/// names both, or Sentinels without the master's name, is refused rather
+/// than half used). Errors name the key.
+pub(super) fn check_topology(
+    cluster: &[String],
+    sentinel: &[String],
+    master: &str,
+) -> Result<(), (&'static str, String)> {
+    if !cluster.is_empty() && !sentinel.is_empty() {
+        return Err((
+            "[redis] cluster",
+            "cluster and sentinel cannot both be set: Redis is either a Cluster or a master watched by Sentinels".into(),
+        ));
+    }
+    if !sentinel.is_empty() && master.is_empty() {
+        return Err((
+            "[redis] sentinel",
+            "sentinel needs sentinel_master, the name the Sentinels monitor the master under"
+                .into(),
+        ));
+    }
+    if !master.is_empty() && sentinel.is_empty() {
+        return Err((
+            "[redis] sentinel_master",
+            "is set but sentinel lists no Sentinel servers".into(),
+        ));
+    }
+    if master.len() > 256 || master.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err((
+            "[redis] sentinel_master",
+            format!("must be a name without spaces or control characters, got {master:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// `host:port`: an IPv4 address, a bracketed IPv6 address or a host name,
+/// then a port 0-65535 (0 picks a free one).
+pub(super) fn check_bind(text: &str) -> Result<String, String> {
+    let bad = || {
+        format!(
+            "{text:?} is not host:port (an IP address, [IPv6] or host name, then a port from 0 to 65535)"
+        )
+    };
+    let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
+    if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) || port.parse::<u16>().is_err()
+    {
+        return Err(bad());
+    }
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => host.parse::<std::net::Ipv4Addr>().is_ok() || is_host_name(host),
+    };
+    if host_ok {
+        Ok(text.to_string())
+    } else {
+        Err(bad())
+    }
+}
+
+/// A DNS host name: dot-separated labels of letters, digits and inner
+/// hyphens, the last one not all digits (that would be a bad IPv4 address).
+pub(super) fn is_host_name(host: &str) -> bool {
+    let labels: Vec<&str> = host.strip_suffix('.').unwrap_or(host).split('.').collect();
+    (1..=253).contains(&host.len())
+        && labels.iter().all(|l| {
+            (1..=63).contains(&l.len())
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+        && labels
+            .last()
+            .is_some_and(|l| !l.bytes().all(|b| b.is_ascii_digit()))
+}
+
+pub(super) fn check_redis_url(text: &str) -> Result<String, String> {
+    redis::Client::open(text)
+        .map(|_| text.to_string())
+        .map_err(|e| format!("{text:?} is not a Redis URL ({e})"))
+}

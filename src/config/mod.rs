@@ -1,0 +1,583 @@
+//! The configuration file: a typed TOML schema, its validation and the
+//! environment overrides.
+//!
+//! Reading happens in two steps. [`RawConfig`] mirrors the file exactly
+//! (unknown keys are rejected by serde, with line and column); [`Config::from_raw`]
+//! then checks every value and turns rules into [`Rule`]s that cannot be
+//! invalid. Every failure is a [`ConfigError`] whose `Display` is the one line
+//! `FILE: WHERE: WHAT` that the command line prints before exiting with status 2.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+mod check;
+mod raw;
+mod units;
+
+pub use self::check::rules_from_raw;
+use self::check::{
+    check_bind, check_policy, check_redis_url, check_topology, duration_setting, Policy,
+};
+pub use self::raw::*;
+#[cfg(test)]
+use self::units::parse_duration;
+pub use self::units::{format_duration, human_duration, parse_size};
+pub use crate::limit::RedisConfig;
+use crate::net::Cidr;
+use crate::rule::{Region, Rule};
+
+/// Largest `limit` a window rule may have.
+pub const MAX_LIMIT: u32 = 100_000;
+
+/// Most actix worker threads (`[server] workers`); actix-server refuses more.
+pub const MAX_WORKERS: usize = 512;
+
+/// Most connections in the pool (`[redis] pool_size`).
+pub const MAX_POOL_SIZE: u32 = 1024;
+
+/// Longest window, and longest time a token bucket may take to refill from empty.
+pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 86_400);
+
+/// Longest `[redis] timeout`.
+pub const MAX_REDIS_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Longest `[server] body_timeout`.
+pub const MAX_BODY_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Longest `[limiter] breaker`.
+pub const MAX_BREAKER: Duration = Duration::from_secs(600);
+
+/// Largest token bucket `rate`, in tokens per second.
+pub const MAX_RATE: f64 = 1_000_000.0;
+
+/// Longest `error_page`.
+pub const MAX_ERROR_PAGE: usize = 256;
+
+/// Fewest connections the pool may have: one per dispatcher thread, which
+/// holds its connection for good, and one for the site and `/readyz`.
+pub fn min_pool_size() -> u32 {
+    crate::limit::redis::DISPATCHERS as u32 + 1
+}
+
+/// A configuration that cannot be used, with where and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file the error is in.
+    pub file: String,
+    /// Where in the file: `line 7, column 3`, `rule "sms" (rule 2)`, `[redis] timeout`…
+    pub place: String,
+    /// What is wrong, in one sentence.
+    pub what: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.place.is_empty() {
+            write!(f, "{}: {}", self.file, self.what)
+        } else {
+            write!(f, "{}: {}: {}", self.file, self.place, self.what)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A checked, usable configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from (for messages and SIGHUP reloads).
+    pub path: PathBuf,
+    /// `[server]`
+    pub server: ServerConfig,
+    /// `[redis]`
+    pub redis: RedisConfig,
+    /// `[limiter]`
+    pub limiter: LimiterConfig,
+    /// `[[rule]]`, with `[defaults]` applied.
+    pub rules: Vec<Rule>,
+    /// `[defaults] region`: how the site reads the phone numbers people
+    /// type (with the same function as the `e164` rules).
+    pub region: Region,
+    /// `[sms]`
+    pub sms: SmsConfig,
+    /// `[site]`
+    pub site: SiteConfig,
+}
+
+/// `[server]`, checked. `Debug` shows whether a secret is set, never the secret.
+#[derive(Clone)]
+pub struct ServerConfig {
+    /// Address to listen on, `host:port`.
+    pub bind: String,
+    /// Worker threads; 0 = one per core.
+    pub workers: usize,
+    /// Proxies whose forwarding headers are believed.
+    pub trusted_proxies: Vec<Cidr>,
+    /// Largest form body read, in bytes.
+    pub max_form: usize,
+    /// Key for cookies and CSRF (empty = random at each start).
+    pub secret: String,
+    /// A request body not fully received this long after its head gets
+    /// `408` and the connection is closed.
+    pub body_timeout: Duration,
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("bind", &self.bind)
+            .field("workers", &self.workers)
+            .field("trusted_proxies", &self.trusted_proxies)
+            .field("max_form", &self.max_form)
+            .field("secret", &if self.secret.is_empty() { "" } else { "***" })
+            .field("body_timeout", &self.body_timeout)
+            .finish()
+    }
+}
+
+/// `[limiter]`, checked.
+#[derive(Debug, Clone)]
+pub struct LimiterConfig {
+    /// A denied key is remembered in-process until its retry time, so a
+    /// flood on a denied key costs no Redis call.
+    pub deny_cache: bool,
+    /// After Redis failed to answer in time, rules apply `on_redis_error`
+    /// at once for this long; then one call probes Redis again.
+    pub breaker: Duration,
+}
+
+/// `[sms]`, checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum SmsProvider {
+    /// Keep messages in Redis and show them at `/dev/outbox`.
+    Outbox,
+    /// Write messages to the log.
+    Log,
+}
+
+/// `[sms]`, checked.
+#[derive(Debug, Clone)]
+pub struct SmsConfig {
+    /// Where "sent" messages go.
+    pub provider: SmsProvider,
+}
+
+/// `[site]`, checked.
+#[derive(Debug, Clone)]
+pub struct SiteConfig {
+    /// Title in the page header.
+    pub title: String,
+    /// Whether cookies carry `Secure`.
+    pub secure_cookies: bool,
+}
+
+/// The file used when neither `--config` nor `$FLOODGATE_CONFIG` names one.
+pub const DEFAULT_PATH: &str = "config/default.toml";
+
+impl Config {
+    /// Reads, parses and checks `path`, then applies `FLOODGATE_BIND` and
+    /// `FLOODGATE_REDIS_URL` from the environment.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let mut config = Config::load_file(path)?;
+        config.apply_env(|name| std::env::var(name).ok())?;
+        Ok(config)
+    }
+
+    /// Reads, parses and checks `path` without looking at the environment.
+    pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            place: String::new(),
+            what: format!("cannot read the file: {}", io_words(&e)),
+        })?;
+        Config::parse(&text, path)
+    }
+
+    /// Parses and checks TOML text said to come from `path`.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let raw: RawConfig = toml::from_str(text).map_err(|e| toml_error(&file, text, &e))?;
+        let mut config = Config::from_raw(raw, &file)?;
+        config.path = path.to_path_buf();
+        Ok(config)
+    }
+
+    /// Applies the environment overrides; `get` reads one variable.
+    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        let file = self.path.display().to_string();
+        if let Some(bind) = get("FLOODGATE_BIND").filter(|v| !v.is_empty()) {
+            self.server.bind = check_bind(&bind).map_err(|what| ConfigError {
+                file: file.clone(),
+                place: "FLOODGATE_BIND".into(),
+                what,
+            })?;
+        }
+        if let Some(url) = get("FLOODGATE_REDIS_URL").filter(|v| !v.is_empty()) {
+            self.redis.url = check_redis_url(&url).map_err(|what| ConfigError {
+                file,
+                place: "FLOODGATE_REDIS_URL".into(),
+                what,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Checks every value of a parsed file.
+    pub fn from_raw(raw: RawConfig, file: &str) -> Result<Config, ConfigError> {
+        let err = |place: &str, what: String| ConfigError {
+            file: file.to_string(),
+            place: place.to_string(),
+            what,
+        };
+
+        let s = raw.server;
+        let bind = check_bind(s.bind.as_deref().unwrap_or("127.0.0.1:8080"))
+            .map_err(|w| err("[server] bind", w))?;
+        let workers = s.workers.unwrap_or(0);
+        if workers > MAX_WORKERS {
+            return Err(err(
+                "[server] workers",
+                format!(
+                    "must be between 0 and {MAX_WORKERS} (0 = one per CPU core), got {workers}"
+                ),
+            ));
+        }
+        let mut trusted_proxies = Vec::new();
+        for p in &s.trusted_proxies {
+            trusted_proxies.push(Cidr::parse(p).ok_or_else(|| {
+                err(
+                    "[server] trusted_proxies",
+                    format!("{p:?} is not an IP address or CIDR"),
+                )
+            })?);
+        }
+        let max_form = parse_size(s.max_form.as_deref().unwrap_or("16KiB"))
+            .map_err(|w| err("[server] max_form", w))?;
+        let body_timeout =
+            duration_setting(s.body_timeout.as_deref().unwrap_or("10s"), MAX_BODY_TIMEOUT)
+                .map_err(|w| err("[server] body_timeout", w.text()))?;
+        let server = ServerConfig {
+            bind,
+            workers,
+            trusted_proxies,
+            max_form,
+            secret: s.secret.unwrap_or_default(),
+            body_timeout,
+        };
+
+        let r = raw.redis;
+        let url = check_redis_url(r.url.as_deref().unwrap_or("redis://127.0.0.1:6379/0"))
+            .map_err(|w| err("[redis] url", w))?;
+        let mut cluster = Vec::new();
+        for u in &r.cluster {
+            cluster.push(check_redis_url(u).map_err(|w| err("[redis] cluster", w))?);
+        }
+        let mut sentinel = Vec::new();
+        for u in &r.sentinel {
+            sentinel.push(check_redis_url(u).map_err(|w| err("[redis] sentinel", w))?);
+        }
+        let sentinel_master = r.sentinel_master.unwrap_or_default();
+        check_topology(&cluster, &sentinel, &sentinel_master)
+            .map_err(|(place, what)| err(place, what))?;
+        let pool_size = r.pool_size.unwrap_or(16);
+        let min_pool = min_pool_size();
+        if !(min_pool..=MAX_POOL_SIZE).contains(&pool_size) {
+            return Err(err(
+                "[redis] pool_size",
+                format!(
+                    "must be between {min_pool} and {MAX_POOL_SIZE}, got {pool_size} (the limiter's \
+                     {} dispatcher threads each hold a connection, and the site and /readyz \
+                     need at least one more)",
+                    crate::limit::redis::DISPATCHERS
+                ),
+            ));
+        }
+        let timeout = duration_setting(r.timeout.as_deref().unwrap_or("250ms"), MAX_REDIS_TIMEOUT)
+            .map_err(|w| err("[redis] timeout", w.text()))?;
+        let key_prefix = r.key_prefix.unwrap_or_else(|| "floodgate".into());
+        if key_prefix.is_empty()
+            || key_prefix.len() > 64
+            || key_prefix
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(err(
+                "[redis] key_prefix",
+                format!(
+                    "must be 1 to 64 bytes without spaces or control characters, got {key_prefix:?}"
+                ),
+            ));
+        }
+        let redis = RedisConfig {
+            url,
+            cluster,
+            sentinel,
+            sentinel_master,
+            pool_size,
+            timeout,
+            key_prefix,
+        };
+
+        let l = raw.limiter;
+        let limiter = LimiterConfig {
+            deny_cache: l.deny_cache.unwrap_or(true),
+            breaker: duration_setting(l.breaker.as_deref().unwrap_or("1s"), MAX_BREAKER)
+                .map_err(|w| err("[limiter] breaker", w.text()))?,
+        };
+        let region = check_policy(&raw.defaults, &Policy::builtin())
+            .map(|p| p.region)
+            .map_err(|(key, what)| err(&format!("[defaults] {key}"), what))?;
+        let rules = rules_from_raw(&raw.defaults, raw.rule, file)?;
+
+        let sms = SmsConfig {
+            provider: raw.sms.provider.unwrap_or(SmsProvider::Outbox),
+        };
+        let site = SiteConfig {
+            title: raw.site.title.unwrap_or_else(|| "floodgate".into()),
+            secure_cookies: raw.site.secure_cookies.unwrap_or(false),
+        };
+
+        Ok(Config {
+            path: PathBuf::from(file),
+            server,
+            redis,
+            limiter,
+            rules,
+            region,
+            sms,
+            site,
+        })
+    }
+}
+
+/// An I/O error in words, without the "(os error N)" suffix.
+pub fn io_words(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match text.find(" (os error") {
+        Some(at) => text[..at].to_string(),
+        None => text,
+    }
+}
+
+/// Turns a TOML or schema error into `FILE: line L, column C: WHAT`.
+fn toml_error(file: &str, text: &str, e: &toml::de::Error) -> ConfigError {
+    let place = match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!("line {line}, column {column}")
+        }
+        None => String::new(),
+    };
+    let what = e
+        .message()
+        .trim()
+        .replace('`', "\"")
+        .lines()
+        .collect::<Vec<_>>()
+        .join("; ");
+    ConfigError {
+        file: file.to_string(),
+        place,
+        what,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check::{check_bind, check_error_page, duration_setting};
+    use super::units::SettingError;
+    use super::*;
+    use crate::rule::{Count, Key, KeyKind, Normalize};
+    use std::time::Duration;
+
+    #[test]
+    fn debug_output_hides_the_secret_and_redis_passwords() {
+        let config = Config::parse(
+            "[server]\nsecret = \"hunter2-hunter2\"\n[redis]\nurl = \"redis://me:pa55word@localhost:6379/0\"\n",
+            Path::new("x.toml"),
+        )
+        .unwrap();
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(!shown.contains("pa55word"), "{shown}");
+        assert!(shown.contains("redis://me:***@localhost:6379/0"), "{shown}");
+        let raw: RawConfig = toml::from_str(
+            "[server]\nsecret = \"hunter2\"\n[redis]\nurl = \"redis://:pa55word@h/0\"\n",
+        )
+        .unwrap();
+        let shown = format!("{raw:?}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("pa55word"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(parse_duration("1d").unwrap(), Duration::from_secs(86400));
+        for bad in ["", "10", "s", "1.5s", "-1s", "10x", "10 s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert_eq!(format_duration(Duration::from_secs(600)), "10m");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
+    }
+
+    #[test]
+    fn durations_that_overflow_are_refused_not_wrapped() {
+        assert!(parse_duration("213503982335d").is_err());
+        assert!(parse_duration("99999999999999999999999ms").is_err());
+        assert_eq!(
+            parse_duration("18446744073709551615ms").unwrap(),
+            Duration::from_millis(u64::MAX)
+        );
+        assert_eq!(
+            duration_setting("213503982335d", MAX_WINDOW),
+            Err(SettingError::Range(
+                "must be at most 366 days, got \"213503982335d\"".into()
+            ))
+        );
+        assert_eq!(duration_setting("366d", MAX_WINDOW).unwrap(), MAX_WINDOW);
+        assert_eq!(
+            duration_setting("0s", MAX_WINDOW),
+            Err(SettingError::Range("must be greater than 0".into()))
+        );
+    }
+
+    #[test]
+    fn error_pages() {
+        for good in ["/err", "/errors/rate-limited", "/a:b@c/~x_y.z", "/err/"] {
+            assert_eq!(check_error_page(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "", "err", "//x", "/a//b", "/a/./b", "/a/..", "/err?x", "/err#x", "/e%72r", "/e r",
+            "/e\tr", "/\u{e9}", "/\"x\"", "/<x>",
+        ] {
+            assert!(check_error_page(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_error_page(&format!("/{}", "a".repeat(MAX_ERROR_PAGE))).is_err());
+    }
+
+    #[test]
+    fn binds() {
+        for good in [
+            "127.0.0.1:8080",
+            "0.0.0.0:0",
+            "[::1]:80",
+            "localhost:8080",
+            "web-1.example.:443",
+        ] {
+            assert!(check_bind(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "127.0.0.1",
+            ":80",
+            "999.1.1.1:80",
+            "::1:80",
+            "[::1]",
+            "host:+80",
+            "host:65536",
+            "a b:80",
+            "-x:80",
+        ] {
+            assert!(check_bind(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn redirect_rule_may_cover_its_error_page_only_for_other_methods() {
+        let toml = |methods: &str, deny: &str| {
+            format!(
+                "[[rule]]\nname = \"r\"\npaths = [\"/*\"]\nmethods = {methods}\nlimit = 1\nwindow = \"1s\"\ndeny = \"{deny}\"\n"
+            )
+        };
+        let parse = |t: String| Config::parse(&t, Path::new("t.toml"));
+        assert!(parse(toml("[]", "redirect")).is_err());
+        assert!(parse(toml("[\"GET\"]", "redirect")).is_err());
+        assert!(parse(toml("[\"POST\"]", "redirect")).is_ok());
+        assert!(parse(toml("[]", "status")).is_ok());
+    }
+
+    #[test]
+    fn new_keys_have_their_defaults() {
+        let config = Config::parse("", Path::new("t.toml")).unwrap();
+        assert_eq!(config.server.body_timeout, Duration::from_secs(10));
+        assert!(config.limiter.deny_cache);
+        assert_eq!(config.limiter.breaker, Duration::from_secs(1));
+        assert!(config.redis.sentinel.is_empty());
+        assert_eq!(config.redis.sentinel_master, "");
+        assert_eq!(config.redis.pool_size, 16);
+        assert!(config.redis.pool_size >= min_pool_size());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("16KiB").unwrap(), 16384);
+        assert_eq!(parse_size("100").unwrap(), 100);
+        assert!(parse_size("16XB").is_err());
+        assert!(parse_size("0").is_err());
+    }
+
+    #[test]
+    fn cidrs() {
+        let net = Cidr::parse("10.0.0.0/8").unwrap();
+        assert!(net.contains("10.1.2.3".parse().unwrap()));
+        assert!(net.contains("::ffff:10.1.2.3".parse().unwrap()));
+        assert!(!net.contains("11.0.0.1".parse().unwrap()));
+        assert!(Cidr::parse("0.0.0.0/0")
+            .unwrap()
+            .contains("1.2.3.4".parse().unwrap()));
+        assert!(Cidr::parse("10.0.0.0/33").is_none());
+        assert!(Cidr::parse("10.0.0/8").is_none());
+        assert!(Cidr::parse("fd00::/8")
+            .unwrap()
+            .contains("fd12::1".parse().unwrap()));
+    }
+
+    fn rules(toml: &str) -> Result<Vec<Rule>, String> {
+        Config::parse(toml, Path::new("t.toml"))
+            .map(|c| c.rules)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn keys_regions_and_counts() {
+        let r = rules(
+            "[defaults]\nregion = \"gb\"\ncount = \"failures\"\n[[rule]]\nname = \"a\"\npaths = [\"/a\"]\nkey = [\"form:phone\", \"ip\"]\nnormalize = \"e164\"\nlimit = 1\nwindow = \"1m\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            r[0].key,
+            Key(vec![KeyKind::Form("phone".into()), KeyKind::Ip])
+        );
+        assert_eq!(r[0].key.to_string(), "[\"form:phone\", \"ip\"]");
+        assert_eq!(
+            r[0].normalize,
+            Normalize::E164(Region::parse("GB").unwrap())
+        );
+        assert_eq!(r[0].count, Count::Failures);
+        let base = "[[rule]]\nname = \"a\"\npaths = [\"/a\"]\nlimit = 1\nwindow = \"1m\"\n";
+        for (extra, says) in [
+            ("region = \"XX\"\n", "unknown region \"XX\""),
+            ("count = \"some\"\n", "line 6, column 9: unknown variant \"some\", expected \"all\" or \"failures\""),
+            ("key = []\n", "key must name at least one kind"),
+            ("key = [\"ip\", \"ip\"]\n", "key lists \"ip\" twice"),
+            ("key = [\"ip\", \"nope\"]\n", "unknown key \"nope\""),
+            ("normalize = \"phone\"\n", "unknown variant \"phone\", expected one of \"none\", \"digits\", \"lowercase\", \"e164\""),
+        ] {
+            let err = rules(&format!("{base}{extra}")).unwrap_err();
+            assert!(err.contains(says), "{extra}: {err}");
+        }
+        let err = rules(&format!("[defaults]\nregion = \"Mars\"\n{base}")).unwrap_err();
+        assert!(err.contains("[defaults] region"), "{err}");
+    }
+}

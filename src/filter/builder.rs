@@ -1,0 +1,652 @@
+//! Building a [`Filter`] without the demo: from a TOML file or string, or
+//! in code; and limits declared in code beside a handler ([`Limit`]).
+
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::{HttpRequest, HttpResponse};
+
+use super::{Denial, Filter, FilterOptions};
+use crate::config::{rules_from_raw, Config, ConfigError, RawPolicy, RawRule};
+use crate::limit::{Algorithm, Limiter, LimiterError, LimiterOptions, RedisConfig};
+use crate::metrics::Metrics;
+use crate::net::Cidr;
+use crate::rule::{Count, Deny, Key, Mode, Normalize, OnRedisError, PathPattern, Rule};
+
+/// Why a filter could not be built.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SetupError {
+    /// The configuration is unusable; `Display` is `FILE: WHERE: WHAT`.
+    Config(ConfigError),
+    /// The Redis client or the dispatcher threads could not be set up.
+    Limiter(LimiterError),
+    /// A limit declared in code cannot be used (a limit of 0, say).
+    Limit(String),
+}
+
+impl std::fmt::Display for SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SetupError::Config(e) => write!(f, "{e}"),
+            SetupError::Limiter(e) => write!(f, "cannot set up the limiter: {e}"),
+            SetupError::Limit(e) => write!(f, "unusable limit: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SetupError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SetupError::Config(e) => Some(e),
+            SetupError::Limiter(e) => Some(e),
+            SetupError::Limit(_) => None,
+        }
+    }
+}
+
+impl From<ConfigError> for SetupError {
+    fn from(e: ConfigError) -> SetupError {
+        SetupError::Config(e)
+    }
+}
+
+impl From<LimiterError> for SetupError {
+    fn from(e: LimiterError) -> SetupError {
+        SetupError::Limiter(e)
+    }
+}
+
+impl Filter {
+    /// A filter with the rules and settings of a TOML file (the same file
+    /// the `floodgate` command reads: `[redis]`, `[server] trusted_proxies`
+    /// and `max_form`, `[defaults]`, `[[rule]]`). `FLOODGATE_REDIS_URL`
+    /// overrides `[redis] url`.
+    ///
+    /// ```no_run
+    /// let filter = floodgate::Filter::from_toml_file("floodgate.toml")?;
+    /// # Ok::<(), floodgate::SetupError>(())
+    /// ```
+    pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Filter, SetupError> {
+        let config = Config::load(path.as_ref())?;
+        Filter::from_config(&config)
+    }
+
+    /// As [`Filter::from_toml_file`], from text; `name` is the file name
+    /// errors give.
+    ///
+    /// ```
+    /// let err = floodgate::Filter::from_toml_str(
+    ///     "[[rule]]\nname = \"x\"\npaths = [\"/x\"]\nlimit = 0\nwindow = \"1m\"\n",
+    ///     "inline.toml",
+    /// )
+    /// .unwrap_err();
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "inline.toml: rule \"x\" (rule 1): limit must be between 1 and 100000, got 0"
+    /// );
+    /// ```
+    pub fn from_toml_str(text: &str, name: &str) -> Result<Filter, SetupError> {
+        let mut config = Config::parse(text, Path::new(name))?;
+        config.apply_env(|n| std::env::var(n).ok())?;
+        Filter::from_config(&config)
+    }
+
+    /// A filter for a checked [`Config`].
+    pub fn from_config(config: &Config) -> Result<Filter, SetupError> {
+        let mut builder = Filter::builder()
+            .redis(config.redis.clone())
+            .max_form(config.server.max_form)
+            .limiter_options(LimiterOptions {
+                deny_cache: config.limiter.deny_cache,
+                breaker: config.limiter.breaker,
+                ..LimiterOptions::default()
+            });
+        for c in &config.server.trusted_proxies {
+            builder = builder.trusted_proxy(*c);
+        }
+        builder.rules = config.rules.clone();
+        builder.build()
+    }
+
+    /// A builder, for a filter set up in code.
+    ///
+    /// ```no_run
+    /// use floodgate::{Filter, Key, Limit};
+    ///
+    /// let filter = Filter::builder()
+    ///     .redis_url("redis://127.0.0.1:6379/0")
+    ///     .rule("/check", Limit::per_second(5).key(Key::ip()))
+    ///     .build()?;
+    /// # Ok::<(), floodgate::SetupError>(())
+    /// ```
+    pub fn builder() -> FilterBuilder {
+        FilterBuilder::default()
+    }
+
+    /// Middleware that applies `limit` to every request it wraps: `.wrap()`
+    /// it on a `Resource` or a `Scope`. It shares this filter's Redis pool,
+    /// dispatcher threads, responses and metrics; a request it denies takes
+    /// nothing from the rules this filter applied around it (their units
+    /// are given back).
+    ///
+    /// An unusable limit (a limit of 0, say) stops the app from starting:
+    /// the error is logged and actix refuses to build the service.
+    ///
+    /// ```no_run
+    /// use actix_web::{web, App, HttpResponse};
+    /// use floodgate::{Filter, Key, Limit};
+    ///
+    /// # fn app(filter: Filter) {
+    /// let app = App::new().service(
+    ///     web::resource("/sms/send")
+    ///         .wrap(filter.limit(Limit::per_minute(3).key(Key::form("phone"))))
+    ///         .route(web::post().to(HttpResponse::Ok)),
+    /// );
+    /// # }
+    /// ```
+    pub fn limit(&self, limit: Limit) -> Filter {
+        self.limits([limit])
+    }
+
+    /// As [`Filter::limit`], with several limits decided together.
+    pub fn limits(&self, limits: impl IntoIterator<Item = Limit>) -> Filter {
+        let mut rules = Vec::new();
+        let mut broken = None;
+        for limit in limits {
+            match limit.into_rule(Some("/*")) {
+                Ok(rule) => rules.push(rule),
+                Err(e) => broken = Some(e),
+            }
+        }
+        let mut filter = self.with_rules(rules);
+        if let Some(e) = broken {
+            log::error!("unusable limit: {e}");
+            filter.refuse_to_start();
+        }
+        filter
+    }
+}
+
+/// Builds a [`Filter`] in code. Every setting has the default the
+/// configuration file has.
+#[must_use]
+#[derive(Default)]
+pub struct FilterBuilder {
+    redis: Option<RedisConfig>,
+    redis_url: Option<String>,
+    key_prefix: Option<String>,
+    timeout: Option<Duration>,
+    pool_size: Option<u32>,
+    trusted_proxies: Vec<Cidr>,
+    max_form: Option<usize>,
+    rules: Vec<Rule>,
+    limits: Vec<(String, Limit)>,
+    toml: Option<(String, String)>,
+    responder: Option<Box<super::DenialResponder>>,
+    session: Option<Box<super::SessionLookup>>,
+    denial_page: Option<Box<super::DenialPage>>,
+    metrics: Option<Arc<Metrics>>,
+    limiter_options: LimiterOptions,
+}
+
+impl FilterBuilder {
+    /// Redis's URL (`redis://[:password@]host:port/db`); default
+    /// `redis://127.0.0.1:6379/0`.
+    pub fn redis_url(mut self, url: &str) -> Self {
+        self.redis_url = Some(url.to_string());
+        self
+    }
+
+    /// Every Redis setting at once (as `[redis]` in the file).
+    pub fn redis(mut self, redis: RedisConfig) -> Self {
+        self.redis = Some(redis);
+        self
+    }
+
+    /// First component of every Redis key; default `floodgate`.
+    pub fn key_prefix(mut self, prefix: &str) -> Self {
+        self.key_prefix = Some(prefix.to_string());
+        self
+    }
+
+    /// Bound on connect, pool checkout and each decision; default 250 ms.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Connections in the pool (at least 3); default 16.
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = Some(size);
+        self
+    }
+
+    /// A proxy (address or network) whose `Forwarded` / `X-Forwarded-For`
+    /// is believed.
+    pub fn trusted_proxy(mut self, proxy: Cidr) -> Self {
+        self.trusted_proxies.push(proxy);
+        self
+    }
+
+    /// Largest form body read for `form:` keys; default 16 KiB.
+    pub fn max_form(mut self, bytes: usize) -> Self {
+        self.max_form = Some(bytes);
+        self
+    }
+
+    /// Guards `path` (`/exact`, `/prefix/*`, `/user/:id`) with `limit`.
+    pub fn rule(mut self, path: &str, limit: Limit) -> Self {
+        self.limits.push((path.to_string(), limit));
+        self
+    }
+
+    /// Adds the `[defaults]` and `[[rule]]` of TOML text (other tables are
+    /// ignored here); `name` is the file name errors give.
+    pub fn toml_rules(mut self, text: &str, name: &str) -> Self {
+        self.toml = Some((text.to_string(), name.to_string()));
+        self
+    }
+
+    /// The whole response to a denied request, in place of the 303 to the
+    /// error page or the 429.
+    ///
+    /// ```no_run
+    /// use actix_web::HttpResponse;
+    /// let builder = floodgate::Filter::builder().denial_responder(|denial, _req| {
+    ///     HttpResponse::TooManyRequests()
+    ///         .content_type("application/json")
+    ///         .body(format!(r#"{{"limit":"{}","wait":{}}}"#, denial.rule.name, denial.retry_after))
+    /// });
+    /// ```
+    pub fn denial_responder(
+        mut self,
+        f: impl Fn(&Denial, &HttpRequest) -> HttpResponse + Send + Sync + 'static,
+    ) -> Self {
+        self.responder = Some(Box::new(f));
+        self
+    }
+
+    /// The HTML body of a 429 for a browser (the response stays the
+    /// filter's own); `(rule, retry_after_secs)`.
+    pub fn denial_page(mut self, f: impl Fn(&Rule, u64) -> String + Send + Sync + 'static) -> Self {
+        self.denial_page = Some(Box::new(f));
+        self
+    }
+
+    /// Who is signed in, for [`Key::session`] rules: the account ID, or
+    /// `None` (the request is then keyed by its address).
+    pub fn session_lookup(
+        mut self,
+        f: impl Fn(&HttpRequest) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.session = Some(Box::new(f));
+        self
+    }
+
+    /// The denial cache, the breaker and how decisions travel to Redis
+    /// (default: [`LimiterOptions::default`]).
+    pub fn limiter_options(mut self, options: LimiterOptions) -> Self {
+        self.limiter_options = options;
+        self
+    }
+
+    /// Counters to record decisions in (default: the filter's own).
+    pub fn metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Checks the rules, starts the dispatcher threads and builds the
+    /// filter. Redis need not be up: decisions apply each rule's
+    /// `on_redis_error` until it is.
+    pub fn build(self) -> Result<Filter, SetupError> {
+        let mut redis = self.redis.unwrap_or_else(default_redis);
+        if let Some(url) = self.redis_url {
+            redis.url = url;
+        }
+        if let Some(p) = self.key_prefix {
+            redis.key_prefix = p;
+        }
+        if let Some(t) = self.timeout {
+            redis.timeout = t;
+        }
+        if let Some(n) = self.pool_size {
+            redis.pool_size = n;
+        }
+        let mut rules = self.rules;
+        if let Some((text, name)) = self.toml {
+            let raw: TomlRules = toml::from_str(&text).map_err(|e| ConfigError {
+                file: name.clone(),
+                place: String::new(),
+                what: e.message().replace('`', "\""),
+            })?;
+            rules.extend(rules_from_raw(&raw.defaults, raw.rule, &name)?);
+        }
+        for (path, limit) in self.limits {
+            rules.push(limit.into_rule(Some(&path)).map_err(SetupError::Limit)?);
+        }
+        for (i, r) in rules.iter().enumerate() {
+            if rules[..i].iter().any(|e| e.name == r.name) {
+                return Err(SetupError::Limit(format!(
+                    "two rules are named {:?}",
+                    r.name
+                )));
+            }
+        }
+        let limiter = Arc::new(Limiter::new(&redis, self.limiter_options)?);
+        let metrics = self.metrics.unwrap_or_default();
+        let denial_page = self.denial_page.unwrap_or_else(|| {
+            Box::new(|rule: &Rule, retry: u64| {
+                format!(
+                    "<!doctype html><title>Too many requests</title><p>Too many requests: {}. Try again in {retry} s.</p>\n",
+                    rule.description.replace('<', "&lt;")
+                )
+            })
+        });
+        Ok(Filter::new(
+            rules,
+            limiter,
+            metrics,
+            FilterOptions {
+                trusted_proxies: self.trusted_proxies,
+                max_form: self.max_form.unwrap_or(16 * 1024),
+                key_prefix: redis.key_prefix,
+                denial_page,
+                session: self.session,
+                responder: self.responder,
+            },
+        ))
+    }
+}
+
+/// The rule tables of a TOML text (other tables are allowed and ignored).
+#[derive(serde::Deserialize)]
+struct TomlRules {
+    #[serde(default)]
+    defaults: RawPolicy,
+    #[serde(default)]
+    rule: Vec<RawRule>,
+}
+
+fn default_redis() -> RedisConfig {
+    RedisConfig {
+        url: "redis://127.0.0.1:6379/0".into(),
+        cluster: Vec::new(),
+        sentinel: Vec::new(),
+        sentinel_master: String::new(),
+        pool_size: 16,
+        timeout: Duration::from_millis(250),
+        key_prefix: "floodgate".into(),
+    }
+}
+
+/// A limit declared in code: how many units per window (or a token
+/// bucket), counted by what key, and what a denied request gets.
+/// Wrap it on a resource or scope with [`Filter::limit`], or give it paths
+/// with [`FilterBuilder::rule`].
+///
+/// Defaults: key by client address, sliding window, cost 1, `429` on
+/// denial (JSON for clients that ask for it), Redis errors let requests
+/// through, enforced, every request counted.
+///
+/// ```
+/// use std::time::Duration;
+/// use floodgate::{Key, Limit};
+///
+/// let sms = Limit::per_minute(3).key(Key::form("phone").and(Key::ip())).name("sms");
+/// let api = Limit::token_bucket(10.0, 20).key(Key::header("x-api-key"));
+/// let login = Limit::new(5, Duration::from_secs(900)).count_failures_only();
+/// # let _ = (sms, api, login);
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct Limit {
+    algorithm: LimitAlgorithm,
+    key: Key,
+    name: Option<String>,
+    cost: u32,
+    deny: Deny,
+    error_page: String,
+    on_redis_error: OnRedisError,
+    mode: Mode,
+    count: Count,
+    normalize: Normalize,
+    description: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum LimitAlgorithm {
+    Window {
+        limit: u32,
+        window: Duration,
+        fixed: bool,
+    },
+    Bucket {
+        rate: f64,
+        burst: u32,
+    },
+}
+
+impl Limit {
+    /// At most `limit` requests in any `window` (a sliding window).
+    pub fn new(limit: u32, window: Duration) -> Limit {
+        Limit {
+            algorithm: LimitAlgorithm::Window {
+                limit,
+                window,
+                fixed: false,
+            },
+            key: Key::ip(),
+            name: None,
+            cost: 1,
+            deny: Deny::Status,
+            error_page: "/err".into(),
+            on_redis_error: OnRedisError::Allow,
+            mode: Mode::Enforce,
+            count: Count::All,
+            normalize: Normalize::None,
+            description: None,
+        }
+    }
+
+    /// At most `n` requests in any second.
+    pub fn per_second(n: u32) -> Limit {
+        Limit::new(n, Duration::from_secs(1))
+    }
+
+    /// At most `n` requests in any minute.
+    pub fn per_minute(n: u32) -> Limit {
+        Limit::new(n, Duration::from_secs(60))
+    }
+
+    /// At most `n` requests in any hour.
+    pub fn per_hour(n: u32) -> Limit {
+        Limit::new(n, Duration::from_secs(3600))
+    }
+
+    /// A bucket of `burst` tokens refilled at `rate` per second.
+    pub fn token_bucket(rate: f64, burst: u32) -> Limit {
+        Limit {
+            algorithm: LimitAlgorithm::Bucket { rate, burst },
+            ..Limit::per_second(1)
+        }
+    }
+
+    /// Counts in fixed windows that open at the first request, instead of
+    /// a sliding window (no effect on a token bucket).
+    pub fn fixed_window(mut self) -> Limit {
+        if let LimitAlgorithm::Window { fixed, .. } = &mut self.algorithm {
+            *fixed = true;
+        }
+        self
+    }
+
+    /// What the limit counts by (default [`Key::ip`]).
+    pub fn key(mut self, key: Key) -> Limit {
+        self.key = key;
+        self
+    }
+
+    /// How header, query and form values are read before they key.
+    pub fn normalize(mut self, normalize: Normalize) -> Limit {
+        self.normalize = normalize;
+        self
+    }
+
+    /// The rule's name in headers, metrics and Redis keys
+    /// (`[A-Za-z0-9_-]{1,64}`); default: made from the key and the limit.
+    pub fn name(mut self, name: &str) -> Limit {
+        self.name = Some(name.to_string());
+        self
+    }
+
+    /// Units one request takes (default 1).
+    pub fn cost(mut self, cost: u32) -> Limit {
+        self.cost = cost;
+        self
+    }
+
+    /// Denied requests are sent (`303`) to `error_page` with the rule and
+    /// retry time in the query, instead of getting a `429`.
+    pub fn redirect_to(mut self, error_page: &str) -> Limit {
+        self.deny = Deny::Redirect;
+        self.error_page = error_page.to_string();
+        self
+    }
+
+    /// When Redis cannot answer in time, deny (`503`) instead of allowing.
+    pub fn deny_when_redis_fails(mut self) -> Limit {
+        self.on_redis_error = OnRedisError::Deny;
+        self
+    }
+
+    /// Count and report, never deny.
+    pub fn shadow(mut self) -> Limit {
+        self.mode = Mode::Shadow;
+        self
+    }
+
+    /// Requests answered below 400 get their units back: only failures
+    /// count (sign-in attempts, say).
+    pub fn count_failures_only(mut self) -> Limit {
+        self.count = Count::Failures;
+        self
+    }
+
+    /// The limit in words, for error pages.
+    pub fn description(mut self, text: &str) -> Limit {
+        self.description = Some(text.to_string());
+        self
+    }
+
+    /// The checked rule; `path` is the pattern it guards.
+    fn into_rule(self, path: Option<&str>) -> Result<Rule, String> {
+        let algorithm = match self.algorithm {
+            LimitAlgorithm::Window {
+                limit,
+                window,
+                fixed,
+            } => {
+                let limit = NonZeroU32::new(limit)
+                    .filter(|l| l.get() <= crate::config::MAX_LIMIT)
+                    .ok_or_else(|| format!("limit must be between 1 and 100000, got {limit}"))?;
+                if window.is_zero() || window > crate::config::MAX_WINDOW {
+                    return Err(format!(
+                        "window must be greater than 0 and at most 366 days, got {window:?}"
+                    ));
+                }
+                if fixed {
+                    Algorithm::FixedWindow { limit, window }
+                } else {
+                    Algorithm::SlidingWindow { limit, window }
+                }
+            }
+            LimitAlgorithm::Bucket { rate, burst } => {
+                let burst = NonZeroU32::new(burst)
+                    .filter(|b| b.get() <= crate::config::MAX_LIMIT)
+                    .ok_or_else(|| format!("burst must be between 1 and 100000, got {burst}"))?;
+                let max_secs = crate::config::MAX_WINDOW.as_secs_f64();
+                if !(rate.is_finite() && rate > 0.0 && rate <= crate::config::MAX_RATE)
+                    || f64::from(burst.get()) / rate > max_secs
+                {
+                    return Err(format!(
+                        "rate must be greater than 0, at most 1000000, and refill the bucket within 366 days, got {rate}"
+                    ));
+                }
+                Algorithm::TokenBucket { rate, burst }
+            }
+        };
+        if self.cost == 0 || self.cost > algorithm.quota() {
+            return Err(format!(
+                "cost must be between 1 and {}, got {}",
+                algorithm.quota(),
+                self.cost
+            ));
+        }
+        let name = match self.name {
+            Some(n) => n,
+            None => default_name(&self.key, &algorithm),
+        };
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(format!(
+                "name {name:?} must be 1 to 64 characters from A-Z, a-z, 0-9, \"_\" and \"-\""
+            ));
+        }
+        let path_text = path.unwrap_or("/*").to_string();
+        let pattern = PathPattern::parse(&path_text)?;
+        let description = self
+            .description
+            .unwrap_or_else(|| crate::rule::describe(&algorithm, self.cost, &self.key));
+        Ok(Rule {
+            name,
+            path_text: vec![path_text],
+            paths: vec![pattern],
+            methods: Vec::new(),
+            key: self.key,
+            normalize: self.normalize,
+            algorithm,
+            cost: self.cost,
+            deny: self.deny,
+            error_page: self.error_page,
+            on_redis_error: self.on_redis_error,
+            mode: self.mode,
+            count: self.count,
+            description,
+        })
+    }
+}
+
+/// `form-phone+ip-3-per-60s`, made safe for a rule name.
+fn default_name(key: &Key, algorithm: &Algorithm) -> String {
+    let key: String = key
+        .kinds()
+        .iter()
+        .map(|k| k.to_string())
+        .collect::<Vec<_>>()
+        .join("+");
+    let limit = match algorithm {
+        Algorithm::SlidingWindow { limit, window } | Algorithm::FixedWindow { limit, window } => {
+            format!("{limit}-per-{}ms", window.as_millis())
+        }
+        Algorithm::TokenBucket { burst, .. } => format!("bucket-{burst}"),
+    };
+    let name: String = format!("{key}-{limit}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    name.chars().take(64).collect()
+}

@@ -1,0 +1,250 @@
+//! What the filter decided about a request, for its handler: the
+//! [`Limits`] extractor, and charging or giving back units from a handler.
+
+use std::cell::RefCell;
+use std::future::{ready, Ready};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix_web::dev::Payload;
+use actix_web::{FromRequest, HttpMessage, HttpRequest};
+
+use super::Filter;
+use crate::limit::give_back::Refund;
+use crate::limit::{Check, Decision, Limiter, LimiterError, Outcome};
+use crate::rule::Rule;
+
+/// The rules that matched a request and what each said, as a handler sees
+/// them (an extractor: add a `Limits` argument). Empty when no rule matched.
+///
+/// From a handler, [`Limits::charge`] takes more units from every matched
+/// rule (all or nothing), and [`Limits::give_back`] returns what the request
+/// took (a sign-in that succeeded, say).
+///
+/// ```no_run
+/// use actix_web::{post, HttpResponse};
+/// use floodgate::Limits;
+///
+/// #[post("/sms/send")]
+/// async fn send(limits: Limits) -> HttpResponse {
+///     for rule in limits.rules() {
+///         println!("{}: {} left, resets in {:?}", rule.name, rule.remaining, rule.reset);
+///     }
+///     HttpResponse::Ok().finish()
+/// }
+/// ```
+#[derive(Clone, Default)]
+pub struct Limits {
+    inner: Rc<RefCell<Vec<Entry>>>,
+}
+
+#[derive(Clone)]
+struct Entry {
+    rule: Rule,
+    check: Check,
+    outcome: Outcome,
+    limiter: Arc<Limiter>,
+    decided: Instant,
+    given_back: bool,
+}
+
+/// One matched rule's state after the decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RuleState {
+    /// The rule's name.
+    pub name: String,
+    /// Whether this rule alone admitted the request (a shadow rule may not
+    /// have, and the request still passed).
+    pub allowed: bool,
+    /// Units left after this request.
+    pub remaining: u64,
+    /// Time until the quota resets.
+    pub reset: Duration,
+    /// The rule's limit (or burst).
+    pub quota: u32,
+}
+
+/// Marks a request that an inner filter denied: the outer filters give
+/// back what they took, so a denied request takes nothing from any rule.
+#[derive(Clone, Copy)]
+pub(super) struct Withdrawn;
+
+/// The units one filter took for a request, to give back if an inner
+/// filter denies it.
+pub(super) struct Taken {
+    refunds: Vec<Refund>,
+    decided: Instant,
+}
+
+impl Limits {
+    /// Adds one filter's allowed decision to the request's `Limits`.
+    pub(super) fn record(
+        req: &HttpRequest,
+        limiter: &Arc<Limiter>,
+        matched: &[&Rule],
+        checks: &[Check],
+        decision: &Decision,
+        decided: Instant,
+    ) -> Taken {
+        let limits = {
+            let mut ext = req.extensions_mut();
+            match ext.get::<Limits>() {
+                Some(l) => l.clone(),
+                None => {
+                    let l = Limits::default();
+                    ext.insert(l.clone());
+                    l
+                }
+            }
+        };
+        let mut refunds = Vec::new();
+        let mut entries = limits.inner.borrow_mut();
+        for ((rule, check), outcome) in matched.iter().zip(checks).zip(&decision.outcomes) {
+            if outcome.allowed {
+                refunds.push(refund(check, outcome));
+            }
+            entries.push(Entry {
+                rule: (*rule).clone(),
+                check: check.clone(),
+                outcome: *outcome,
+                limiter: Arc::clone(limiter),
+                decided,
+                given_back: false,
+            });
+        }
+        Taken { refunds, decided }
+    }
+
+    /// Called by a filter that denies: outer filters give back their units.
+    pub(super) fn deny_outer(req: &HttpRequest) {
+        if req.extensions().get::<Limits>().is_some() {
+            req.extensions_mut().insert(Withdrawn);
+        }
+    }
+
+    /// Every matched rule, in the order the filters decided them.
+    pub fn rules(&self) -> Vec<RuleState> {
+        self.inner
+            .borrow()
+            .iter()
+            .map(|e| RuleState {
+                name: e.rule.name.clone(),
+                allowed: e.outcome.allowed,
+                remaining: e.outcome.remaining,
+                reset: e.outcome.wait,
+                quota: e.rule.algorithm.quota(),
+            })
+            .collect()
+    }
+
+    /// The state of the rule named `name`, when it matched.
+    pub fn get(&self, name: &str) -> Option<RuleState> {
+        self.rules().into_iter().find(|r| r.name == name)
+    }
+
+    /// Whether no rule matched.
+    pub fn is_empty(&self) -> bool {
+        self.inner.borrow().is_empty()
+    }
+
+    /// Takes `units` more from every matched rule's key, all or nothing:
+    /// `Ok(true)` when every enforce rule had room (and all were charged),
+    /// `Ok(false)` when one had not (and none was). Useful when a handler
+    /// learns the real cost of a request only once it has read it.
+    pub async fn charge(&self, units: u32) -> Result<bool, LimiterError> {
+        let entries = self.inner.borrow().clone();
+        let Some(limiter) = entries.first().map(|e| Arc::clone(&e.limiter)) else {
+            return Ok(true);
+        };
+        if units == 0 {
+            return Ok(true);
+        }
+        if entries
+            .iter()
+            .any(|e| e.check.enforce && units > e.rule.algorithm.quota())
+        {
+            return Ok(false);
+        }
+        let checks = entries
+            .iter()
+            .map(|e| Check {
+                cost: units.min(e.rule.algorithm.quota()),
+                ..e.check.clone()
+            })
+            .collect();
+        let decision = limiter.decide(checks).await?;
+        if decision.allowed {
+            let mut entries = self.inner.borrow_mut();
+            for (e, o) in entries.iter_mut().zip(&decision.outcomes) {
+                e.outcome.remaining = o.remaining;
+                e.outcome.wait = o.wait;
+            }
+        }
+        Ok(decision.allowed)
+    }
+
+    /// Gives back the units this request took from every matched rule
+    /// (once; later calls give nothing). Returns the units given back; a
+    /// key whose give-back is no longer safe (its window has nearly passed)
+    /// stays charged.
+    pub async fn give_back(&self) -> Result<u64, LimiterError> {
+        let pending: Vec<Entry> = {
+            let mut entries = self.inner.borrow_mut();
+            let pending = entries
+                .iter()
+                .filter(|e| e.outcome.allowed && !e.given_back)
+                .cloned()
+                .collect();
+            for e in entries.iter_mut() {
+                e.given_back = true;
+            }
+            pending
+        };
+        let mut given = 0;
+        for e in pending {
+            let refund = refund(&e.check, &e.outcome);
+            given += e.limiter.give_back(vec![refund], e.decided).await?;
+            if let Some(entry) = self
+                .inner
+                .borrow_mut()
+                .iter_mut()
+                .find(|x| x.check.key == e.check.key)
+            {
+                entry.outcome.remaining = (entry.outcome.remaining + u64::from(e.check.cost))
+                    .min(u64::from(e.rule.algorithm.quota()));
+            }
+        }
+        Ok(given)
+    }
+}
+
+impl Taken {
+    /// Gives these units back (an inner filter denied the request).
+    pub(super) async fn withdraw(self, filter: &Filter) -> Result<u64, LimiterError> {
+        filter.limiter().give_back(self.refunds, self.decided).await
+    }
+}
+
+fn refund(check: &Check, outcome: &Outcome) -> Refund {
+    Refund {
+        key: check.key.clone(),
+        algorithm: check.algorithm,
+        cost: check.cost,
+        window_left: outcome.wait,
+    }
+}
+
+impl FromRequest for Limits {
+    type Error = actix_web::Error;
+    type Future = Ready<Result<Limits, actix_web::Error>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        ready(Ok(req
+            .extensions()
+            .get::<Limits>()
+            .cloned()
+            .unwrap_or_default()))
+    }
+}

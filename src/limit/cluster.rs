@@ -1,0 +1,697 @@
+//! Deciding batches on a Redis Cluster.
+//!
+//! A script may only touch keys of one hash slot. The filter puts the ID of
+//! every key in a hash tag (`PREFIX:RULE:KIND:{ID}`), so the rules of one
+//! identity share a slot and a request keyed by one identity is still
+//! decided by one atomic call. The dispatcher here splits each batch by
+//! slot: every slot group is one `EVALSHA` of the same batch script, so a
+//! hot identity's requests still share one call. (The groups of a batch
+//! are sent one after another: the crate's synchronous cluster pipeline
+//! returns nothing of a pipeline in which one command was redirected, and
+//! the groups that did run must not lose their answers.)
+//!
+//! A request whose checks span several slots is decided per slot group.
+//! It is allowed only if every group allows it; when one group denies (or
+//! fails), the groups that admitted it give back what they took, with a
+//! second small script. So nothing is ever admitted beyond what every
+//! limit allows; between the decision and the give-back (one round trip)
+//! the units are held, and a request racing for the last of them in that
+//! moment may be denied.
+//!
+//! A slot group answered `MOVED`, `ASK`, `TRYAGAIN` or `CLUSTERDOWN` did
+//! not run, and is sent again through the crate's cluster connection,
+//! which follows the redirection. `NOSCRIPT` (a master that never saw the
+//! script: a new or promoted node, or the importing side of a slot being
+//! moved) likewise ran nothing: the scripts are loaded on every master and
+//! the group is sent again. A group is sent again only for the callers
+//! still waiting; any other failure fails the group's requests, which get
+//! their `on_redis_error` answer.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::cluster::{ClusterClient, ClusterConnection};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::{ConnectionLike as _, ErrorKind, RedisResult, ServerErrorKind, Value};
+
+use super::redis::{next_batch, retain_waiting, spoils, Job, Shared};
+use super::source::{cluster_client, key_slot};
+use super::LimiterError;
+use super::{Algorithm, Check, Decision, Outcome};
+use crate::config::RedisConfig;
+
+/// The batch script, the same as on one server: one call per slot group.
+const BATCH_SCRIPT: &str = super::redis::SCRIPT_SOURCE;
+
+/// Gives back what the allowed groups of a denied request took.
+const GIVE_BACK_SCRIPT: &str = concat!(
+    include_str!("lua/common.lua"),
+    "\n",
+    include_str!("lua/sliding_window.lua"),
+    "\n",
+    include_str!("lua/give_back_fn.lua"),
+    "\n",
+    include_str!("lua/cluster_give_back.lua"),
+);
+
+/// Starts `count` cluster dispatchers on the limiter's queue.
+pub(super) fn start(
+    config: &RedisConfig,
+    rx: &Arc<Mutex<Receiver<Job>>>,
+    shared: &Arc<Shared>,
+    margin: Duration,
+    count: usize,
+) -> Result<(), LimiterError> {
+    let client = cluster_client(config).map_err(LimiterError::from)?;
+    let batch = Arc::new(redis::Script::new(BATCH_SCRIPT));
+    let give_back = Arc::new(redis::Script::new(GIVE_BACK_SCRIPT));
+    for i in 0..count {
+        let dispatcher = ClusterDispatcher {
+            rx: Arc::clone(rx),
+            client: client.clone(),
+            timeout: config.timeout,
+            conn: None,
+            batch: Arc::clone(&batch),
+            give_back: Arc::clone(&give_back),
+            shared: Arc::clone(shared),
+            margin,
+        };
+        std::thread::Builder::new()
+            .name(format!("floodgate-cluster-{i}"))
+            .spawn(move || dispatcher.run())
+            .map_err(|e| LimiterError::Other(format!("cannot start a dispatcher: {e}")))?;
+    }
+    Ok(())
+}
+
+struct ClusterDispatcher {
+    rx: Arc<Mutex<Receiver<Job>>>,
+    client: ClusterClient,
+    timeout: Duration,
+    /// Its own cluster connection (one connection per master, opened on
+    /// demand by the crate); dropped after an I/O error.
+    conn: Option<ClusterConnection>,
+    batch: Arc<redis::Script>,
+    give_back: Arc<redis::Script>,
+    /// The errors counter, the estimate of Redis's clock, the denial cache.
+    shared: Arc<Shared>,
+    /// How long before its caller gives up a job must reach Redis.
+    margin: Duration,
+}
+
+/// The checks of one job that fall in one slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Part {
+    job: usize,
+    checks: Vec<usize>,
+}
+
+/// One slot's share of a batch: one script call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Group {
+    slot: u16,
+    parts: Vec<Part>,
+}
+
+/// Splits a batch by slot, keeping the order of jobs and checks.
+fn group_by_slot(batch: &[Job]) -> Vec<Group> {
+    let mut groups: BTreeMap<u16, Vec<Part>> = BTreeMap::new();
+    for (j, job) in batch.iter().enumerate() {
+        let mut mine: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (c, check) in job.checks.iter().enumerate() {
+            mine.entry(key_slot(check.key.as_bytes()))
+                .or_default()
+                .push(c);
+        }
+        for (slot, checks) in mine {
+            groups
+                .entry(slot)
+                .or_default()
+                .push(Part { job: j, checks });
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(slot, parts)| Group { slot, parts })
+        .collect()
+}
+
+/// How one slot group's call came back.
+enum Reply {
+    /// Three values per check.
+    Done(Vec<i64>),
+    /// Did not run; send it again where the cluster says.
+    Redirected(redis::RedisError),
+    /// Did not run; load the scripts and send it again.
+    NoScript(redis::RedisError),
+    /// Failed; it may or may not have run.
+    Failed(LimiterError),
+}
+
+fn classify(reply: RedisResult<Value>, expected: usize) -> Reply {
+    match reply.and_then(|v| v.extract_error()) {
+        Ok(value) => match redis::from_redis_value::<Vec<i64>>(value) {
+            Ok(values) if values.len() == expected => Reply::Done(values),
+            Ok(values) => Reply::Failed(LimiterError::Other(format!(
+                "the script returned {} values, expected {expected}",
+                values.len()
+            ))),
+            Err(e) => Reply::Failed(LimiterError::Other(format!("unexpected reply: {e}"))),
+        },
+        Err(e) => match e.kind() {
+            ErrorKind::Server(ServerErrorKind::NoScript) => Reply::NoScript(e),
+            ErrorKind::Server(
+                ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly,
+            ) => Reply::Redirected(e),
+            _ => Reply::Failed(limiter_error(&e)),
+        },
+    }
+}
+
+fn limiter_error(e: &redis::RedisError) -> LimiterError {
+    if e.is_timeout() {
+        LimiterError::Timeout
+    } else {
+        LimiterError::Redis(e.clone())
+    }
+}
+
+/// What one check of a job came to across the groups.
+#[derive(Clone, Copy)]
+struct Taken {
+    outcome: Outcome,
+    /// The script recorded it (its part was allowed).
+    committed: bool,
+    slot: u16,
+}
+
+/// Units to give back on one key.
+struct GiveBack {
+    slot: u16,
+    key: String,
+    algorithm: Algorithm,
+    cost: u32,
+    now_ms: Option<u64>,
+}
+
+impl ClusterDispatcher {
+    fn run(mut self) {
+        loop {
+            let Some(mut batch) = next_batch(&self.rx) else {
+                return;
+            };
+            // A caller that gave up must not have quota taken for it.
+            retain_waiting(&mut batch);
+            if batch.is_empty() {
+                continue;
+            }
+            self.decide(batch);
+        }
+    }
+
+    fn connect(&mut self) -> Result<&mut ClusterConnection, LimiterError> {
+        if self.conn.is_none() {
+            let conn = self
+                .client
+                .get_connection()
+                .map_err(|e| limiter_error(&e))?;
+            conn.set_write_timeout(Some(self.timeout))
+                .map_err(|e| limiter_error(&e))?;
+            self.conn = Some(conn);
+            if let Err(e) = self.load_scripts() {
+                log::info!("loading the scripts on the cluster's masters: {e}");
+            }
+        }
+        self.conn.as_mut().ok_or(LimiterError::Stopped)
+    }
+
+    /// Loads both scripts on every master (a master that already has them
+    /// keeps them).
+    fn load_scripts(&mut self) -> RedisResult<()> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(());
+        };
+        for source in [BATCH_SCRIPT, GIVE_BACK_SCRIPT] {
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(source);
+            conn.route_command(
+                &load,
+                RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::AllSucceeded),
+                )),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Notes an error on the connection: one that may have left it out of
+    /// step is dropped.
+    fn note(&mut self, e: &redis::RedisError) {
+        if spoils(e) && !e.is_cluster_error() {
+            self.conn = None;
+        }
+    }
+
+    fn decide(&mut self, batch: Vec<Job>) {
+        let mut groups = group_by_slot(&batch);
+        let replies = self.call_groups(&batch, &mut groups);
+
+        // Per job and check: what each group decided.
+        let mut taken: Vec<Vec<Option<Taken>>> =
+            batch.iter().map(|j| vec![None; j.checks.len()]).collect();
+        // A job is failed unless every one of its checks gets decided.
+        let mut failed: Vec<Option<LimiterError>> = vec![None; batch.len()];
+        for (group, reply) in groups.iter().zip(replies) {
+            match reply {
+                Ok(values) => {
+                    let mut at = 0;
+                    for part in &group.parts {
+                        let job = &batch[part.job];
+                        let mut outcomes = Vec::with_capacity(part.checks.len());
+                        if values.len() < at + 3 * part.checks.len() {
+                            break;
+                        }
+                        if values[at] == -2 {
+                            // Past its deadline when it reached Redis: the
+                            // caller has given up, and nothing was recorded.
+                            failed[part.job].get_or_insert(LimiterError::Timeout);
+                            at += 3 * part.checks.len();
+                            continue;
+                        }
+                        if values[at] == -1 {
+                            // The script could not decide this part (see
+                            // lua/batch.lua): it recorded nothing.
+                            failed[part.job].get_or_insert(LimiterError::Check(format!(
+                                "the script could not decide a check on slot {} (error {})",
+                                group.slot,
+                                values[at + 1]
+                            )));
+                            at += 3 * part.checks.len();
+                            continue;
+                        }
+                        let mut part_allowed = true;
+                        for &c in &part.checks {
+                            let outcome = outcome(&values[at..at + 3]);
+                            at += 3;
+                            if job.checks[c].enforce && !outcome.allowed {
+                                part_allowed = false;
+                            }
+                            outcomes.push(outcome);
+                        }
+                        for (&c, outcome) in part.checks.iter().zip(outcomes) {
+                            taken[part.job][c] = Some(Taken {
+                                outcome,
+                                committed: part_allowed && outcome.allowed,
+                                slot: group.slot,
+                            });
+                        }
+                    }
+                }
+                Err(e) => {
+                    for part in &group.parts {
+                        failed[part.job].get_or_insert(e.clone());
+                    }
+                }
+            }
+        }
+
+        for (j, taken) in taken.iter().enumerate() {
+            if taken.iter().any(Option::is_none) {
+                failed[j].get_or_insert(LimiterError::Timeout);
+            }
+        }
+        let mut give_backs = Vec::new();
+        for ((job, mut taken), failed) in batch.into_iter().zip(taken).zip(failed) {
+            let allowed = failed.is_none()
+                && job
+                    .checks
+                    .iter()
+                    .zip(&taken)
+                    .all(|(c, t)| !c.enforce || t.is_some_and(|t| t.outcome.allowed));
+            if !allowed {
+                // Nothing stays recorded for a request that is not allowed.
+                for (check, t) in job.checks.iter().zip(taken.iter_mut()) {
+                    if let Some(t) = t.as_mut().filter(|t| t.committed) {
+                        give_backs.push(GiveBack {
+                            slot: t.slot,
+                            key: check.key.clone(),
+                            algorithm: check.algorithm,
+                            cost: check.cost,
+                            now_ms: job.now_ms,
+                        });
+                        t.committed = false;
+                        t.outcome.remaining += u64::from(check.cost);
+                    }
+                }
+            }
+            let answer = match failed {
+                Some(e) => {
+                    self.shared.errors.fetch_add(1, Ordering::Relaxed);
+                    Err(e)
+                }
+                None => Ok(Decision {
+                    outcomes: taken
+                        .iter()
+                        .map(|t| t.map(|t| t.outcome).unwrap_or_else(denied_outcome))
+                        .collect(),
+                    allowed,
+                }),
+            };
+            let _ = job.reply.send(answer);
+        }
+        if !give_backs.is_empty() {
+            self.give_back(give_backs);
+        }
+    }
+
+    /// One script call per slot group, sent again (at most twice) when it
+    /// did not run: after a redirection, and after loading the scripts
+    /// where it landed.
+    fn call_groups(
+        &mut self,
+        batch: &[Job],
+        groups: &mut [Group],
+    ) -> Vec<Result<Vec<i64>, LimiterError>> {
+        let sha = self.batch.get_hash().to_string();
+        let mut results = Vec::with_capacity(groups.len());
+        for group in groups.iter_mut() {
+            let mut reply = self.call_group(batch, group, &sha);
+            for _ in 0..2 {
+                match &reply {
+                    Reply::Redirected(e) => log::debug!("slot {} sent again: {e}", group.slot),
+                    Reply::NoScript(_) => {
+                        if let Err(e) = self.load_scripts() {
+                            self.note(&e);
+                            reply = Reply::Failed(limiter_error(&e));
+                            break;
+                        }
+                    }
+                    Reply::Done(_) | Reply::Failed(_) => break,
+                }
+                reply = self.call_group(batch, group, &sha);
+            }
+            results.push(match reply {
+                Reply::Done(values) => Ok(values),
+                Reply::Failed(e) => Err(e),
+                Reply::Redirected(e) | Reply::NoScript(e) => Err(limiter_error(&e)),
+            });
+        }
+        results
+    }
+
+    /// Sends one group, through the cluster connection (which follows
+    /// MOVED and ASK), for the callers still waiting: the parts of callers
+    /// that gave up are dropped from the group first (they would take
+    /// quota for a request answered without it).
+    fn call_group(&mut self, batch: &[Job], group: &mut Group, sha: &str) -> Reply {
+        let now = Instant::now();
+        group
+            .parts
+            .retain(|p| batch[p.job].deadline > now && !batch[p.job].reply.is_closed());
+        if group.parts.is_empty() {
+            return Reply::Failed(LimiterError::Timeout);
+        }
+        let mut cmd = redis::Cmd::new();
+        let (clock, margin) = (&self.shared.clock, self.margin);
+        let expected = write_group(&mut cmd, sha, batch, &group.parts, |job| {
+            clock.redis_ms(job.deadline - margin)
+        });
+        let conn = match self.connect() {
+            Ok(conn) => conn,
+            Err(e) => return Reply::Failed(e),
+        };
+        let reply = conn.req_command(&cmd);
+        if let Err(e) = &reply {
+            self.note(e);
+        }
+        match classify(reply, expected) {
+            Reply::Done(mut values) => {
+                // The last value is Redis's clock, in microseconds.
+                if let Some(redis_us) = values.pop() {
+                    self.shared.clock.sample(redis_us, Instant::now());
+                }
+                Reply::Done(values)
+            }
+            other => other,
+        }
+    }
+
+    /// Gives back units, one script call per slot.
+    fn give_back(&mut self, give_backs: Vec<GiveBack>) {
+        let mut by_slot: BTreeMap<u16, Vec<GiveBack>> = BTreeMap::new();
+        for g in give_backs {
+            by_slot.entry(g.slot).or_default().push(g);
+        }
+        let sha = self.give_back.get_hash().to_string();
+        let cmds: Vec<redis::Cmd> = by_slot
+            .values()
+            .map(|gs| {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(&sha).arg(gs.len());
+                for g in gs {
+                    cmd.arg(g.key.as_str());
+                }
+                for g in gs {
+                    let (code, p1, p2) = params(&g.algorithm);
+                    cmd.arg(code).arg(p1).arg(p2).arg(g.cost);
+                    match g.now_ms {
+                        Some(ms) => cmd.arg(ms),
+                        None => cmd.arg(""),
+                    };
+                }
+                cmd
+            })
+            .collect();
+        for cmd in &cmds {
+            let mut reply = match self.connect() {
+                Ok(conn) => conn.req_command(cmd).and_then(|v| v.extract_error()),
+                Err(e) => {
+                    self.shared.errors.fetch_add(1, Ordering::Relaxed);
+                    log::warn!("could not give back units: {e}");
+                    continue;
+                }
+            };
+            for _ in 0..2 {
+                let Err(e) = &reply else { break };
+                match e.kind() {
+                    ErrorKind::Server(ServerErrorKind::NoScript) => {
+                        if let Err(e) = self.load_scripts() {
+                            self.note(&e);
+                            break;
+                        }
+                    }
+                    _ if e.is_cluster_error()
+                        || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) => {}
+                    _ => break,
+                }
+                reply = match self.connect() {
+                    Ok(conn) => conn.req_command(cmd).and_then(|v| v.extract_error()),
+                    Err(_) => break,
+                };
+            }
+            if let Err(e) = reply {
+                self.note(&e);
+                self.shared.errors.fetch_add(1, Ordering::Relaxed);
+                log::warn!("could not give back units: {e}");
+            }
+        }
+    }
+}
+
+fn outcome(values: &[i64]) -> Outcome {
+    Outcome {
+        allowed: values[0] == 1,
+        remaining: values[1].max(0) as u64,
+        wait: Duration::from_millis(values[2].max(0) as u64),
+    }
+}
+
+/// Never used for a decided check; a placeholder that denies.
+fn denied_outcome() -> Outcome {
+    Outcome {
+        allowed: false,
+        remaining: 0,
+        wait: Duration::from_secs(1),
+    }
+}
+
+/// Algorithm code and parameters as the Lua files name them.
+fn params(algorithm: &Algorithm) -> (u8, f64, u64) {
+    match *algorithm {
+        Algorithm::SlidingWindow { limit, window } => {
+            (1, f64::from(limit.get()), window.as_millis() as u64)
+        }
+        Algorithm::FixedWindow { limit, window } => {
+            (2, f64::from(limit.get()), window.as_millis() as u64)
+        }
+        Algorithm::TokenBucket { rate, burst } => (3, rate, u64::from(burst.get())),
+    }
+}
+
+fn write_check(cmd: &mut redis::Cmd, c: &Check) {
+    match c.algorithm {
+        Algorithm::SlidingWindow { limit, window } | Algorithm::FixedWindow { limit, window } => {
+            let code = if matches!(c.algorithm, Algorithm::SlidingWindow { .. }) {
+                1
+            } else {
+                2
+            };
+            cmd.arg(code)
+                .arg(limit.get())
+                .arg(window.as_millis() as u64)
+        }
+        Algorithm::TokenBucket { rate, burst } => cmd.arg(3).arg(rate).arg(burst.get()),
+    };
+    cmd.arg(c.cost).arg(u8::from(c.enforce));
+}
+
+/// Writes one slot group as `EVALSHA sha` laid out as `lua/batch.lua` reads
+/// it (each part is a job there). Returns the number of values the reply
+/// must hold: three per check, and Redis's clock.
+fn write_group(
+    cmd: &mut redis::Cmd,
+    sha: &str,
+    batch: &[Job],
+    parts: &[Part],
+    deadline: impl Fn(&Job) -> Option<i64>,
+) -> usize {
+    let keys: usize = parts.iter().map(|p| p.checks.len()).sum();
+    cmd.arg("EVALSHA").arg(sha).arg(keys);
+    for part in parts {
+        for &c in &part.checks {
+            cmd.arg(batch[part.job].checks[c].key.as_str());
+        }
+    }
+    cmd.arg(parts.len());
+    for part in parts {
+        let job = &batch[part.job];
+        match job.now_ms {
+            Some(ms) => cmd.arg(ms),
+            None => cmd.arg(""),
+        };
+        match deadline(job) {
+            Some(ms) => cmd.arg(ms),
+            None => cmd.arg(""),
+        };
+        cmd.arg(part.checks.len());
+        for &c in &part.checks {
+            write_check(cmd, &job.checks[c]);
+        }
+    }
+    3 * keys + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use tokio::sync::oneshot;
+
+    use super::*;
+
+    fn job(keys: &[&str]) -> Job {
+        let (reply, _) = oneshot::channel();
+        Job {
+            checks: keys
+                .iter()
+                .map(|k| Check {
+                    key: k.to_string(),
+                    algorithm: Algorithm::SlidingWindow {
+                        limit: NonZeroU32::new(5).unwrap(),
+                        window: Duration::from_secs(10),
+                    },
+                    cost: 1,
+                    enforce: true,
+                })
+                .collect(),
+            now_ms: None,
+            deadline: Instant::now(),
+            probe: false,
+            reply,
+        }
+    }
+
+    #[test]
+    fn a_batch_splits_by_slot_and_one_identity_stays_one_part() {
+        let batch = vec![
+            job(&["p:a:ip:{1.2.3.4}", "p:b:ip:{1.2.3.4}"]),
+            job(&["p:a:ip:{5.6.7.8}"]),
+            job(&["p:a:ip:{1.2.3.4}", "p:c:form:{+15550100}"]),
+        ];
+        let groups = group_by_slot(&batch);
+        let slot = |k: &str| key_slot(k.as_bytes());
+        let find = |s: u16| groups.iter().find(|g| g.slot == s).unwrap();
+        assert_eq!(groups.len(), 3);
+        assert_eq!(
+            find(slot("{1.2.3.4}")).parts,
+            vec![
+                Part {
+                    job: 0,
+                    checks: vec![0, 1]
+                },
+                Part {
+                    job: 2,
+                    checks: vec![0]
+                }
+            ]
+        );
+        assert_eq!(
+            find(slot("{+15550100}")).parts,
+            vec![Part {
+                job: 2,
+                checks: vec![1]
+            }]
+        );
+        let mut cmd = redis::Cmd::new();
+        let g = find(slot("{1.2.3.4}"));
+        assert_eq!(write_group(&mut cmd, "SHA", &batch, &g.parts, |_| None), 10);
+        let packed = String::from_utf8_lossy(&cmd.get_packed_command()).into_owned();
+        let args: Vec<&str> = packed
+            .split("\r\n")
+            .filter(|l| !l.starts_with(['*', '$']))
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "EVALSHA",
+                "SHA",
+                "3",
+                "p:a:ip:{1.2.3.4}",
+                "p:b:ip:{1.2.3.4}",
+                "p:a:ip:{1.2.3.4}",
+                "2",
+                "",
+                "",
+                "2",
+                "1",
+                "5",
+                "10000",
+                "1",
+                "1",
+                "1",
+                "5",
+                "10000",
+                "1",
+                "1",
+                "",
+                "",
+                "1",
+                "1",
+                "5",
+                "10000",
+                "1",
+                "1",
+                ""
+            ]
+        );
+    }
+}

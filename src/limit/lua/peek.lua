@@ -1,0 +1,114 @@
+-- Answers, for each check on its own, exactly what a decision would answer
+-- now, and writes nothing: no entry, no count, no parameters, no TTL.
+-- Loaded after common.lua and the algorithm files, whose peek functions it
+-- calls in read-only mode (READ_ONLY, see common.lua): where a decision
+-- would first rewrite a key (new parameters after a reload, another
+-- algorithm's state, an old-layout counter), the answer is computed from
+-- what the key would then hold, and the key is left as it is.
+--
+-- KEYS  one key per check
+-- ARGV  [1] now override in ms ("" = Redis TIME), then per check:
+--         algorithm (1 sliding_window, 2 fixed_window, 3 token_bucket),
+--         p1, p2 (see each algorithm), cost
+-- Returns a flat array, three values per check:
+--   decided:  allowed (1/0), remaining, ms (as the batch script answers)
+--   failed:   -1, error code (see common.lua), 0
+READ_ONLY = {}
+
+local peeks = { sliding_window_peek, fixed_window_peek, token_bucket_peek }
+
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function whole(x, lo, hi)
+  return x ~= nil and x >= lo and x <= hi and x == math.floor(x)
+end
+
+-- The same ranges the batch script accepts, or fail(ERR_PARAMS).
+local function params(a)
+  local alg = tonumber(ARGV[a])
+  local p1, p2 = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local cost = tonumber(ARGV[a + 3])
+  if alg == 1 or alg == 2 then
+    if whole(p1, 1, MAX_LIMIT) and whole(p2, 1, math.huge) and whole(cost, 1, p1) then
+      return alg, p1, p2, cost
+    end
+  elseif alg == 3 then
+    if p1 and p1 > 0 and p1 < math.huge and whole(p2, 1, math.huge) and whole(cost, 1, p2) then
+      return alg, p1, p2, cost
+    end
+  end
+  fail(ERR_PARAMS)
+end
+
+-- Which algorithm's state a key of an unexpected type holds (as the batch
+-- script tells): 1, 2, 3, 'legacy' or nil.
+local function owner(key)
+  local t = redis.call('TYPE', key)
+  t = type(t) == 'table' and t.ok or t
+  if t == 'list' then
+    return 1
+  elseif t == 'hash' then
+    local h = redis.call('HMGET', key, 'start', 'tokens')
+    if h[1] then
+      return 2
+    elseif h[2] then
+      return 3
+    end
+  elseif t == 'string' and tonumber(redis.call('GET', key)) then
+    return 'legacy'
+  end
+  return nil
+end
+
+local function wrong_type(e)
+  local m = type(e) == 'table' and e.err or e
+  return type(m) == 'string' and string.sub(m, 1, 9) == 'WRONGTYPE'
+end
+
+local function peek_one(key, a)
+  local alg, p1, p2, cost = params(a)
+  local ok, allowed, remaining, ms = pcall(peeks[alg], key, now, p1, p2, cost)
+  if ok then
+    return allowed, remaining, ms
+  end
+  if not wrong_type(allowed) then
+    error(allowed, 0)
+  end
+  local who = owner(key)
+  if who == nil or who == alg then
+    fail(ERR_TYPE)
+  end
+  -- A decision would start the key afresh (or adopt the old counter):
+  -- read it as that.
+  memo[key] = nil
+  if who == 'legacy' and alg == 2 then
+    fixed_window_adopt(key, now, p2)
+  else
+    READ_ONLY[key] = {}
+  end
+  allowed, remaining, ms = peeks[alg](key, now, p1, p2, cost)
+  return allowed, remaining, ms
+end
+
+local out = {}
+for i = 1, #KEYS do
+  local at = 3 * i - 2
+  local ok, allowed, remaining, ms = pcall(peek_one, KEYS[i], 2 + 4 * (i - 1))
+  if ok then
+    out[at] = allowed and 1 or 0
+    out[at + 1] = math.max(0, math.floor(remaining))
+    out[at + 2] = math.max(0, math.ceil(ms))
+  else
+    local code = type(allowed) == 'table' and allowed.floodgate or ERR_OTHER
+    if code == ERR_OTHER then
+      redis.log(redis.LOG_WARNING, 'floodgate: the peek on ' .. tostring(KEYS[i])
+        .. ' failed: ' .. tostring(type(allowed) == 'table' and allowed.err or allowed))
+    end
+    out[at], out[at + 1], out[at + 2] = -1, code, 0
+  end
+end
+return out

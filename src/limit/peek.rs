@@ -1,0 +1,179 @@
+//! Looking at a key without touching it: [`Limiter::peek`] answers what a
+//! decision would answer now, through the decision script's own algorithm
+//! functions run in read-only mode (`lua/peek.lua`), so a page that shows
+//! usage has no key layout or refill arithmetic of its own.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use super::redis::Pool;
+use super::{Algorithm, Check, Limiter, LimiterError, Outcome};
+
+/// The Lua of a peek: the shared helpers, the algorithm files (the same
+/// ones the decisions run), then the read-only driver.
+pub const PEEK_SOURCE: &str = concat!(
+    include_str!("lua/common.lua"),
+    "\n",
+    include_str!("lua/sliding_window.lua"),
+    "\n",
+    include_str!("lua/fixed_window.lua"),
+    "\n",
+    include_str!("lua/token_bucket.lua"),
+    "\n",
+    include_str!("lua/peek.lua"),
+);
+
+fn script() -> &'static redis::Script {
+    static SCRIPT: OnceLock<redis::Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| redis::Script::new(PEEK_SOURCE))
+}
+
+impl Limiter {
+    /// What [`Limiter::decide`] would answer for each check on its own,
+    /// now, without recording anything: allowed, remaining and wait exactly
+    /// as a decision of that check alone would give them, and not one byte
+    /// of Redis changed (no entry, count, parameter or TTL; a key that a
+    /// reload left with other parameters or another algorithm's state is
+    /// answered for as the decision would see it, and left as it is).
+    ///
+    /// Every check is answered alone (`enforce` plays no part), in the
+    /// order given. Uses a pooled connection and answers within
+    /// `redis.timeout`; on a cluster, each key is one call to its master.
+    ///
+    /// ```no_run
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use floodgate::{Algorithm, Check, Limiter, LimiterError, LimiterOptions, RedisConfig};
+    ///
+    /// # async fn show(config: &RedisConfig) -> Result<(), LimiterError> {
+    /// let limiter = Limiter::new(config, LimiterOptions::default())?;
+    /// let check = Check {
+    ///     key: "floodgate:check:ip:192.0.2.7".into(),
+    ///     algorithm: Algorithm::SlidingWindow {
+    ///         limit: NonZeroU32::new(5).unwrap(),
+    ///         window: Duration::from_secs(10),
+    ///     },
+    ///     cost: 1,
+    ///     enforce: true,
+    /// };
+    /// let now = limiter.peek(vec![check]).await?;
+    /// // A request now would leave `remaining`; nothing was counted.
+    /// println!("allowed {}, {} left", now[0].allowed, now[0].remaining);
+    /// # Ok(()) }
+    /// ```
+    pub async fn peek(&self, checks: Vec<Check>) -> Result<Vec<Outcome>, LimiterError> {
+        self.peek_with(checks, None).await
+    }
+
+    /// As [`Limiter::peek`], with the clock pinned to `now_ms` (ms since the
+    /// epoch) instead of Redis `TIME`, as [`Limiter::decide_at`] pins it.
+    #[doc(hidden)]
+    pub async fn peek_at(
+        &self,
+        now_ms: u64,
+        checks: Vec<Check>,
+    ) -> Result<Vec<Outcome>, LimiterError> {
+        self.peek_with(checks, Some(now_ms)).await
+    }
+
+    async fn peek_with(
+        &self,
+        checks: Vec<Check>,
+        now_ms: Option<u64>,
+    ) -> Result<Vec<Outcome>, LimiterError> {
+        if checks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let pool = self.pool().clone();
+        let timeout = self.timeout();
+        let one_per_call = self.hash_tags();
+        let work = actix_rt::task::spawn_blocking(move || {
+            peek_blocking(&pool, timeout, one_per_call, &checks, now_ms)
+        });
+        match tokio::time::timeout(timeout, work).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(e)) => Err(LimiterError::Other(format!("the peek did not finish: {e}"))),
+            Err(_) => Err(LimiterError::Timeout),
+        }
+    }
+}
+
+/// Runs the peek on a pooled connection: one call for all the checks, or
+/// one per check (a cluster, whose keys live on different masters).
+fn peek_blocking(
+    pool: &Pool,
+    timeout: Duration,
+    one_per_call: bool,
+    checks: &[Check],
+    now_ms: Option<u64>,
+) -> Result<Vec<Outcome>, LimiterError> {
+    let deadline = Instant::now() + timeout;
+    let mut conn = pool
+        .get_timeout(timeout)
+        .map_err(|e| LimiterError::Other(format!("redis pool: {e}")))?;
+    let groups: Vec<&[Check]> = if one_per_call {
+        checks.chunks(1).collect()
+    } else {
+        vec![checks]
+    };
+    let mut outcomes = Vec::with_capacity(checks.len());
+    for group in groups {
+        if Instant::now() >= deadline {
+            return Err(LimiterError::Timeout);
+        }
+        let mut call = script().prepare_invoke();
+        match now_ms {
+            Some(ms) => call.arg(ms),
+            None => call.arg(""),
+        };
+        for check in group {
+            call.key(&check.key);
+            // Algorithm code, p1, p2 exactly as a decision sends them.
+            match check.algorithm {
+                Algorithm::SlidingWindow { limit, window } => {
+                    call.arg(1).arg(limit.get()).arg(window.as_millis() as u64)
+                }
+                Algorithm::FixedWindow { limit, window } => {
+                    call.arg(2).arg(limit.get()).arg(window.as_millis() as u64)
+                }
+                Algorithm::TokenBucket { rate, burst } => call.arg(3).arg(rate).arg(burst.get()),
+            };
+            call.arg(check.cost);
+        }
+        // A peek writes nothing, so the reload after NOSCRIPT that `invoke`
+        // does (sending the call again) can never count anything twice.
+        let result: redis::RedisResult<Vec<i64>> = call.invoke(&mut **conn);
+        conn.note(&result);
+        let values = result.map_err(LimiterError::from)?;
+        read(group, &values, &mut outcomes)?;
+    }
+    Ok(outcomes)
+}
+
+/// Reads three values per check (see `lua/peek.lua`).
+fn read(checks: &[Check], values: &[i64], into: &mut Vec<Outcome>) -> Result<(), LimiterError> {
+    if values.len() != 3 * checks.len() {
+        return Err(LimiterError::Other(format!(
+            "the peek returned {} values for {} checks",
+            values.len(),
+            checks.len()
+        )));
+    }
+    for (check, v) in checks.iter().zip(values.chunks_exact(3)) {
+        if v[0] == -1 {
+            let key = &check.key;
+            return Err(LimiterError::Check(match v[1] {
+                1 => format!("{key} holds a Redis type that no rate-limit algorithm writes"),
+                2 => format!("the parameters of the check on {key} are out of range"),
+                3 => format!("{key} holds state that is not made of numbers"),
+                _ => format!("the peek failed on {key} (the Redis log says why)"),
+            }));
+        }
+        into.push(Outcome {
+            allowed: v[0] == 1,
+            remaining: v[1].max(0) as u64,
+            wait: Duration::from_millis(v[2].max(0) as u64),
+        });
+    }
+    Ok(())
+}

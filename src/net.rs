@@ -1,0 +1,171 @@
+//! The client's address: behind trusted proxies, as one ID per host, and
+//! the networks (CIDRs) whose forwarding headers are believed.
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use actix_web::http::header::HeaderMap;
+
+/// IPv4-mapped IPv6 (`::ffff:1.2.3.4`) becomes the IPv4 address.
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    }
+}
+
+/// The ID of a client address: IPv4 as is, IPv6 by its /64 (one host
+/// usually holds a whole /64, so a single address would be no limit).
+pub fn ip_id(ip: IpAddr) -> String {
+    match canonical_ip(ip) {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => {
+            let net = u128::from(v6) & (u128::MAX << 64);
+            format!("{}/64", Ipv6Addr::from(net))
+        }
+    }
+}
+
+/// The client address: the TCP peer, unless the peer is a trusted proxy.
+/// Then the forwarding headers are walked from the right, over the hops
+/// that trusted proxies appended, and the first address that is not a
+/// trusted proxy is the client. A hop that cannot be read ends the walk at
+/// the last trusted address.
+///
+/// `Forwarded` and `X-Forwarded-For` are walked separately. When a request
+/// carries only one of them, that one decides. When it carries both, the
+/// proxy appended to one of them and the client may have written the other
+/// from scratch (nginx, for one, appends only `X-Forwarded-For` and passes a
+/// client's `Forwarded` on untouched), so neither may decide alone: if both
+/// walks end at the same address that is the client, otherwise the request
+/// is keyed by the trusted peer itself, an address no client can choose.
+pub fn client_addr(peer: IpAddr, headers: &HeaderMap, trusted: &[Cidr]) -> IpAddr {
+    let peer = canonical_ip(peer);
+    let is_trusted = |ip: IpAddr| trusted.iter().any(|c| c.contains(ip));
+    if !is_trusted(peer) {
+        return peer;
+    }
+    let walk = |hops: Vec<String>| {
+        let mut client = peer;
+        for hop in hops.iter().rev() {
+            match parse_hop(hop) {
+                Some(ip) => {
+                    client = ip;
+                    if !is_trusted(ip) {
+                        break;
+                    }
+                }
+                None => break,
+            }
+        }
+        client
+    };
+    let forwarded = forwarded_hops(headers);
+    let xff = x_forwarded_for_hops(headers);
+    match (forwarded, xff) {
+        (None, None) => peer,
+        (Some(hops), None) | (None, Some(hops)) => walk(hops),
+        (Some(f), Some(x)) => {
+            let (f, x) = (walk(f), walk(x));
+            if f == x {
+                f
+            } else {
+                peer
+            }
+        }
+    }
+}
+
+/// The `for=` of every `Forwarded` element, left (client) to right, over
+/// every `Forwarded` line in order; `None` without the header. An element
+/// without a readable `for=` is an empty hop (which ends a walk).
+fn forwarded_hops(headers: &HeaderMap) -> Option<Vec<String>> {
+    let mut lines = headers.get_all("forwarded").peekable();
+    lines.peek()?;
+    let mut hops = Vec::new();
+    for value in lines {
+        let value = String::from_utf8_lossy(value.as_bytes());
+        for element in value.split(',') {
+            let for_ = element.split(';').find_map(|pair| {
+                let (k, v) = pair.split_once('=')?;
+                k.trim()
+                    .eq_ignore_ascii_case("for")
+                    .then(|| v.trim().trim_matches('"').to_string())
+            });
+            hops.push(for_.unwrap_or_default());
+        }
+    }
+    Some(hops)
+}
+
+/// The addresses of every `X-Forwarded-For` line, left to right; `None`
+/// without the header.
+fn x_forwarded_for_hops(headers: &HeaderMap) -> Option<Vec<String>> {
+    let mut lines = headers.get_all("x-forwarded-for").peekable();
+    lines.peek()?;
+    Some(
+        lines
+            .flat_map(|v| {
+                String::from_utf8_lossy(v.as_bytes())
+                    .split(',')
+                    .map(|s| s.trim().to_string())
+                    .collect::<Vec<_>>()
+            })
+            .collect(),
+    )
+}
+
+/// `1.2.3.4`, `1.2.3.4:80`, `[2001:db8::1]:443`, `2001:db8::1`.
+fn parse_hop(hop: &str) -> Option<IpAddr> {
+    let hop = hop.trim();
+    if let Ok(ip) = hop.parse::<IpAddr>() {
+        return Some(canonical_ip(ip));
+    }
+    if let Some(rest) = hop.strip_prefix('[') {
+        let (inside, _) = rest.split_once(']')?;
+        return inside.parse::<IpAddr>().ok().map(canonical_ip);
+    }
+    let (host, port) = hop.rsplit_once(':')?;
+    port.parse::<u16>().ok()?;
+    host.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4)
+}
+
+/// An IP network whose forwarding headers may be believed: `10.0.0.0/8`,
+/// `fd00::/8`, or one address. IPv4-mapped IPv6 addresses count as IPv4.
+///
+/// ```
+/// use floodgate::Cidr;
+/// let net = Cidr::parse("10.0.0.0/8").unwrap();
+/// assert!(net.contains("10.1.2.3".parse().unwrap()));
+/// assert!(net.contains("::ffff:10.1.2.3".parse().unwrap()));
+/// assert!(!net.contains("11.0.0.1".parse().unwrap()));
+/// assert!(Cidr::parse("10.0.0.0/33").is_none());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr(ipnet::IpNet);
+
+impl Cidr {
+    /// Parses `10.0.0.1`, `10.0.0.0/8`, `::1` or `fd00::/8` (a prefix of
+    /// digits only, within the address's length).
+    pub fn parse(text: &str) -> Option<Cidr> {
+        let (addr, prefix) = match text.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (text, None),
+        };
+        let addr = canonical_ip(addr.trim().parse().ok()?);
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => p.parse().ok()?,
+            Some(_) => return None,
+            None => max,
+        };
+        ipnet::IpNet::new(addr, prefix).ok().map(Cidr)
+    }
+
+    /// Whether `ip` is inside this network.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        self.0.contains(&canonical_ip(ip))
+    }
+}

@@ -1,0 +1,321 @@
+//! What a rule counts by: the kinds of key (address, form field, header…),
+//! composite keys, and the Redis key `PREFIX:RULE:KIND:ID` they make.
+
+use std::fmt;
+use std::sync::Arc;
+
+use actix_web::HttpRequest;
+
+use sha2::{Digest, Sha256};
+
+/// Longest ID kept as is in a Redis key; longer ones are hashed.
+pub const MAX_ID_BYTES: usize = 64;
+
+/// What identifies the caller for a rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyKind {
+    /// The client address (behind trusted proxies).
+    Ip,
+    /// One key for the whole rule.
+    Global,
+    /// The request path.
+    Path,
+    /// The signed-in account, else the client address.
+    Session,
+    /// A request header's value.
+    Header(String),
+    /// A query-string parameter.
+    Query(String),
+    /// A field of an urlencoded form body.
+    Form(String),
+    /// The application's own function of the request (see [`Key::custom`]).
+    Custom(CustomKey),
+}
+
+/// A key function of the application's own: the ID of a request, or
+/// `None` to key it by its client address. Named, so that two functions
+/// never share counters and messages can say which one a rule uses.
+#[derive(Clone)]
+pub struct CustomKey {
+    name: String,
+    f: Arc<dyn KeyFn>,
+}
+
+/// What [`Key::custom`] accepts: any `Fn(&HttpRequest) -> Option<String>`
+/// that can be shared between workers, or a type of your own.
+///
+/// ```
+/// use actix_web::HttpRequest;
+/// use floodgate::KeyFn;
+///
+/// struct ApiKey;
+/// impl KeyFn for ApiKey {
+///     fn key(&self, req: &HttpRequest) -> Option<String> {
+///         req.headers().get("x-api-key")?.to_str().ok().map(str::to_owned)
+///     }
+/// }
+/// let key = floodgate::Key::custom("api-key", ApiKey);
+/// assert_eq!(key.to_string(), "custom:api-key");
+/// ```
+pub trait KeyFn: Send + Sync + 'static {
+    /// The ID of this request for the rule, or `None`.
+    fn key(&self, req: &HttpRequest) -> Option<String>;
+}
+
+impl<F> KeyFn for F
+where
+    F: Fn(&HttpRequest) -> Option<String> + Send + Sync + 'static,
+{
+    fn key(&self, req: &HttpRequest) -> Option<String> {
+        self(req)
+    }
+}
+
+impl CustomKey {
+    /// The function's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The ID of `req` (prefixed with the name, so two functions never
+    /// share a counter), or `None`.
+    pub fn key(&self, req: &HttpRequest) -> Option<String> {
+        self.f.key(req).map(|id| format!("{}={id}", self.name))
+    }
+}
+
+impl fmt::Debug for CustomKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("CustomKey").field(&self.name).finish()
+    }
+}
+
+impl PartialEq for CustomKey {
+    fn eq(&self, other: &CustomKey) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for CustomKey {}
+
+impl KeyKind {
+    /// The KIND component of the Redis key.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            KeyKind::Ip => "ip",
+            KeyKind::Global => "global",
+            KeyKind::Path => "path",
+            KeyKind::Session => "session",
+            KeyKind::Header(_) => "header",
+            KeyKind::Query(_) => "query",
+            KeyKind::Form(_) => "form",
+            KeyKind::Custom(_) => "custom",
+        }
+    }
+}
+
+impl fmt::Display for KeyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyKind::Header(n) => write!(f, "header:{n}"),
+            KeyKind::Query(n) => write!(f, "query:{n}"),
+            KeyKind::Form(n) => write!(f, "form:{n}"),
+            KeyKind::Custom(c) => write!(f, "custom:{}", c.name),
+            other => f.write_str(other.kind()),
+        }
+    }
+}
+
+/// What a rule counts by: one kind, or several (one counter per
+/// combination of their values, e.g. per phone number per address).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Key(pub Vec<KeyKind>);
+
+impl Key {
+    /// The client address, behind trusted proxies (IPv6 by its /64).
+    ///
+    /// ```
+    /// use floodgate::Key;
+    /// assert_eq!(Key::ip().to_string(), "ip");
+    /// assert_eq!(Key::form("phone").and(Key::ip()).to_string(), r#"["form:phone", "ip"]"#);
+    /// ```
+    pub fn ip() -> Key {
+        Key(vec![KeyKind::Ip])
+    }
+
+    /// One counter for everyone.
+    pub fn global() -> Key {
+        Key(vec![KeyKind::Global])
+    }
+
+    /// The decoded request path.
+    pub fn path() -> Key {
+        Key(vec![KeyKind::Path])
+    }
+
+    /// The signed-in account (through the filter's session lookup), else
+    /// the client address.
+    pub fn session() -> Key {
+        Key(vec![KeyKind::Session])
+    }
+
+    /// A request header (case-insensitive name).
+    pub fn header(name: &str) -> Key {
+        Key(vec![KeyKind::Header(name.to_ascii_lowercase())])
+    }
+
+    /// A query-string parameter.
+    pub fn query(name: &str) -> Key {
+        Key(vec![KeyKind::Query(name.to_string())])
+    }
+
+    /// A field of an urlencoded form body, read as the handler's
+    /// `web::Form` reads it.
+    pub fn form(name: &str) -> Key {
+        Key(vec![KeyKind::Form(name.to_string())])
+    }
+
+    /// The application's own function of the request: a closure
+    /// `|req: &HttpRequest| -> Option<String>` or a [`KeyFn`]. `None` keys
+    /// the request by its client address.
+    ///
+    /// ```
+    /// use floodgate::Key;
+    /// let tenant = Key::custom("tenant", |req: &actix_web::HttpRequest| {
+    ///     req.match_info().get("tenant").map(str::to_owned)
+    /// });
+    /// assert_eq!(tenant.to_string(), "custom:tenant");
+    /// ```
+    pub fn custom(name: &str, f: impl KeyFn) -> Key {
+        Key(vec![KeyKind::Custom(CustomKey {
+            name: name.to_string(),
+            f: Arc::new(f),
+        })])
+    }
+
+    /// One counter per combination of this key's values and `other`'s
+    /// (per phone number per address, say).
+    pub fn and(mut self, other: Key) -> Key {
+        for kind in other.0 {
+            if !self.0.contains(&kind) {
+                self.0.push(kind);
+            }
+        }
+        self
+    }
+
+    /// The kinds, in the order written (never empty).
+    pub fn kinds(&self) -> &[KeyKind] {
+        &self.0
+    }
+
+    /// Whether any part reads the form body.
+    pub fn reads_form(&self) -> bool {
+        self.0.iter().any(|k| matches!(k, KeyKind::Form(_)))
+    }
+
+    /// The only kind, when the key is not composite.
+    pub fn single(&self) -> Option<&KeyKind> {
+        match self.0.as_slice() {
+            [one] => Some(one),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.single() {
+            Some(one) => write!(f, "{one}"),
+            None => {
+                let parts: Vec<String> = self
+                    .0
+                    .iter()
+                    .map(|k| format!("{:?}", k.to_string()))
+                    .collect();
+                write!(f, "[{}]", parts.join(", "))
+            }
+        }
+    }
+}
+
+impl KeyKind {
+    /// Reads a kind as the configuration writes it: `ip`, `global`, `path`,
+    /// `session`, `header:NAME`, `query:NAME` or `form:NAME`.
+    ///
+    /// ```
+    /// use floodgate::KeyKind;
+    /// assert_eq!(KeyKind::parse("form:phone"), Ok(KeyKind::Form("phone".into())));
+    /// assert!(KeyKind::parse("cookie:x").is_err());
+    /// ```
+    pub fn parse(text: &str) -> Result<KeyKind, String> {
+        let named = |n: &str, make: fn(String) -> KeyKind| -> Result<KeyKind, String> {
+            if n.is_empty()
+                || n.len() > 128
+                || !n
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.[]".contains(&b))
+            {
+                Err(format!("key {text:?}: the name after the colon must be 1 to 128 characters from A-Z, a-z, 0-9, \"-\", \"_\", \".\", \"[\" and \"]\""))
+            } else {
+                Ok(make(n.to_string()))
+            }
+        };
+        match text {
+        "ip" => Ok(KeyKind::Ip),
+        "global" => Ok(KeyKind::Global),
+        "path" => Ok(KeyKind::Path),
+        "session" => Ok(KeyKind::Session),
+        _ => match text.split_once(':') {
+            Some(("header", n)) => named(n, |n| KeyKind::Header(n.to_ascii_lowercase())),
+            Some(("query", n)) => named(n, KeyKind::Query),
+            Some(("form", n)) => named(n, KeyKind::Form),
+            _ => Err(format!(
+                "unknown key {text:?}, expected \"ip\", \"global\", \"path\", \"session\", \"header:NAME\", \"query:NAME\" or \"form:NAME\""
+            )),
+        },
+    }
+    }
+}
+
+/// `PREFIX:RULE:KIND:ID`, with an ID longer than 64 bytes replaced by
+/// `~` and 40 hex digits of its SHA-256.
+pub fn redis_key(prefix: &str, rule: &str, kind: &str, id: &str) -> String {
+    redis_key_for(false, prefix, rule, kind, id)
+}
+
+/// [`redis_key`], and with `hash_tag` (Redis Cluster) the ID in braces,
+/// `PREFIX:RULE:KIND:{ID}`: Redis Cluster then places a key by its ID
+/// alone, so the rules that key one request by the same value share a slot
+/// (and are decided in one atomic call), while different IDs spread over
+/// the masters.
+pub fn redis_key_for(hash_tag: bool, prefix: &str, rule: &str, kind: &str, id: &str) -> String {
+    let hashed;
+    let id = if id.len() <= MAX_ID_BYTES {
+        id
+    } else {
+        let digest = Sha256::digest(id.as_bytes());
+        let hex: String = digest[..20].iter().map(|b| format!("{b:02x}")).collect();
+        hashed = format!("~{hex}");
+        &hashed
+    };
+    if hash_tag {
+        format!("{prefix}:{rule}:{kind}:{{{id}}}")
+    } else {
+        format!("{prefix}:{rule}:{kind}:{id}")
+    }
+}
+
+/// Joins the parts of a composite key: KIND is the kinds joined by `+`, ID
+/// the IDs joined by `|`, each with `%` and `|` percent-escaped so that no
+/// two different combinations make the same ID.
+pub fn compose(parts: &[(&str, String)]) -> (String, String) {
+    let kind = parts.iter().map(|(k, _)| *k).collect::<Vec<_>>().join("+");
+    let id = parts
+        .iter()
+        .map(|(_, id)| id.replace('%', "%25").replace('|', "%7C"))
+        .collect::<Vec<_>>()
+        .join("|");
+    (kind, id)
+}

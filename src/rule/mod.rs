@@ -1,0 +1,203 @@
+//! The rules: which requests a rule guards (methods and path patterns),
+//! what it counts by (its key), how much, and what a denied request gets.
+//! Configuration builds these; the filter applies them.
+
+mod key;
+mod normalize;
+mod path;
+
+use std::time::Duration;
+
+pub use self::key::{compose, redis_key, redis_key_for, CustomKey, Key, KeyFn, KeyKind};
+pub use self::normalize::{e164, normalize, Region};
+pub use self::path::PathPattern;
+use crate::limit::Algorithm;
+
+/// How a header/query/form value is normalized before it becomes a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Normalize {
+    /// As sent (after percent-decoding).
+    None,
+    /// Only the ASCII digits are kept (phone numbers).
+    Digits,
+    /// Lower-cased and trimmed (e-mail addresses, user names).
+    Lowercase,
+    /// A phone number in E.164 (`+DIGITS`); numbers written without `+`
+    /// are read with this region's prefixes. Not a possible number: none.
+    E164(Region),
+}
+
+/// Which requests a rule charges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Count {
+    /// Every request it allows.
+    All,
+    /// Every request it allows is charged, and a request answered below 400
+    /// gets its units back (failed sign-ins count, good ones do not).
+    Failures,
+}
+
+/// What a denied request gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Deny {
+    /// `303` to the error page (JSON clients get a 429).
+    Redirect,
+    /// `429` with `Retry-After`.
+    Status,
+}
+
+/// What happens when Redis cannot answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum OnRedisError {
+    /// Let the request through.
+    Allow,
+    /// Answer `503`.
+    Deny,
+    /// Enforce the rule in this process alone, in memory, until Redis
+    /// answers again.
+    Local,
+}
+
+/// Whether a rule may deny.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Mode {
+    /// Denies over the limit.
+    Enforce,
+    /// Counts and reports, never denies.
+    Shadow,
+}
+
+/// One checked rule with `[defaults]` applied.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    /// Unique name, `[A-Za-z0-9_-]{1,64}`.
+    pub name: String,
+    /// Path patterns as written (for display).
+    pub path_text: Vec<String>,
+    /// Compiled path patterns.
+    pub paths: Vec<PathPattern>,
+    /// Upper-case methods; empty = every method.
+    pub methods: Vec<String>,
+    /// What identifies the caller.
+    pub key: Key,
+    /// Normalization of header/query/form values.
+    pub normalize: Normalize,
+    /// The algorithm and its parameters.
+    pub algorithm: Algorithm,
+    /// Units one request takes.
+    pub cost: u32,
+    /// What a denied request gets.
+    pub deny: Deny,
+    /// Where `redirect` sends a denied request.
+    pub error_page: String,
+    /// Redis error policy.
+    pub on_redis_error: OnRedisError,
+    /// Enforce or shadow.
+    pub mode: Mode,
+    /// Whether answers below 400 give their units back.
+    pub count: Count,
+    /// The limit in human words.
+    pub description: String,
+}
+
+impl Rule {
+    /// Whether this rule guards `method` + (decoded) `path`.
+    pub fn matches(&self, method: &str, path: &str) -> bool {
+        (self.methods.is_empty() || self.methods.iter().any(|m| m == method))
+            && self.paths.iter().any(|p| p.matches(path))
+    }
+}
+
+/// A rule in human words: "at most 5 requests per 10 seconds for your address".
+pub(crate) fn describe(algorithm: &Algorithm, cost: u32, key: &Key) -> String {
+    let whose = key
+        .kinds()
+        .iter()
+        .map(|k| match k {
+            KeyKind::Ip => "from your address".to_string(),
+            KeyKind::Session => "for your account".to_string(),
+            KeyKind::Global => "for everyone together".to_string(),
+            KeyKind::Path => "for this page".to_string(),
+            KeyKind::Header(n) | KeyKind::Query(n) | KeyKind::Form(n) => format!("for each {n}"),
+            KeyKind::Custom(c) => format!("for each {}", c.name()),
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    let per = |n: u32| {
+        if cost > 1 {
+            format!("{n} units (this request takes {cost})")
+        } else if n == 1 {
+            "1 request".to_string()
+        } else {
+            format!("{n} requests")
+        }
+    };
+    match algorithm {
+        Algorithm::SlidingWindow { limit, window } | Algorithm::FixedWindow { limit, window } => {
+            format!(
+                "at most {} per {} {whose}",
+                per(limit.get()),
+                human_duration(*window)
+            )
+        }
+        Algorithm::TokenBucket { rate, burst } => format!(
+            "bursts of at most {}, then {rate} per second {whose}",
+            per(burst.get())
+        ),
+    }
+}
+
+/// "10 seconds", "minute", "10 minutes", "hour", "1500 ms".
+pub fn human_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (one, many, size) in [
+        ("day", "days", 86_400_000),
+        ("hour", "hours", 3_600_000),
+        ("minute", "minutes", 60_000),
+        ("second", "seconds", 1000),
+    ] {
+        if ms >= size && ms.is_multiple_of(size) {
+            let n = ms / size;
+            return if n == 1 {
+                one.to_string()
+            } else {
+                format!("{n} {many}")
+            };
+        }
+    }
+    format!("{ms} ms")
+}
+
+macro_rules! config_names {
+    ($($ty:ident { $($variant:ident => $name:literal),+ $(,)? })+) => {$(
+        impl $ty {
+            /// The value as the configuration file writes it.
+            pub fn as_str(&self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name),+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    )+};
+}
+
+config_names! {
+    Count { All => "all", Failures => "failures" }
+    Deny { Redirect => "redirect", Status => "status" }
+    OnRedisError { Allow => "allow", Deny => "deny", Local => "local" }
+    Mode { Enforce => "enforce", Shadow => "shadow" }
+}

@@ -1,0 +1,257 @@
+//! Redis Cluster and Sentinel, on real servers: exact limits per identity
+//! across shards, a request whose rules span slots (all-or-nothing through
+//! give-back), a resharding of thousands of slots under traffic, and a
+//! Sentinel failover under traffic.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use redis::Commands;
+
+use crate::cluster_helpers::{Cluster, Sentinel, MASTER_NAME};
+use crate::helpers::{spawn_app_with, wait_until, TestApp};
+
+const PER_USER: &str = r#"
+[redis]
+timeout = "2s"
+
+[[rule]]
+name = "per_user"
+paths = ["/check"]
+key = "header:x-user"
+limit = 5
+window = "1m"
+deny = "status"
+on_redis_error = "deny"
+"#;
+
+async fn cluster_app(toml: &str, cluster: &Cluster) -> TestApp {
+    let seeds = cluster.seeds();
+    spawn_app_with(toml, move |c| c.redis.cluster = seeds).await
+}
+
+/// `GET /check` as `user` (and `team`, when given): the status.
+async fn check(app: &TestApp, user: &str, team: Option<&str>) -> u16 {
+    let mut req = app
+        .client
+        .get(app.url("/check"))
+        .header("x-user", user)
+        .header("accept", "application/json");
+    if let Some(team) = team {
+        req = req.header("x-team", team);
+    }
+    req.send().await.unwrap().status().as_u16()
+}
+
+#[actix_web::test]
+async fn cluster_limits_each_identity_exactly_under_concurrency_across_shards() {
+    let cluster = Cluster::start();
+    let app = cluster_app(PER_USER, &cluster).await;
+    let users: Vec<String> = (0..30).map(|i| format!("user-{i}")).collect();
+    // 12 concurrent requests per user, all at once: 5 allowed each.
+    let requests = users
+        .iter()
+        .flat_map(|u| (0..12).map(move |_| u.clone()))
+        .map(|u| {
+            let app = &app;
+            async move { (u.clone(), check(app, &u, None).await) }
+        });
+    let mut allowed: HashMap<String, u32> = HashMap::new();
+    for (user, status) in join_all(requests).await {
+        assert!(status == 200 || status == 429, "{user}: {status}");
+        *allowed.entry(user).or_default() += u32::from(status == 200);
+    }
+    for user in &users {
+        assert_eq!(allowed.get(user), Some(&5), "{user}");
+    }
+    // The identities spread over every master, and every key expires.
+    let per_node = cluster.keys_per_node();
+    assert!(per_node.iter().all(|&n| n > 0), "{per_node:?}");
+    let mut conn = cluster.connection();
+    for user in &users {
+        let key = format!("floodgate:per_user:header:{{{user}}}");
+        assert_eq!(conn.llen::<_, u64>(&key).unwrap(), 5);
+        let ttl: i64 = conn.pttl(&key).unwrap();
+        assert!(ttl > 0 && ttl <= 60_000, "{key}: {ttl}");
+    }
+}
+
+#[actix_web::test]
+async fn cluster_request_spanning_slots_keeps_no_quota_when_denied() {
+    let cluster = Cluster::start();
+    let app = cluster_app(
+        r#"
+[redis]
+timeout = "2s"
+
+[[rule]]
+name = "per_user"
+paths = ["/check"]
+key = "header:x-user"
+limit = 3
+window = "1m"
+deny = "status"
+
+[[rule]]
+name = "per_team"
+paths = ["/check"]
+key = "header:x-team"
+limit = 5
+window = "1m"
+deny = "status"
+"#,
+        &cluster,
+    )
+    .await;
+    let user_key = |u: &str| format!("floodgate:per_user:header:{{{u}}}");
+    let team_key = "floodgate:per_team:header:{red}";
+    let mut conn = cluster.connection();
+    let slot = |k: &str, conn: &mut redis::cluster::ClusterConnection| -> u16 {
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(k)
+            .query(conn)
+            .unwrap()
+    };
+    assert_ne!(
+        slot(&user_key("alice"), &mut conn),
+        slot(team_key, &mut conn)
+    );
+    assert_ne!(slot(&user_key("bob"), &mut conn), slot(team_key, &mut conn));
+
+    for _ in 0..3 {
+        assert_eq!(check(&app, "alice", Some("red")).await, 200);
+    }
+    // per_user denies alice: what per_team took for it is given back.
+    assert_eq!(check(&app, "alice", Some("red")).await, 429);
+    wait_until(Duration::from_secs(5), "the team's units back", || {
+        conn.llen::<_, u64>(team_key).unwrap() == 3
+    });
+    assert_eq!(conn.llen::<_, u64>(user_key("alice")).unwrap(), 3);
+    // bob takes the team's last two units; then per_team denies bob and
+    // bob's own count keeps only the two.
+    assert_eq!(check(&app, "bob", Some("red")).await, 200);
+    assert_eq!(check(&app, "bob", Some("red")).await, 200);
+    assert_eq!(check(&app, "bob", Some("red")).await, 429);
+    wait_until(Duration::from_secs(5), "bob's unit back", || {
+        conn.llen::<_, u64>(user_key("bob")).unwrap() == 2
+    });
+    assert_eq!(conn.llen::<_, u64>(team_key).unwrap(), 5);
+}
+
+#[actix_web::test]
+async fn cluster_resharding_thousands_of_slots_fails_and_overadmits_nothing() {
+    let cluster = Arc::new(Cluster::start());
+    let app = cluster_app(&PER_USER.replace("limit = 5", "limit = 40"), &cluster).await;
+    let users: Vec<String> = (0..40).map(|i| format!("mover-{i}")).collect();
+    let done = Arc::new(AtomicBool::new(false));
+    let reshard = {
+        let (cluster, done) = (Arc::clone(&cluster), Arc::clone(&done));
+        std::thread::spawn(move || {
+            cluster.reshard(0, 1, 3000);
+            cluster.reshard(2, 0, 2000);
+            done.store(true, Ordering::SeqCst);
+        })
+    };
+    let mut allowed: HashMap<&str, u32> = HashMap::new();
+    let mut rounds = 0;
+    while !done.load(Ordering::SeqCst) || rounds < 2 {
+        rounds += 1;
+        let statuses = join_all(users.iter().map(|u| check(&app, u, None))).await;
+        for (user, status) in users.iter().zip(statuses) {
+            assert!(
+                status == 200 || status == 429,
+                "{user}: {status} in round {rounds}"
+            );
+            *allowed.entry(user).or_default() += u32::from(status == 200);
+        }
+    }
+    reshard.join().unwrap();
+    for user in &users {
+        let n = allowed.get(user.as_str()).copied().unwrap_or(0);
+        assert_eq!(n, rounds.min(40), "{user} after {rounds} rounds");
+    }
+    let mut conn = cluster.connection();
+    for user in &users {
+        let key = format!("floodgate:per_user:header:{{{user}}}");
+        assert_eq!(conn.llen::<_, u32>(&key).unwrap(), rounds.min(40));
+    }
+}
+
+#[actix_web::test]
+async fn sentinel_failover_is_followed_without_a_restart() {
+    let mut sentinel = Sentinel::start();
+    let url = sentinel.url();
+    let app = spawn_app_with(&PER_USER.replace("limit = 5", "limit = 1000"), move |c| {
+        c.redis.sentinel = vec![url];
+        c.redis.sentinel_master = MASTER_NAME.into();
+    })
+    .await;
+    assert_eq!(check(&app, "before", None).await, 200);
+    let mut old = sentinel.master.connection().unwrap();
+    assert_eq!(
+        old.llen::<_, u64>("floodgate:per_user:header:before")
+            .unwrap(),
+        1
+    );
+
+    drop(old);
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = {
+        let (stop, address, client) = (Arc::clone(&stop), app.address.clone(), app.client.clone());
+        actix_web::rt::spawn(async move {
+            let mut seen = (0u32, 0u32);
+            while !stop.load(Ordering::SeqCst) {
+                let status = client
+                    .get(format!("{address}/check"))
+                    .header("x-user", "during")
+                    .header("accept", "application/json")
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16();
+                assert!(status == 200 || status == 503, "{status}");
+                if status == 200 {
+                    seen.0 += 1;
+                } else {
+                    seen.1 += 1;
+                }
+            }
+            seen
+        })
+    };
+    sentinel.fail_master();
+    // Decisions resume on the new master within seconds.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if check(&app, "after", None).await == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no decision after the failover"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (ok, unavailable) = traffic.await.unwrap();
+    let mut new = sentinel.replica.connection().unwrap();
+    assert_eq!(
+        new.llen::<_, u64>("floodgate:per_user:header:after")
+            .unwrap(),
+        1
+    );
+    // The new master counts every decision made on it, once.
+    let during: u64 = new.llen("floodgate:per_user:header:during").unwrap();
+    assert!(
+        ok > 0 && during <= u64::from(ok + unavailable),
+        "{ok} allowed, {unavailable} unavailable, {during} counted"
+    );
+    let after: Vec<u16> = join_all((0..1002).map(|_| check(&app, "after", None))).await;
+    assert_eq!(after.iter().filter(|&&s| s == 200).count(), 999);
+    assert_eq!(after.iter().filter(|&&s| s == 429).count(), 3);
+}

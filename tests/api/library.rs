@@ -1,0 +1,289 @@
+//! floodgate as a library: apps that use only the crate's public API
+//! (rules from TOML, limits in code on resources and scopes, both at once),
+//! against a real redis-server. Requests go through `actix_web::test`.
+
+use std::time::Duration;
+
+use actix_service::IntoServiceFactory;
+use actix_web::dev::{AppConfig, ServiceFactory};
+use actix_web::http::StatusCode;
+use actix_web::{test, web, App, HttpResponse};
+use floodgate::{Filter, Key, Limit, Limits};
+
+use crate::helpers::RedisServer;
+
+fn toml_filter(redis: &RedisServer, rules: &str) -> Filter {
+    let text = format!("[redis]\nurl = \"{}\"\n{rules}", redis.url());
+    Filter::from_toml_str(&text, "app.toml").unwrap()
+}
+
+async fn ok() -> HttpResponse {
+    HttpResponse::Ok().body("ok")
+}
+
+#[actix_web::test]
+async fn toml_rules_wrapped_on_an_app_deny_past_the_limit_with_429() {
+    let redis = RedisServer::start();
+    let filter = toml_filter(
+        &redis,
+        "[[rule]]\nname = \"hello\"\npaths = [\"/hello\"]\ndeny = \"status\"\nlimit = 2\nwindow = \"1m\"\n",
+    );
+    let app = test::init_service(
+        App::new()
+            .wrap(filter)
+            .route("/hello", web::get().to(ok))
+            .route("/free", web::get().to(ok)),
+    )
+    .await;
+    for _ in 0..2 {
+        let res =
+            test::call_service(&app, test::TestRequest::get().uri("/hello").to_request()).await;
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    let res = test::call_service(&app, test::TestRequest::get().uri("/hello").to_request()).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(res.headers().contains_key("retry-after"));
+    let res = test::call_service(&app, test::TestRequest::get().uri("/free").to_request()).await;
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[actix_web::test]
+async fn toml_errors_from_the_library_read_file_where_what() {
+    let err = Filter::from_toml_str(
+        "[[rule]]\nname = \"x\"\npaths = [\"/x\"]\nlimit = 1\nwindw = \"1m\"\n",
+        "mine.toml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.starts_with("mine.toml: line 5, column 1: unknown field \"windw\""),
+        "{err}"
+    );
+}
+
+#[actix_web::test]
+async fn in_code_limits_on_a_resource_and_a_scope_deny_with_their_own_counts() {
+    let redis = RedisServer::start();
+    let filter = Filter::builder().redis_url(&redis.url()).build().unwrap();
+    let app = test::init_service(
+        App::new()
+            .service(
+                web::resource("/sms")
+                    .wrap(filter.limit(Limit::per_minute(2).key(Key::form("phone")).name("sms")))
+                    .route(web::post().to(ok)),
+            )
+            .service(
+                web::scope("/api")
+                    .wrap(filter.limit(Limit::per_minute(1).name("api")))
+                    .route("/a", web::get().to(ok))
+                    .route("/b", web::get().to(ok)),
+            ),
+    )
+    .await;
+    let sms = |phone: &'static str| {
+        test::TestRequest::post()
+            .uri("/sms")
+            .insert_header(("content-type", "application/x-www-form-urlencoded"))
+            .set_payload(phone)
+            .to_request()
+    };
+    assert_eq!(
+        test::call_service(&app, sms("phone=1")).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        test::call_service(&app, sms("phone=1")).await.status(),
+        StatusCode::OK
+    );
+    let denied = test::call_service(&app, sms("phone=1")).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Another phone number has its own counter.
+    assert_eq!(
+        test::call_service(&app, sms("phone=2")).await.status(),
+        StatusCode::OK
+    );
+    // One counter for the whole scope.
+    let a = test::call_service(&app, test::TestRequest::get().uri("/api/a").to_request()).await;
+    assert_eq!(a.status(), StatusCode::OK);
+    let b = test::call_service(&app, test::TestRequest::get().uri("/api/b").to_request()).await;
+    assert_eq!(b.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(redis.llen("floodgate:sms:form:1"), 2);
+}
+
+#[actix_web::test]
+async fn a_request_an_in_code_limit_denies_takes_nothing_from_the_toml_rules() {
+    let redis = RedisServer::start();
+    let filter = toml_filter(
+        &redis,
+        "[[rule]]\nname = \"outer\"\npaths = [\"/m/*\"]\ndeny = \"status\"\nlimit = 10\nwindow = \"1m\"\n",
+    );
+    let inner = filter.limit(Limit::per_minute(1).name("inner"));
+    let app = test::init_service(
+        App::new().wrap(filter.clone()).service(
+            web::scope("/m")
+                .service(web::resource("/tight").wrap(inner).route(web::get().to(ok)))
+                .route(
+                    "/state",
+                    web::get().to(|limits: Limits| async move {
+                        let outer = limits.get("outer").map_or(999, |r| r.remaining);
+                        HttpResponse::Ok().body(outer.to_string())
+                    }),
+                ),
+        ),
+    )
+    .await;
+    let get = |uri: &'static str| test::TestRequest::get().uri(uri).to_request();
+    let first = test::call_service(&app, get("/m/tight")).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    // Both rules' fields are on the response, the outer rule first.
+    let fields = first
+        .headers()
+        .get("ratelimit")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        fields.starts_with("\"outer\";r=9") && fields.contains("\"inner\";r=0"),
+        "{fields}"
+    );
+    for _ in 0..3 {
+        let denied = test::call_service(&app, get("/m/tight")).await;
+        assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+    // One allowed request, three denied: the outer rule has only the
+    // allowed one and this one.
+    let state = test::call_and_read_body(&app, get("/m/state")).await;
+    assert_eq!(state, "8");
+    assert_eq!(redis.llen("floodgate:outer:ip:0.0.0.0"), 2);
+}
+
+#[actix_web::test]
+async fn handlers_read_the_decision_and_give_units_back_or_charge_more() {
+    let redis = RedisServer::start();
+    let filter = Filter::builder()
+        .redis_url(&redis.url())
+        .rule("/refund", Limit::per_minute(3).name("refund"))
+        .rule("/heavy", Limit::per_minute(5).name("heavy"))
+        .build()
+        .unwrap();
+    let app = test::init_service(
+        App::new()
+            .wrap(filter)
+            .route(
+                "/refund",
+                web::get().to(|limits: Limits| async move {
+                    let given = limits.give_back().await.unwrap();
+                    let left = limits.get("refund").unwrap().remaining;
+                    HttpResponse::Ok().body(format!("{given} {left}"))
+                }),
+            )
+            .route(
+                "/heavy",
+                web::get().to(|limits: Limits| async move {
+                    let charged = limits.charge(3).await.unwrap();
+                    HttpResponse::Ok().body(format!("{charged}"))
+                }),
+            ),
+    )
+    .await;
+    let get = |uri: &'static str| test::TestRequest::get().uri(uri).to_request();
+    for _ in 0..5 {
+        let body = test::call_and_read_body(&app, get("/refund")).await;
+        assert_eq!(body, "1 3");
+    }
+    assert_eq!(redis.llen("floodgate:refund:ip:0.0.0.0"), 0);
+    // 1 + 3 units, then 1 more leaves no room for 3.
+    assert_eq!(test::call_and_read_body(&app, get("/heavy")).await, "true");
+    assert_eq!(test::call_and_read_body(&app, get("/heavy")).await, "false");
+    assert_eq!(redis.llen("floodgate:heavy:ip:0.0.0.0"), 5);
+}
+
+#[actix_web::test]
+async fn custom_key_functions_session_lookup_and_denial_responders_are_used() {
+    let redis = RedisServer::start();
+    let filter = Filter::builder()
+        .redis_url(&redis.url())
+        .session_lookup(|req| {
+            req.headers()
+                .get("x-user")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        })
+        .denial_responder(|denial, _req| {
+            HttpResponse::TooManyRequests()
+                .content_type("application/json")
+                .body(format!("{{\"slow_down\":\"{}\"}}", denial.rule.name))
+        })
+        .rule(
+            "/account",
+            Limit::per_minute(1).key(Key::session()).name("acct"),
+        )
+        .build()
+        .unwrap();
+    let tenant = Key::custom("tenant", |req: &actix_web::HttpRequest| {
+        req.match_info().get("t").map(str::to_owned)
+    });
+    let app = test::init_service(
+        App::new()
+            .wrap(filter.clone())
+            .route("/account", web::get().to(ok))
+            .service(
+                web::resource("/t/{t}")
+                    .wrap(filter.limit(Limit::per_minute(1).key(tenant).name("tenant")))
+                    .route(web::get().to(ok)),
+            ),
+    )
+    .await;
+    let as_user = |u: &'static str| {
+        test::TestRequest::get()
+            .uri("/account")
+            .insert_header(("x-user", u))
+            .to_request()
+    };
+    assert_eq!(
+        test::call_service(&app, as_user("ann")).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        test::call_service(&app, as_user("bob")).await.status(),
+        StatusCode::OK
+    );
+    let denied = test::call_service(&app, as_user("ann")).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(denied.headers().contains_key("retry-after"));
+    assert_eq!(test::read_body(denied).await, "{\"slow_down\":\"acct\"}");
+    let get = |uri: &'static str| test::TestRequest::get().uri(uri).to_request();
+    assert_eq!(
+        test::call_service(&app, get("/t/one")).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        test::call_service(&app, get("/t/two")).await.status(),
+        StatusCode::OK
+    );
+    let denied = test::call_service(&app, get("/t/one")).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(redis.keys("floodgate:tenant:custom:*").len(), 2);
+}
+
+#[actix_web::test]
+async fn an_unusable_in_code_limit_stops_the_app_from_starting() {
+    let redis = RedisServer::start();
+    let filter = Filter::builder().redis_url(&redis.url()).build().unwrap();
+    let app = App::new().service(
+        web::resource("/x")
+            .wrap(filter.limit(Limit::per_minute(0)))
+            .route(web::get().to(ok)),
+    );
+    let started = app.into_factory().new_service(AppConfig::default()).await;
+    assert!(started.is_err());
+    let err = Filter::builder()
+        .redis_url(&redis.url())
+        .rule("/x", Limit::new(1, Duration::ZERO))
+        .build()
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("window must be greater than 0"), "{err}");
+}
