@@ -647,7 +647,10 @@ impl Limiter {
             probe,
             reply,
         };
-        if self.dispatch == Dispatch::Worker && actix_rt::Arbiter::try_current().is_some() {
+        // The probe of an open breaker goes through the dispatcher threads:
+        // if Redis is still stalled, no worker waits for it.
+        if self.dispatch == Dispatch::Worker && !probe && actix_rt::Arbiter::try_current().is_some()
+        {
             let lane = self.lane();
             lane.queue.borrow_mut().push(job);
             if !lane.scheduled.replace(true) {
@@ -896,9 +899,18 @@ impl Dispatcher {
     fn connect(&mut self, deadline: Instant) -> Result<(), LimiterError> {
         if let Some(conn) = self.conn.as_mut() {
             if !conn.recently_answered() {
-                if let Err(e) = conn.time(&self.shared.clock) {
-                    log::info!("redis connection found broken ({e}); opening a new one");
-                    self.conn = None;
+                match conn.time(&self.shared.clock) {
+                    Ok(()) => {}
+                    // Redis is slow, not gone: a new connection would wait
+                    // as long again.
+                    Err(e) if e.is_timeout() => {
+                        self.conn = None;
+                        return Err(LimiterError::Timeout);
+                    }
+                    Err(e) => {
+                        log::info!("redis connection found broken ({e}); opening a new one");
+                        self.conn = None;
+                    }
                 }
             }
         }
