@@ -54,10 +54,12 @@ pub const MAX_RATE: f64 = 1_000_000.0;
 /// Longest `error_page`.
 pub const MAX_ERROR_PAGE: usize = 256;
 
-/// Fewest connections the pool may have: one per dispatcher thread, which
-/// holds its connection for good, and one for the site and `/readyz`.
+/// Fewest connections the pool may have. The limiter's own connections
+/// (one per worker and per dispatcher thread) are outside it; the pool
+/// serves the site, `/readyz`, give-backs and `/limits`, and below 3 one
+/// call stalled until the timeout holds up the rest.
 pub fn min_pool_size() -> u32 {
-    crate::limit::redis::DISPATCHERS as u32 + 1
+    3
 }
 
 /// A configuration that cannot be used, with where and why.
@@ -289,10 +291,9 @@ impl Config {
             return Err(err(
                 "[redis] pool_size",
                 format!(
-                    "must be between {min_pool} and {MAX_POOL_SIZE}, got {pool_size} (the limiter's \
-                     {} dispatcher threads each hold a connection, and the site and /readyz \
-                     need at least one more)",
-                    crate::limit::redis::DISPATCHERS
+                    "must be between {min_pool} and {MAX_POOL_SIZE}, got {pool_size} (the pool \
+                     serves the site, /readyz, give-backs and /limits; with fewer, one stalled \
+                     call starves the others)"
                 ),
             ));
         }

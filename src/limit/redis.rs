@@ -58,7 +58,7 @@ pub const SCRIPT_SOURCE: &str = concat!(
 );
 
 /// Dispatcher threads; two let one gather a batch while the other waits on Redis.
-pub const DISPATCHERS: usize = 2;
+pub(super) const DISPATCHERS: usize = 2;
 /// Most jobs sent in one script call.
 const MAX_BATCH: usize = 256;
 /// Jobs that may wait for a dispatcher before new ones are refused.

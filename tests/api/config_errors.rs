@@ -340,8 +340,8 @@ fn bind_to_an_impossible_address() {
 fn pool_size_below_what_the_limiter_holds_plus_one() {
     assert_refused(
         "pool_size_2.toml",
-        "[redis] pool_size: must be between 3 and 1024, got 2 (the limiter's 2 dispatcher \
-         threads each hold a connection, and the site and /readyz need at least one more)",
+        "[redis] pool_size: must be between 3 and 1024, got 2 (the pool serves the site, \
+         /readyz, give-backs and /limits; with fewer, one stalled call starves the others)",
     );
 }
 
