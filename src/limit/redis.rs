@@ -83,9 +83,12 @@ pub enum LimiterError {
     /// of the same batch were decided normally, so this says nothing about
     /// Redis's health.
     Check(String),
-    /// No answer within `redis.timeout` (or the answer came too late to be
-    /// used, and Redis was told to decide nothing).
+    /// No answer within `redis.timeout`.
     Timeout,
+    /// Redis answered, but the job reached it after its deadline (its
+    /// caller had given up, or a step of Redis's clock made it look so), so
+    /// Redis decided nothing for it.
+    Late,
     /// Redis failed to answer a moment ago: until the breaker period has
     /// passed, no call is made and the error policy applies at once.
     BreakerOpen,
@@ -101,6 +104,9 @@ impl std::fmt::Display for LimiterError {
             LimiterError::Redis(e) => write!(f, "redis: {e}"),
             LimiterError::Check(e) => write!(f, "undecidable check: {e}"),
             LimiterError::Timeout => f.write_str("redis did not answer in time"),
+            LimiterError::Late => {
+                f.write_str("the call reached redis after its deadline; nothing was decided")
+            }
             LimiterError::BreakerOpen => f.write_str(
                 "redis failed a moment ago; not asked again until the breaker period ends",
             ),
@@ -261,8 +267,9 @@ impl Breaker {
     /// Moves the breaker on what a call came to.
     fn observe(&self, result: &Result<Decision, LimiterError>, probe: bool) {
         match result {
-            // Redis answered (a check it could not decide is an answer too).
-            Ok(_) | Err(LimiterError::Check(_)) => {
+            // Redis answered (a check it could not decide, or a job it
+            // skipped as late, is an answer too).
+            Ok(_) | Err(LimiterError::Check(_) | LimiterError::Late) => {
                 if probe || self.is_open() {
                     self.close();
                 }
@@ -1095,7 +1102,7 @@ fn deliver(batch: Vec<Job>, values: &[i64]) -> (u64, u64) {
     for job in batch {
         let result = decision(&job.checks, values, &mut at);
         match result {
-            Err(LimiterError::Timeout) => late += 1,
+            Err(LimiterError::Late) => late += 1,
             Err(_) => failed += 1,
             Ok(_) => {}
         }
@@ -1116,7 +1123,7 @@ fn decision(checks: &[Check], values: &[i64], at: &mut usize) -> Result<Decision
     };
     if let [-2, ..] = *values {
         // Skipped: it reached Redis after its deadline.
-        return Err(LimiterError::Timeout);
+        return Err(LimiterError::Late);
     }
     if let [-1, code, index, ..] = *values {
         let key = usize::try_from(index)
@@ -1164,7 +1171,7 @@ pub fn decide_batch(
 
 /// As [`decide_batch`], each job with a deadline in ms on Redis's clock
 /// (`None`: none): a job that reaches Redis at or after it is skipped and
-/// comes back as [`LimiterError::Timeout`]. Blocking.
+/// comes back as [`LimiterError::Late`]. Blocking.
 #[doc(hidden)]
 pub fn decide_batch_with_deadlines(
     conn: &mut redis::Connection,
