@@ -484,7 +484,9 @@ def run_case(case, redis, bins, work):
         if not m.get("error_allowed") or m.get("allowed"):
             problems.append(f"metrics {m}")
     elif expect == "mixed":
-        if m.get("allowed") or not m.get("cache_hits"):
+        # Every key denied; the cache (bounded below the number of keys)
+        # answers what it still holds, Redis the rest.
+        if m.get("allowed") or m.get("redis_errors"):
             problems.append(f"metrics {m}")
         r["hit_share"] = m.get("cache_hits", 0) / max(r["requests"], 1)
     elif expect == "allow":
