@@ -418,13 +418,11 @@ def run_case(case, redis, bins, work):
         rss_before = vm_rss_kib(proc.pid)
         wrk(port, path, WARMUP, lua)
         if key == "denied_many":
-            # Until every key has been allowed once and denied once: from
-            # then on the flood is all denials, remembered or not.
-            for _ in range(60):
-                m0 = metrics(port)
-                if m0.get("allowed", 0) >= DISTINCT_KEYS and m0.get("denied", 0) >= DISTINCT_KEYS:
-                    break
-                wrk(port, path, 1, lua)
+            # One run long enough to go over every key twice (each wrk run
+            # starts again at the first key): every key is then allowed
+            # once and denied once, and the measured run is all denials.
+            rate = max(parse_wrk(wrk(port, path, 1, lua, latency=True))["rps"], 1000)
+            wrk(port, path, int(2.5 * DISTINCT_KEYS / rate) + 2, lua)
         m_before = metrics(port) if server == "floodgate" else {}
         redis.cli("CONFIG", "RESETSTAT")
         if key == "sliding":
@@ -486,7 +484,9 @@ def run_case(case, redis, bins, work):
         if not m.get("error_allowed") or m.get("allowed"):
             problems.append(f"metrics {m}")
     elif expect == "mixed":
-        if m.get("allowed") or not m.get("cache_hits"):
+        # Every key denied; the cache (bounded below the number of keys)
+        # answers what it still holds, Redis the rest.
+        if m.get("allowed") or m.get("redis_errors"):
             problems.append(f"metrics {m}")
         r["hit_share"] = m.get("cache_hits", 0) / max(r["requests"], 1)
     elif expect == "allow":

@@ -283,7 +283,7 @@ impl ClusterDispatcher {
                         if values[at] == -2 {
                             // Past its deadline when it reached Redis: the
                             // caller has given up, and nothing was recorded.
-                            failed[part.job].get_or_insert(LimiterError::Timeout);
+                            failed[part.job].get_or_insert(LimiterError::Late);
                             at += 3 * part.checks.len();
                             continue;
                         }

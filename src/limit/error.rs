@@ -27,9 +27,12 @@ pub enum LimiterError {
     /// of the same batch were decided normally, so this says nothing about
     /// Redis's health.
     Check(String),
-    /// No answer within `redis.timeout` (or the answer came too late to be
-    /// used, and Redis was told to decide nothing).
+    /// No answer within `redis.timeout`.
     Timeout,
+    /// Redis answered, but the job reached it after its deadline (its
+    /// caller had given up, or a step of Redis's clock made it look so), so
+    /// Redis decided nothing for it.
+    Late,
     /// Redis failed to answer a moment ago: until the breaker period has
     /// passed, no call is made and the error policy applies at once.
     BreakerOpen,
@@ -65,6 +68,9 @@ impl fmt::Display for LimiterError {
             LimiterError::Other(e) => write!(f, "redis: {e}"),
             LimiterError::Check(e) => write!(f, "undecidable check: {e}"),
             LimiterError::Timeout => f.write_str("redis did not answer in time"),
+            LimiterError::Late => {
+                f.write_str("the call reached redis after its deadline; nothing was decided")
+            }
             LimiterError::BreakerOpen => f.write_str(
                 "redis failed a moment ago; not asked again until the breaker period ends",
             ),

@@ -224,8 +224,9 @@ impl Breaker {
     /// Moves the breaker on what a call came to.
     fn observe(&self, result: &Result<Decision, LimiterError>, probe: bool) {
         match result {
-            // Redis answered (a check it could not decide is an answer too).
-            Ok(_) | Err(LimiterError::Check(_)) => {
+            // Redis answered (a check it could not decide, or a job it
+            // skipped as late, is an answer too).
+            Ok(_) | Err(LimiterError::Check(_) | LimiterError::Late) => {
                 if probe || self.is_open() {
                     self.close();
                 }
@@ -1098,7 +1099,7 @@ fn deliver(batch: Vec<Job>, values: &[i64]) -> (u64, u64) {
     for job in batch {
         let result = decision(&job.checks, values, &mut at);
         match result {
-            Err(LimiterError::Timeout) => late += 1,
+            Err(LimiterError::Late) => late += 1,
             Err(_) => failed += 1,
             Ok(_) => {}
         }
@@ -1119,7 +1120,7 @@ fn decision(checks: &[Check], values: &[i64], at: &mut usize) -> Result<Decision
     };
     if let [-2, ..] = *values {
         // Skipped: it reached Redis after its deadline.
-        return Err(LimiterError::Timeout);
+        return Err(LimiterError::Late);
     }
     if let [-1, code, index, ..] = *values {
         let key = usize::try_from(index)
@@ -1167,7 +1168,7 @@ pub fn decide_batch(
 
 /// As [`decide_batch`], each job with a deadline in ms on Redis's clock
 /// (`None`: none): a job that reaches Redis at or after it is skipped and
-/// comes back as [`LimiterError::Timeout`]. Blocking.
+/// comes back as [`LimiterError::Late`]. Blocking.
 #[doc(hidden)]
 pub fn decide_batch_with_deadlines(
     conn: &mut redis::Connection,

@@ -64,7 +64,7 @@ fn a_job_past_its_deadline_in_redis_time_decides_nothing() {
         ],
     )
     .unwrap();
-    assert_eq!(decided[0], Err(LimiterError::Timeout));
+    assert_eq!(decided[0], Err(LimiterError::Late));
     assert!(decided[1].as_ref().unwrap().allowed);
     assert!(decided[2].as_ref().unwrap().allowed);
     assert_eq!(redis.llen("late"), 0, "a late job records nothing");
