@@ -47,15 +47,8 @@ use crate::config::RedisConfig;
 const BATCH_SCRIPT: &str = super::redis::SCRIPT_SOURCE;
 
 /// Gives back what the allowed groups of a denied request took.
-const GIVE_BACK_SCRIPT: &str = concat!(
-    include_str!("lua/common.lua"),
-    "\n",
-    include_str!("lua/sliding_window.lua"),
-    "\n",
-    include_str!("lua/give_back_fn.lua"),
-    "\n",
-    include_str!("lua/cluster_give_back.lua"),
-);
+const GIVE_BACK_SCRIPT: &str =
+    lua_with_algorithms!("lua/give_back_fn.lua", "lua/cluster_give_back.lua");
 
 /// Starts `count` cluster dispatchers on the limiter's queue.
 pub(super) fn start(

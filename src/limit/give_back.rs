@@ -14,15 +14,8 @@ use super::{Algorithm, Limiter, LimiterError};
 
 /// The Lua that gives one request's units back to one key.
 /// It reads a sliding-window log with the decision script's own code.
-pub const GIVE_BACK_SOURCE: &str = concat!(
-    include_str!("lua/common.lua"),
-    "\n",
-    include_str!("lua/sliding_window.lua"),
-    "\n",
-    include_str!("lua/give_back_fn.lua"),
-    "\n",
-    include_str!("lua/give_back.lua"),
-);
+pub const GIVE_BACK_SOURCE: &str =
+    lua_with_algorithms!("lua/give_back_fn.lua", "lua/give_back.lua");
 
 /// One key's units to give back.
 #[derive(Debug, Clone, PartialEq)]

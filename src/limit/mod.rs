@@ -7,6 +7,23 @@
 //! answer without ever blocking the caller's thread. [`Limiter::peek`]
 //! answers the same questions without recording anything.
 
+/// `concat!` of the Lua every script starts with (the shared helpers and
+/// the three algorithms, in load order), then the given driver files.
+macro_rules! lua_with_algorithms {
+    ($($driver:literal),+) => {
+        concat!(
+            include_str!("lua/common.lua"),
+            "\n",
+            include_str!("lua/sliding_window.lua"),
+            "\n",
+            include_str!("lua/fixed_window.lua"),
+            "\n",
+            include_str!("lua/token_bucket.lua"),
+            $("\n", include_str!($driver)),+
+        )
+    };
+}
+
 pub mod cluster;
 pub mod deny_cache;
 mod error;

@@ -11,17 +11,7 @@ use super::{Algorithm, Check, Limiter, LimiterError, Outcome};
 
 /// The Lua of a peek: the shared helpers, the algorithm files (the same
 /// ones the decisions run), then the read-only driver.
-pub const PEEK_SOURCE: &str = concat!(
-    include_str!("lua/common.lua"),
-    "\n",
-    include_str!("lua/sliding_window.lua"),
-    "\n",
-    include_str!("lua/fixed_window.lua"),
-    "\n",
-    include_str!("lua/token_bucket.lua"),
-    "\n",
-    include_str!("lua/peek.lua"),
-);
+pub const PEEK_SOURCE: &str = lua_with_algorithms!("lua/peek.lua");
 
 fn script() -> &'static redis::Script {
     static SCRIPT: OnceLock<redis::Script> = OnceLock::new();

@@ -45,17 +45,7 @@ use super::{
 };
 
 /// The Lua that Redis runs: one function per algorithm, then the batch driver.
-pub const SCRIPT_SOURCE: &str = concat!(
-    include_str!("lua/common.lua"),
-    "\n",
-    include_str!("lua/sliding_window.lua"),
-    "\n",
-    include_str!("lua/fixed_window.lua"),
-    "\n",
-    include_str!("lua/token_bucket.lua"),
-    "\n",
-    include_str!("lua/batch.lua"),
-);
+pub const SCRIPT_SOURCE: &str = lua_with_algorithms!("lua/batch.lua");
 
 /// Dispatcher threads; two let one gather a batch while the other waits on Redis.
 pub(super) const DISPATCHERS: usize = 2;

@@ -23,47 +23,6 @@ if not now then
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function whole(x, lo, hi)
-  return x ~= nil and x >= lo and x <= hi and x == math.floor(x)
-end
-
--- The same ranges the batch script accepts, or fail(ERR_PARAMS).
-local function params(a)
-  local alg = tonumber(ARGV[a])
-  local p1, p2 = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local cost = tonumber(ARGV[a + 3])
-  if alg == 1 or alg == 2 then
-    if whole(p1, 1, MAX_LIMIT) and whole(p2, 1, math.huge) and whole(cost, 1, p1) then
-      return alg, p1, p2, cost
-    end
-  elseif alg == 3 then
-    if p1 and p1 > 0 and p1 < math.huge and whole(p2, 1, math.huge) and whole(cost, 1, p2) then
-      return alg, p1, p2, cost
-    end
-  end
-  fail(ERR_PARAMS)
-end
-
--- Which algorithm's state a key of an unexpected type holds (as the batch
--- script tells): 1, 2, 3, 'legacy' or nil.
-local function owner(key)
-  local t = redis.call('TYPE', key)
-  t = type(t) == 'table' and t.ok or t
-  if t == 'list' then
-    return 1
-  elseif t == 'hash' then
-    local h = redis.call('HMGET', key, 'start', 'tokens')
-    if h[1] then
-      return 2
-    elseif h[2] then
-      return 3
-    end
-  elseif t == 'string' and tonumber(redis.call('GET', key)) then
-    return 'legacy'
-  end
-  return nil
-end
-
 local function wrong_type(e)
   local m = type(e) == 'table' and e.err or e
   return type(m) == 'string' and string.sub(m, 1, 9) == 'WRONGTYPE'
