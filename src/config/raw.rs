@@ -110,7 +110,7 @@ pub struct RawPolicy {
     pub deny: Option<Deny>,
     /// Where `redirect` sends a denied request.
     pub error_page: Option<String>,
-    /// `allow` | `deny`
+    /// `allow` | `deny` | `local`
     pub on_redis_error: Option<OnRedisError>,
     /// `enforce` | `shadow`
     pub mode: Option<Mode>,
