@@ -170,8 +170,12 @@ async fn sliding_window_is_exact_on_a_pinned_clock() {
     config.redis.url = redis.url();
     config.redis.timeout = Duration::from_secs(5);
     let limiter = Limiter::new(&config.redis, LimiterOptions::default()).unwrap();
-    // A long window on the pinned clock, so the key's real TTL (the window)
-    // outlives the test.
+    // The clock is pinned but Redis expires keys on its own clock: a key's
+    // TTL (until its newest entry leaves the window, on the pinned clock)
+    // can be a few ms when the pinned clock has moved far ahead, and a slow
+    // machine would then lose the log between two requests. The key is made
+    // persistent after every decision, so that only the script decides what
+    // the log holds (TTLs are tested on their own).
     let window = 60_000;
     for (seed, limit, cost) in [
         (0x9E37_79B9_7F4A_7C15_u64, 5_u64, 1_u64),
@@ -215,6 +219,10 @@ async fn sliding_window_is_exact_on_a_pinned_clock() {
                 enforce: true,
             };
             let decision = limiter.decide_at(t, vec![check]).await.unwrap();
+            let _: i64 = redis::cmd("PERSIST")
+                .arg(&key)
+                .query(&mut redis.connection())
+                .unwrap();
             let o = decision.outcomes[0];
             assert_eq!(decision.allowed, o.allowed);
             if o.allowed {
