@@ -5,10 +5,11 @@
 //! identity share a slot and a request keyed by one identity is still
 //! decided by one atomic call. The dispatcher here splits each batch by
 //! slot: every slot group is one `EVALSHA` of the same batch script, so a
-//! hot identity's requests still share one call. (The groups of a batch
-//! are sent one after another: the crate's synchronous cluster pipeline
-//! returns nothing of a pipeline in which one command was redirected, and
-//! the groups that did run must not lose their answers.)
+//! hot identity's requests still share one call. The groups go to their
+//! masters as one pipeline per master, every pipeline written before any
+//! reply is read (see [`super::masters`]): a batch costs one round trip,
+//! not one per identity. A pipeline's replies are read one by one, so one
+//! group's error never costs another group its answer.
 //!
 //! A request whose checks span several slots is decided per slot group.
 //! It is allowed only if every group allows it; when one group denies (or
@@ -20,12 +21,14 @@
 //!
 //! A slot group answered `MOVED`, `ASK`, `TRYAGAIN` or `CLUSTERDOWN` did
 //! not run, and is sent again through the crate's cluster connection,
-//! which follows the redirection. `NOSCRIPT` (a master that never saw the
-//! script: a new or promoted node, or the importing side of a slot being
-//! moved) likewise ran nothing: the scripts are loaded on every master and
-//! the group is sent again. A group is sent again only for the callers
-//! still waiting; any other failure fails the group's requests, which get
-//! their `on_redis_error` answer.
+//! which follows the redirection; so is a group whose master is not in the
+//! slot map or could not be reached before anything was written to it.
+//! `NOSCRIPT` (a master that never saw the script: a new or promoted node,
+//! or the importing side of a slot being moved) likewise ran nothing: the
+//! scripts are loaded on every master and the group is sent again. A group
+//! is sent again only for the callers still waiting; a group that may have
+//! run (its reply was lost, or its pipeline failed part way) is never sent
+//! again: its requests get their `on_redis_error` answer.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -37,6 +40,7 @@ use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use redis::{ConnectionLike as _, ErrorKind, RedisResult, ServerErrorKind, Value};
 
+use super::masters::{Masters, Unwritten};
 use super::redis::{next_batch, retain_waiting, spoils, Job, Shared};
 use super::source::{cluster_client, key_slot};
 use super::LimiterError;
@@ -71,6 +75,8 @@ pub(super) fn start(
             give_back: Arc::clone(&give_back),
             shared: Arc::clone(shared),
             margin,
+            masters: Masters::new(config),
+            packed: Vec::new(),
         };
         std::thread::Builder::new()
             .name(format!("floodgate-cluster-{i}"))
@@ -93,6 +99,10 @@ struct ClusterDispatcher {
     shared: Arc<Shared>,
     /// How long before its caller gives up a job must reach Redis.
     margin: Duration,
+    /// The slot map and a connection per master, for the pipelines.
+    masters: Masters,
+    /// The pipeline as it goes on the wire, reused.
+    packed: Vec<u8>,
 }
 
 /// The checks of one job that fall in one slot.
@@ -142,6 +152,8 @@ enum Reply {
     NoScript(redis::RedisError),
     /// Failed; it may or may not have run.
     Failed(LimiterError),
+    /// Not sent yet.
+    Unsent,
 }
 
 fn classify(reply: RedisResult<Value>, expected: usize) -> Reply {
@@ -366,39 +378,152 @@ impl ClusterDispatcher {
         }
     }
 
-    /// One script call per slot group, sent again (at most twice) when it
-    /// did not run: after a redirection, and after loading the scripts
-    /// where it landed.
+    /// One script call per slot group. The groups whose master the slot
+    /// map knows go to it as one pipeline per master, all written before
+    /// any reply is read: one round trip for the batch. A group that did
+    /// not run (redirected, `NOSCRIPT`, its master unreachable or unknown)
+    /// is sent again through the crate's cluster connection, which follows
+    /// redirections; a group that may have run is never sent again.
     fn call_groups(
         &mut self,
         batch: &[Job],
         groups: &mut [Group],
     ) -> Vec<Result<Vec<i64>, LimiterError>> {
         let sha = self.batch.get_hash().to_string();
-        let mut results = Vec::with_capacity(groups.len());
-        for group in groups.iter_mut() {
-            let mut reply = self.call_group(batch, group, &sha);
-            for _ in 0..2 {
-                match &reply {
-                    Reply::Redirected(e) => log::debug!("slot {} sent again: {e}", group.slot),
-                    Reply::NoScript(_) => {
-                        if let Err(e) = self.load_scripts() {
-                            self.note(&e);
-                            reply = Reply::Failed(limiter_error(&e));
-                            break;
-                        }
-                    }
-                    Reply::Done(_) | Reply::Failed(_) => break,
+        let replies = self.pipeline(batch, groups, &sha);
+        groups
+            .iter_mut()
+            .zip(replies)
+            .map(|(group, reply)| {
+                let reply = match reply {
+                    Reply::Done(_) | Reply::Failed(_) => reply,
+                    not_run => self.resend(batch, group, &sha, not_run),
+                };
+                match reply {
+                    Reply::Done(values) => Ok(values),
+                    Reply::Failed(e) => Err(e),
+                    Reply::Redirected(e) | Reply::NoScript(e) => Err(limiter_error(&e)),
+                    Reply::Unsent => Err(LimiterError::Timeout),
                 }
-                reply = self.call_group(batch, group, &sha);
+            })
+            .collect()
+    }
+
+    /// Writes every group whose master is known to that master, one
+    /// pipeline per master, then reads the replies. Groups of no known
+    /// master, or whose master could not be written to without risk, come
+    /// back [`Reply::Unsent`].
+    fn pipeline(&mut self, batch: &[Job], groups: &mut [Group], sha: &str) -> Vec<Reply> {
+        let mut replies: Vec<Reply> = groups.iter().map(|_| Reply::Unsent).collect();
+        if self.masters.wants_reading() && self.connect().is_ok() {
+            if let Some(conn) = self.conn.as_mut() {
+                self.masters.read(conn);
             }
-            results.push(match reply {
-                Reply::Done(values) => Ok(values),
-                Reply::Failed(e) => Err(e),
-                Reply::Redirected(e) | Reply::NoScript(e) => Err(limiter_error(&e)),
-            });
         }
-        results
+        let now = Instant::now();
+        let mut by_master: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (g, group) in groups.iter_mut().enumerate() {
+            // A caller that gave up must not have quota taken for it.
+            group
+                .parts
+                .retain(|p| batch[p.job].deadline > now && !batch[p.job].reply.is_closed());
+            if group.parts.is_empty() {
+                replies[g] = Reply::Failed(LimiterError::Timeout);
+            } else if let Some(m) = self.masters.of(group.slot) {
+                by_master.entry(m).or_default().push(g);
+            }
+        }
+
+        // Write every master's pipeline first, then read: the masters work
+        // on their shares at the same time.
+        let (clock, margin) = (&self.shared.clock, self.margin);
+        let mut sent: Vec<(usize, Vec<(usize, usize)>)> = Vec::with_capacity(by_master.len());
+        for (m, gs) in by_master {
+            self.packed.clear();
+            let mut expected = Vec::with_capacity(gs.len());
+            for &g in &gs {
+                let mut cmd = redis::Cmd::new();
+                let n = write_group(&mut cmd, sha, batch, &groups[g].parts, |job| {
+                    clock.redis_ms(job.deadline - margin)
+                });
+                cmd.write_packed_command(&mut self.packed);
+                expected.push((g, n));
+            }
+            match self.masters.send(m, &self.packed, clock) {
+                Ok(()) => sent.push((m, expected)),
+                // Nothing was written: the crate's connection may try.
+                Err(Unwritten::NotSent(e)) => {
+                    log::debug!("cluster master unreachable, its groups go another way: {e}")
+                }
+                // A write that failed part way may have delivered some of
+                // the pipeline's calls whole; none is sent again.
+                Err(Unwritten::Failed(e)) if gs.len() > 1 || e.is_timeout() => {
+                    for &g in &gs {
+                        replies[g] = Reply::Failed(limiter_error(&e));
+                    }
+                }
+                // One call that was not written whole did not run.
+                Err(Unwritten::Failed(_)) => {}
+            }
+        }
+        for (m, expected) in sent {
+            for (k, &(g, n)) in expected.iter().enumerate() {
+                let value = match self.masters.recv(m) {
+                    Ok(value) => value,
+                    Err(e) => {
+                        // This call and the ones after it may have run.
+                        for &(g, _) in &expected[k..] {
+                            replies[g] = Reply::Failed(limiter_error(&e));
+                        }
+                        break;
+                    }
+                };
+                replies[g] = match classify(Ok(value), n) {
+                    Reply::Done(mut values) => {
+                        // The last value is Redis's clock, in microseconds.
+                        if let Some(redis_us) = values.pop() {
+                            self.shared.clock.sample(redis_us, Instant::now());
+                        }
+                        Reply::Done(values)
+                    }
+                    Reply::Redirected(e) => {
+                        match e.redirect_node() {
+                            Some((addr, slot))
+                                if e.kind() == ErrorKind::Server(ServerErrorKind::Moved) =>
+                            {
+                                self.masters.moved(slot, addr)
+                            }
+                            _ => self.masters.stale(),
+                        }
+                        Reply::Redirected(e)
+                    }
+                    other => other,
+                };
+            }
+        }
+        replies
+    }
+
+    /// Sends a group that did not run through the crate's cluster
+    /// connection, again (at most twice more) while it still does not run:
+    /// after a redirection, and after loading the scripts where it landed.
+    fn resend(&mut self, batch: &[Job], group: &mut Group, sha: &str, first: Reply) -> Reply {
+        let mut reply = first;
+        for _ in 0..3 {
+            match &reply {
+                Reply::Unsent => {}
+                Reply::Redirected(e) => log::debug!("slot {} sent again: {e}", group.slot),
+                Reply::NoScript(_) => {
+                    if let Err(e) = self.load_scripts() {
+                        self.note(&e);
+                        return Reply::Failed(limiter_error(&e));
+                    }
+                }
+                Reply::Done(_) | Reply::Failed(_) => break,
+            }
+            reply = self.call_group(batch, group, sha);
+        }
+        reply
     }
 
     /// Sends one group, through the cluster connection (which follows

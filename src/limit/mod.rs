@@ -29,6 +29,7 @@ pub mod deny_cache;
 mod error;
 pub mod give_back;
 pub mod local;
+mod masters;
 mod peek;
 pub mod redis;
 mod settings;

@@ -331,8 +331,17 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// Wraps a connection to one server, just opened.
+    pub(super) fn single(conn: redis::Connection) -> Conn {
+        Conn {
+            inner: RedisConn::Single(conn),
+            answered: Instant::now(),
+            spoiled: false,
+        }
+    }
+
     /// Whether Redis answered on it so recently that it needs no check.
-    fn recently_answered(&self) -> bool {
+    pub(super) fn recently_answered(&self) -> bool {
         self.answered.elapsed() < IDLE_CHECK
     }
 
@@ -354,7 +363,7 @@ impl Conn {
 
     /// `TIME`: like a PING (safe to send as often as needed), and it tells
     /// `clock` Redis's time. Records the outcome.
-    fn time(&mut self, clock: &RedisClock) -> redis::RedisResult<()> {
+    pub(super) fn time(&mut self, clock: &RedisClock) -> redis::RedisResult<()> {
         let result = redis::cmd("TIME").query::<(i64, i64)>(&mut self.inner);
         let received = Instant::now();
         self.note(&result);
@@ -375,7 +384,7 @@ impl Conn {
     }
 
     /// Marks the connection as not to be used again.
-    fn spoil(&mut self) {
+    pub(super) fn spoil(&mut self) {
         self.spoiled = true;
     }
 

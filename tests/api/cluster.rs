@@ -79,6 +79,68 @@ async fn cluster_limits_each_identity_exactly_under_concurrency_across_shards() 
     }
 }
 
+/// A number from an `INFO` section: the value of `field` on the line that
+/// starts with `line` (`field` empty: the whole value).
+fn info_number(info: &str, line: &str, field: &str) -> u64 {
+    let rest = info
+        .lines()
+        .find_map(|l| l.strip_prefix(line))
+        .unwrap_or_else(|| panic!("no {line} in INFO"));
+    let value = if field.is_empty() {
+        rest
+    } else {
+        rest.split(',')
+            .find_map(|f| f.strip_prefix(field))
+            .unwrap_or_else(|| panic!("no {field} in {rest}"))
+    };
+    value.trim().parse().unwrap()
+}
+
+#[actix_web::test]
+async fn cluster_batches_reach_each_master_as_one_pipeline() {
+    let cluster = Cluster::start();
+    let app = cluster_app(&PER_USER.replace("limit = 5", "limit = 1000"), &cluster).await;
+    // The dispatchers read the slot map and connect to every master.
+    for i in 0..20 {
+        assert_eq!(check(&app, &format!("warm-{i}"), None).await, 200);
+    }
+    for node in &cluster.nodes {
+        let _: String = node.query(redis::cmd("CONFIG").arg("RESETSTAT")).unwrap();
+    }
+    // Every master holds its clients for a moment: the requests queue up
+    // behind the call in flight and are decided as a few large batches,
+    // each holding many slot groups per master.
+    for node in &cluster.nodes {
+        let _: String = node
+            .query(redis::cmd("CLIENT").arg("PAUSE").arg(1000).arg("ALL"))
+            .unwrap();
+    }
+    let users: Vec<String> = (0..240).map(|i| format!("piped-{i}")).collect();
+    let statuses = join_all(users.iter().map(|u| check(&app, u, None))).await;
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+
+    let (mut calls, mut reads) = (0, 0);
+    let mut per_master = Vec::new();
+    for node in &cluster.nodes {
+        let commands: String = node.query(redis::cmd("INFO").arg("commandstats")).unwrap();
+        let stats: String = node.query(redis::cmd("INFO").arg("stats")).unwrap();
+        let c = info_number(&commands, "cmdstat_evalsha:", "calls=");
+        per_master.push(c);
+        calls += c;
+        reads += info_number(&stats, "total_reads_processed:", "");
+    }
+    // One script call per identity (one slot each, most of them distinct),
+    // spread over the masters...
+    assert!(calls >= 200, "{calls} calls for 240 identities");
+    assert!(per_master.iter().all(|&c| c >= 30), "{per_master:?}");
+    // ...arriving many to a read: one pipeline per master per batch, not
+    // one round trip per slot group (that would be a read per call).
+    assert!(
+        reads * 4 <= calls,
+        "{reads} reads for {calls} script calls: the calls were not pipelined"
+    );
+}
+
 #[actix_web::test]
 async fn cluster_request_spanning_slots_keeps_no_quota_when_denied() {
     let cluster = Cluster::start();

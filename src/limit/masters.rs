@@ -1,0 +1,344 @@
+//! The masters of a Redis Cluster as one cluster dispatcher sees them: which
+//! master serves each hash slot (read with `CLUSTER SLOTS`), and one plain
+//! connection per master, so that a batch's slot groups reach each master
+//! as one pipeline: one round trip per master per batch, however many
+//! identities the batch holds.
+//!
+//! The map is only a hint. A master that no longer serves a slot runs
+//! nothing and answers `MOVED` or `ASK`; the dispatcher then sends that
+//! group through the crate's cluster connection, which follows the
+//! redirection, and the map is read again. A master that cannot be reached
+//! gets nothing written; its groups go through the crate's connection too.
+//!
+//! Connections follow the rule of the single-server dispatcher: one idle
+//! for a moment answers a `TIME` before anything is written on it (a
+//! connection whose server went away while it sat idle fails only after the
+//! next write, when nobody can tell whether that write ran), and one that
+//! saw an I/O error is never used again.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use redis::cluster::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
+
+use super::redis::{Conn, RedisClock};
+use super::source::SLOTS;
+use super::RedisConfig;
+
+/// How often, at most, the slot map is read again while it is known to be
+/// out of date (a failover or a resharding in progress).
+const REFRESH_EVERY: Duration = Duration::from_millis(100);
+
+/// A slot whose master is not known.
+const UNKNOWN: u16 = u16::MAX;
+
+/// Where each slot's master is, and a connection to each master.
+pub(super) struct Masters {
+    /// Per slot, the index of its master in `addrs`, or [`UNKNOWN`].
+    slots: Vec<u16>,
+    /// Host and port of each master in the map.
+    addrs: Vec<(String, u16)>,
+    /// This dispatcher's connection to each master, by index in `addrs`.
+    conns: Vec<Option<Conn>>,
+    /// User, password and database of the first seed; `None` when the seeds
+    /// are not plain TCP, and then nothing is pipelined.
+    base: Option<ConnectionInfo>,
+    timeout: Duration,
+    /// The map may be out of date (a redirection, or a master lost).
+    stale: bool,
+    /// When the map was last read.
+    read_at: Option<Instant>,
+}
+
+/// Why a pipeline was not written.
+pub(super) enum Unwritten {
+    /// Nothing reached the master (no connection, or the idle check failed
+    /// on a closed one): the groups may be sent another way.
+    NotSent(redis::RedisError),
+    /// The master answers too slowly, or the write failed part way: the
+    /// groups fail.
+    Failed(redis::RedisError),
+}
+
+impl Masters {
+    pub(super) fn new(config: &RedisConfig) -> Masters {
+        let base = config
+            .cluster
+            .first()
+            .and_then(|seed| seed.as_str().into_connection_info().ok())
+            .filter(|info| matches!(info.addr(), ConnectionAddr::Tcp(..)));
+        Masters {
+            slots: vec![UNKNOWN; usize::from(SLOTS)],
+            addrs: Vec::new(),
+            conns: Vec::new(),
+            base,
+            timeout: config.timeout,
+            stale: true,
+            read_at: None,
+        }
+    }
+
+    /// The index of the master serving `slot`, as far as the map knows.
+    pub(super) fn of(&self, slot: u16) -> Option<usize> {
+        match self.slots.get(usize::from(slot)) {
+            Some(&i) if i != UNKNOWN && self.base.is_some() => Some(usize::from(i)),
+            _ => None,
+        }
+    }
+
+    /// Notes that the map may be out of date.
+    pub(super) fn stale(&mut self) {
+        self.stale = true;
+    }
+
+    /// Notes a `MOVED`: `slot` is served by `host:port` from now on.
+    pub(super) fn moved(&mut self, slot: u16, addr: &str) {
+        self.stale = true;
+        let Some((host, port)) = addr
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+        else {
+            return;
+        };
+        let i = self.index_of(host, port);
+        if let Some(s) = self.slots.get_mut(usize::from(slot)) {
+            *s = i;
+        }
+    }
+
+    fn index_of(&mut self, host: &str, port: u16) -> u16 {
+        if let Some(i) = self.addrs.iter().position(|(h, p)| h == host && *p == port) {
+            return i as u16;
+        }
+        self.addrs.push((host.to_string(), port));
+        self.conns.push(None);
+        (self.addrs.len() - 1) as u16
+    }
+
+    /// Whether the map is out of date and due to be read again (at most
+    /// every [`REFRESH_EVERY`]).
+    pub(super) fn wants_reading(&self) -> bool {
+        self.base.is_some()
+            && self.stale
+            && self.read_at.is_none_or(|at| at.elapsed() >= REFRESH_EVERY)
+    }
+
+    /// Reads the map again through `cluster`. On failure the old map stays.
+    pub(super) fn read(&mut self, cluster: &mut ClusterConnection) {
+        self.read_at = Some(Instant::now());
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let reply =
+            cluster.route_command(&cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random));
+        match reply.map(|v| parse_slots(&v)) {
+            Ok(Some(ranges)) => {
+                let mut slots = vec![UNKNOWN; usize::from(SLOTS)];
+                let mut addrs: Vec<(String, u16)> = Vec::new();
+                for (start, end, host, port) in ranges {
+                    let i = match addrs.iter().position(|(h, p)| *h == host && *p == port) {
+                        Some(i) => i,
+                        None => {
+                            addrs.push((host, port));
+                            addrs.len() - 1
+                        }
+                    };
+                    for s in start..=end.min(SLOTS - 1) {
+                        slots[usize::from(s)] = i as u16;
+                    }
+                }
+                // Keep the connections to masters that are still masters.
+                let mut old: HashMap<(String, u16), Conn> = self
+                    .addrs
+                    .drain(..)
+                    .zip(self.conns.drain(..))
+                    .filter_map(|(a, c)| Some((a, c?)))
+                    .collect();
+                self.conns = addrs.iter().map(|a| old.remove(a)).collect();
+                self.addrs = addrs;
+                self.slots = slots;
+                self.stale = false;
+            }
+            Ok(None) => log::info!("CLUSTER SLOTS answered something unexpected"),
+            Err(e) => log::info!("reading the cluster's slot map: {e}"),
+        }
+    }
+
+    /// Writes `packed` (one or more commands) to master `i`, on a
+    /// connection Redis answered on a moment ago or that answers a `TIME`
+    /// now (which also tells `clock` Redis's time).
+    pub(super) fn send(
+        &mut self,
+        i: usize,
+        packed: &[u8],
+        clock: &RedisClock,
+    ) -> Result<(), Unwritten> {
+        let conn = self.connect(i, clock)?;
+        if let Err(e) = conn.send_packed_command(packed) {
+            conn.spoil();
+            self.drop_conn(i);
+            return Err(Unwritten::Failed(e));
+        }
+        Ok(())
+    }
+
+    /// Reads the next reply on master `i`'s connection. After an error the
+    /// connection is dropped: the replies still due on it are lost, and
+    /// the commands they answer may have run.
+    pub(super) fn recv(&mut self, i: usize) -> redis::RedisResult<Value> {
+        let Some(conn) = self.conns.get_mut(i).and_then(Option::as_mut) else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "no connection to the master",
+            )));
+        };
+        let reply = loop {
+            match conn.recv_response() {
+                // Out-of-band RESP3 pushes are no reply.
+                Ok(Value::Push { .. }) => continue,
+                other => break other,
+            }
+        };
+        conn.note(&reply);
+        if reply.is_err() {
+            self.drop_conn(i);
+        }
+        reply
+    }
+
+    fn drop_conn(&mut self, i: usize) {
+        if let Some(c) = self.conns.get_mut(i) {
+            *c = None;
+        }
+        self.stale = true;
+    }
+
+    fn connect(&mut self, i: usize, clock: &RedisClock) -> Result<&mut Conn, Unwritten> {
+        let not_sent = |e| Unwritten::NotSent(e);
+        let slot = self.conns.get_mut(i).ok_or_else(|| not_sent(no_master()))?;
+        if let Some(conn) = slot.as_mut() {
+            if !conn.recently_answered() {
+                match conn.time(clock) {
+                    Ok(()) => {}
+                    Err(e) if e.is_timeout() => {
+                        *slot = None;
+                        return Err(Unwritten::Failed(e));
+                    }
+                    Err(e) => {
+                        log::info!(
+                            "cluster master connection found broken ({e}); opening a new one"
+                        );
+                        *slot = None;
+                    }
+                }
+            }
+        }
+        if slot.is_none() {
+            let (Some(base), Some((host, port))) = (&self.base, self.addrs.get(i)) else {
+                return Err(not_sent(no_master()));
+            };
+            let info = base
+                .clone()
+                .set_addr(ConnectionAddr::Tcp(host.clone(), *port));
+            let opened = redis::Client::open(info)
+                .and_then(|c| c.get_connection_with_timeout(self.timeout))
+                .and_then(|c| {
+                    c.set_read_timeout(Some(self.timeout))?;
+                    c.set_write_timeout(Some(self.timeout))?;
+                    Ok(c)
+                });
+            let mut conn = match opened {
+                Ok(c) => Conn::single(c),
+                Err(e) => {
+                    self.stale = true;
+                    return Err(not_sent(e));
+                }
+            };
+            if let Err(e) = conn.time(clock) {
+                self.stale = true;
+                return Err(if e.is_timeout() {
+                    Unwritten::Failed(e)
+                } else {
+                    not_sent(e)
+                });
+            }
+            *slot = Some(conn);
+        }
+        slot.as_mut().ok_or_else(|| not_sent(no_master()))
+    }
+}
+
+fn no_master() -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::Io, "no known master for the slot"))
+}
+
+/// `CLUSTER SLOTS` as (first slot, last slot, master host, master port);
+/// `None` if the reply is not shaped like one. Ranges whose master has no
+/// known address (an empty host) are left out.
+fn parse_slots(value: &Value) -> Option<Vec<(u16, u16, String, u16)>> {
+    let Value::Array(ranges) = value else {
+        return None;
+    };
+    let mut out = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            return None;
+        };
+        let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(master))) =
+            (fields.first(), fields.get(1), fields.get(2))
+        else {
+            return None;
+        };
+        let host = match master.first() {
+            Some(Value::BulkString(b)) => String::from_utf8(b.clone()).ok()?,
+            Some(Value::SimpleString(s)) => s.clone(),
+            _ => return None,
+        };
+        let Some(Value::Int(port)) = master.get(1) else {
+            return None;
+        };
+        let (Ok(start), Ok(end), Ok(port)) = (
+            u16::try_from(*start),
+            u16::try_from(*end),
+            u16::try_from(*port),
+        ) else {
+            return None;
+        };
+        if !host.is_empty() && host != "?" {
+            out.push((start, end, host, port));
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn cluster_slots_replies_become_ranges_and_unknown_hosts_are_left_out() {
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                Value::Array(vec![bulk("127.0.0.1"), Value::Int(7000), bulk("id0")]),
+                Value::Array(vec![bulk("127.0.0.1"), Value::Int(7003), bulk("id3")]),
+            ]),
+            Value::Array(vec![
+                Value::Int(5461),
+                Value::Int(10922),
+                Value::Array(vec![bulk(""), Value::Int(7001), bulk("id1")]),
+            ]),
+        ]);
+        assert_eq!(
+            parse_slots(&reply),
+            Some(vec![(0, 5460, "127.0.0.1".to_string(), 7000)])
+        );
+        assert_eq!(parse_slots(&Value::Int(1)), None);
+    }
+}
