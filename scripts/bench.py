@@ -572,6 +572,9 @@ def run_case(case, redis, cluster, bins, work):
         r["evalsha_per_req"] = r["evalsha_calls"] / n
         r["reads_per_evalsha"] = sum(b - a for a, b in zip(reads0, reads1)) / max(r["evalsha_calls"], 1)
         r["master_shares"] = sorted(c / max(sum(calls), 1) for c in calls)
+        # What else the limiter sent (reads bring these too), for the log.
+        r["other_commands"] = {k: int(v["calls"]) for k, v in stats.items()
+                               if k not in ("evalsha", "eval") and not k.startswith(("info", "config"))}
     elif rules == []:
         r["redis_cmd_us"] = None
     else:
@@ -709,6 +712,11 @@ def main():
             runs[case[0]].append(r)
             log(f"round {rnd + 1} {case[0]:17} {r['rps']:9.0f} req/s  p50 {r['p50']:.2f} ms  "
                 f"p99 {r['p99']:.2f} ms" + (f"  PROBLEM: {r['problems']}" if r["problems"] else ""))
+            if "reads_per_evalsha" in r:
+                log(f"round {rnd + 1} {case[0]:17} EVALSHA/request {r['evalsha_per_req']:.3f}  "
+                    f"reads/EVALSHA {r['reads_per_evalsha']:.2f}  masters' shares "
+                    + " ".join(f"{x:.2f}" for x in r["master_shares"])
+                    + f"  other commands {r['other_commands']}")
         for limit in ((10, 100000) if rnd % 2 == 0 else (100000, 10)):
             c = cost_probe(redis, bins, limit)
             costs[limit].append(c)
