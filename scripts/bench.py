@@ -572,9 +572,6 @@ def run_case(case, redis, cluster, bins, work):
         r["evalsha_per_req"] = r["evalsha_calls"] / n
         r["reads_per_evalsha"] = sum(b - a for a, b in zip(reads0, reads1)) / max(r["evalsha_calls"], 1)
         r["master_shares"] = sorted(c / max(sum(calls), 1) for c in calls)
-        # What else the limiter sent (reads bring these too), for the log.
-        r["other_commands"] = {k: int(v["calls"]) for k, v in stats.items()
-                               if k not in ("evalsha", "eval") and not k.startswith(("info", "config"))}
     elif rules == []:
         r["redis_cmd_us"] = None
     else:
@@ -715,8 +712,7 @@ def main():
             if "reads_per_evalsha" in r:
                 log(f"round {rnd + 1} {case[0]:17} EVALSHA/request {r['evalsha_per_req']:.3f}  "
                     f"reads/EVALSHA {r['reads_per_evalsha']:.2f}  masters' shares "
-                    + " ".join(f"{x:.2f}" for x in r["master_shares"])
-                    + f"  other commands {r['other_commands']}")
+                    + " ".join(f"{x:.2f}" for x in r["master_shares"]))
         for limit in ((10, 100000) if rnd % 2 == 0 else (100000, 10)):
             c = cost_probe(redis, bins, limit)
             costs[limit].append(c)
@@ -962,7 +958,8 @@ def render(host, rows, by, c10, c100k, results, elapsed, final_rss, build_second
       "(`total_reads_processed` in `INFO stats`, summed over the masters; every command "
       "counts, the bench's own few `INFO` calls too) per script call. About 1 means each call "
       "arrived on its own, one round trip each; well below 1 means several calls arrived in "
-      "one read (pipelined).")
+      "one read (pipelined). Above 1, a call was big enough to take several reads: on one "
+      "server a call carries a whole batch.")
     w("- **share**: each master's part of the script calls, smallest first; with "
       f"{SPREAD_IDS} identities the hash slots spread them over the three.")
     w("")
