@@ -10,7 +10,12 @@ SLOWLOG: the longest single call), floodgate's /metrics and the server's
 VmRSS, and stops it. Two cases measure under stress: a denied flood over
 100000 distinct keys (VmRSS before and after: the denial cache is bounded),
 and a stalled Redis (CLIENT PAUSE for the whole run: what a decision takes
-while the breaker answers). The cases run in one order, then reversed,
+while the breaker answers). Three cases compare one sliding rule on a
+3-master Redis Cluster (started by scripts/bench) with the same rule on the
+single server: keyed by address (one hot key) and keyed by a header that
+wrk cycles over 1000 identities; for them every master's statistics are
+read and summed, and each master's share of the EVALSHA calls and Redis's
+reads per EVALSHA are reported. The cases run in one order, then reversed,
 round after round; medians are reported, ratios are medians of the ratios
 within each round.
 """
@@ -43,6 +48,12 @@ ALLOW = {"limit": 100000, "window": "1s"}
 HEADER = "X-Bench-Client"
 KEY_HEADER = "X-Bench-Key"
 DISTINCT_KEYS = 100000
+# The spread cases: one rule keyed by this header, wrk cycling over this
+# many identities (so a cluster's keys fall on every master).
+SPREAD_HEADER = "X-Bench-Id"
+SPREAD_IDS = 1000
+# The cases served by the private Redis Cluster instead of the single server.
+CLUSTER_CASES = ("cluster", "cluster_spread")
 # The stalled case: floodgate's Redis timeout, and how long Redis is paused
 # (longer than the measured run, so every decision falls in the stall).
 STALL_TIMEOUT_MS = 250
@@ -126,6 +137,30 @@ CASES = [
     ("actix_limitation", "6. actix-limitation 0.6 (peer)", "peer", None, "/check", "allow"),
     ("reference", "7. async reference (multiplexed)", "reference", None, "/check", "allow"),
     (
+        "sliding_spread",
+        f"2s. one sliding_window rule, header key over {SPREAD_IDS} identities",
+        "floodgate",
+        [window_rule("sw", key=f"header:{SPREAD_HEADER}")],
+        "/healthz",
+        "allow",
+    ),
+    (
+        "cluster_spread",
+        f"9b. one sliding_window rule on a 3-master cluster, header key over {SPREAD_IDS} identities",
+        "floodgate",
+        [window_rule("sw", key=f"header:{SPREAD_HEADER}")],
+        "/healthz",
+        "allow",
+    ),
+    (
+        "cluster",
+        "9a. one sliding_window rule on a 3-master cluster, ip key (one hot key)",
+        "floodgate",
+        [window_rule("sw")],
+        "/healthz",
+        "allow",
+    ),
+    (
         "stalled",
         "8. Redis stalled (CLIENT PAUSE), on_redis_error = allow",
         "floodgate",
@@ -154,15 +189,20 @@ def toml_value(v):
     return repr(v)
 
 
-def floodgate_config(rules, redis_timeout_ms=None):
+def floodgate_config(rules, redis_timeout_ms=None, cluster=None):
     lines = [
         "# Written by scripts/bench for one case; FLOODGATE_BIND and",
-        "# FLOODGATE_REDIS_URL say where.",
+        "# FLOODGATE_REDIS_URL say where (a cluster's seeds, when set, win).",
         "[server]",
         f"workers = {WORKERS}",
     ]
+    redis = []
     if redis_timeout_ms:
-        lines += ["[redis]", f'timeout = "{redis_timeout_ms}ms"']
+        redis.append(f'timeout = "{redis_timeout_ms}ms"')
+    if cluster:
+        redis.append(f"cluster = {toml_value(cluster)}")
+    if redis:
+        lines += ["[redis]", *redis]
     lines += [
         "[defaults]",
         'deny = "status"  # an unexpected denial shows as a non-2xx',
@@ -199,6 +239,13 @@ class Redis:
         i = self.info("cpu")
         return float(i["used_cpu_user"]) + float(i["used_cpu_sys"])
 
+    def nodes(self):
+        return [self]
+
+    def reads(self):
+        """How many reads from its clients' sockets Redis has made."""
+        return int(self.info("stats")["total_reads_processed"])
+
     def slowlog_max_usec(self):
         """The longest call in the SLOWLOG (microseconds), read over RESP."""
         host, port = self.url.split("//", 1)[1].split("/", 1)[0].split(":")
@@ -214,6 +261,36 @@ class Redis:
             name = k[len("cmdstat_"):]
             stats[name] = {kv.split("=")[0]: float(kv.split("=")[1]) for kv in v.split(",")}
         return stats
+
+
+class Cluster:
+    """The masters of the private Redis Cluster, read like one server:
+    commands go to every master, CPU time and command statistics are summed."""
+
+    def __init__(self, urls):
+        self.masters = [Redis(u) for u in urls]
+        self.urls = urls
+
+    def cli(self, *args):
+        return [m.cli(*args) for m in self.masters]
+
+    def nodes(self):
+        return self.masters
+
+    def cpu_seconds(self):
+        return sum(m.cpu_seconds() for m in self.masters)
+
+    def commandstats(self):
+        total = {}
+        for m in self.masters:
+            for name, fields in m.commandstats().items():
+                t = total.setdefault(name, {})
+                for k, v in fields.items():
+                    t[k] = t.get(k, 0.0) + v
+        for t in total.values():
+            if "usec" in t and "calls" in t:
+                t["usec_per_call"] = t["usec"] / max(t["calls"], 1)
+        return total
 
 
 def read_resp(f):
@@ -358,14 +435,30 @@ def stop(proc):
             proc.wait()
 
 
-def run_case(case, redis, bins, work):
+def spread_script(work):
+    lua = os.path.join(work, "spread.lua")
+    with open(lua, "w") as f:
+        f.write(f'-- scripts/bench: cases 2s and 9b cycle over {SPREAD_IDS} identities\n'
+                f'local i = 0\n'
+                f'request = function()\n'
+                f'  i = (i + 1) % {SPREAD_IDS}\n'
+                f'  wrk.headers["{SPREAD_HEADER}"] = "id" .. i\n'
+                f'  return wrk.format(nil)\n'
+                f'end\n')
+    return lua
+
+
+def run_case(case, redis, cluster, bins, work):
     key, label, server, rules, path, expect = case
+    # Where this case's counts live: every statistic below is read there.
+    store = cluster if key in CLUSTER_CASES else redis
     port = free_port()
     logf = open(os.path.join(work, f"{key}.log"), "w")
     if server == "floodgate":
         cfg = os.path.join(work, f"{key}.toml")
         with open(cfg, "w") as f:
-            f.write(floodgate_config(rules, STALL_TIMEOUT_MS if key == "stalled" else None))
+            f.write(floodgate_config(rules, STALL_TIMEOUT_MS if key == "stalled" else None,
+                                     cluster.urls if key in CLUSTER_CASES else None))
         env = dict(
             os.environ,
             FLOODGATE_BIND=f"127.0.0.1:{port}",
@@ -383,7 +476,7 @@ def run_case(case, redis, bins, work):
         env = dict(os.environ, RUST_LOG="error")
         cmd = [bins["reference_async"], "serve", "--port", str(port), "--redis", redis.url,
                "--workers", str(WORKERS), "--limit", str(ALLOW["limit"]), "--window-ms", "1000"]
-    redis.cli("FLUSHALL")
+    store.cli("FLUSHALL")
     proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT)
     try:
         wait_port(port, proc)
@@ -395,6 +488,9 @@ def run_case(case, redis, bins, work):
                 f.write(f'-- scripts/bench: case 4 keys its second rule by this header\n'
                         f'wrk.headers["{HEADER}"] = "bench-client-1"\n')
             headers[HEADER] = "bench-client-1"
+        if key in ("sliding_spread", "cluster_spread"):
+            lua = spread_script(work)
+            headers[SPREAD_HEADER] = "id0"
         if key == "denied_many":
             lua = os.path.join(work, "keys.lua")
             with open(lua, "w") as f:
@@ -424,20 +520,23 @@ def run_case(case, redis, bins, work):
             rate = max(parse_wrk(wrk(port, path, 1, lua, latency=True))["rps"], 1000)
             wrk(port, path, int(2.5 * DISTINCT_KEYS / rate) + 2, lua)
         m_before = metrics(port) if server == "floodgate" else {}
-        redis.cli("CONFIG", "RESETSTAT")
+        store.cli("CONFIG", "RESETSTAT")
         if key == "sliding":
             redis.cli("CONFIG", "SET", "slowlog-log-slower-than", "0")
             redis.cli("CONFIG", "SET", "slowlog-max-len", "1000000")
             redis.cli("SLOWLOG", "RESET")
-        cpu0, app0 = redis.cpu_seconds(), cpu_seconds(proc.pid)
+        reads0 = [n.reads() for n in store.nodes()]
+        cpu0, app0 = store.cpu_seconds(), cpu_seconds(proc.pid)
         wrk0, busy0 = resource.getrusage(resource.RUSAGE_CHILDREN), machine_busy()
         if key == "stalled":
             # Paused for longer than the run: every decision is made in the stall.
             redis.cli("CLIENT", "PAUSE", str(SECONDS * 1000 + 500), "ALL")
         text = wrk(port, path, SECONDS, lua, latency=True)
         wrk1, busy1 = resource.getrusage(resource.RUSAGE_CHILDREN), machine_busy()
-        cpu1, app1 = redis.cpu_seconds(), cpu_seconds(proc.pid)
-        stats = redis.commandstats()
+        cpu1, app1 = store.cpu_seconds(), cpu_seconds(proc.pid)
+        reads1 = [n.reads() for n in store.nodes()]
+        node_stats = [n.commandstats() for n in store.nodes()]
+        stats = store.commandstats()
         r = parse_wrk(text)
         r["rss_kib"] = vm_rss_kib(proc.pid)
         r["rss_before_kib"] = rss_before
@@ -465,6 +564,14 @@ def run_case(case, redis, bins, work):
         r["evalsha_usec_per_call"] = stats.get("evalsha", {}).get("usec_per_call", 0.0)
         r["redis_cmd_us"] = sum(v["usec"] for v in scripted.values()) / n
         r["batch"] = n / max(r["evalsha_calls"], 1)
+        # Per master: its EVALSHA calls, and how many socket reads brought
+        # them (INFO stats; our own few INFO calls are counted too). Fewer
+        # reads than calls means several calls arrived in one read: pipelined.
+        calls = [int(sum(v["calls"] for k, v in ns.items() if k in ("evalsha", "eval")))
+                 for ns in node_stats]
+        r["evalsha_per_req"] = r["evalsha_calls"] / n
+        r["reads_per_evalsha"] = sum(b - a for a, b in zip(reads0, reads1)) / max(r["evalsha_calls"], 1)
+        r["master_shares"] = sorted(c / max(sum(calls), 1) for c in calls)
     elif rules == []:
         r["redis_cmd_us"] = None
     else:
@@ -578,6 +685,8 @@ def fmt(v, spec):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--redis", required=True)
+    ap.add_argument("--cluster", required=True,
+                    help="the private cluster's master ports, comma-separated")
     ap.add_argument("--build-log", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)
@@ -585,6 +694,7 @@ def main():
     a = ap.parse_args()
     bins = executables(a.build_log)
     redis = Redis(a.redis)
+    cluster = Cluster([f"redis://127.0.0.1:{p}" for p in a.cluster.split(",") if p])
     host = machine()
     started = time.time()
     log(f"{len(CASES)} cases x {ROUNDS} rounds, {WARMUP}s warm-up + {SECONDS}s each, "
@@ -595,10 +705,14 @@ def main():
     for rnd in range(ROUNDS):
         order = CASES if rnd % 2 == 0 else CASES[::-1]
         for case in order:
-            r = run_case(case, redis, bins, a.work)
+            r = run_case(case, redis, cluster, bins, a.work)
             runs[case[0]].append(r)
             log(f"round {rnd + 1} {case[0]:17} {r['rps']:9.0f} req/s  p50 {r['p50']:.2f} ms  "
                 f"p99 {r['p99']:.2f} ms" + (f"  PROBLEM: {r['problems']}" if r["problems"] else ""))
+            if "reads_per_evalsha" in r:
+                log(f"round {rnd + 1} {case[0]:17} EVALSHA/request {r['evalsha_per_req']:.3f}  "
+                    f"reads/EVALSHA {r['reads_per_evalsha']:.2f}  masters' shares "
+                    + " ".join(f"{x:.2f}" for x in r["master_shares"]))
         for limit in ((10, 100000) if rnd % 2 == 0 else (100000, 10)):
             c = cost_probe(redis, bins, limit)
             costs[limit].append(c)
@@ -633,6 +747,11 @@ def main():
             "rss": med([r["rss_kib"] / 1024 for r in rs if r["rss_kib"]]),
             "ratio": ratio(key, "unguarded"),
             "problems": problems,
+            "evalsha_per_req": med([r.get("evalsha_per_req") for r in rs]),
+            "reads_per_evalsha": med([r.get("reads_per_evalsha") for r in rs]),
+            # Per master, smallest first: the median of each position.
+            "master_shares": [med(list(x)) for x in zip(*[r["master_shares"] for r in rs
+                                                          if r.get("master_shares")])],
         })
     by = {r["key"]: r for r in rows}
     c10 = {k: med([c[k] for c in costs[10]]) for k in costs[10][0]}
@@ -664,6 +783,14 @@ def main():
         ("sliding Redis µs/decision, limit 100000 / limit 10 ≤ 1.2",
          c100k["allowed_usec"] / c10["allowed_usec"], 1.2, "<="),
         ("p99 of (2) / p99 of (7) ≤ 1", ratio("sliding", "reference", "p99"), 1.0, "<="),
+        (f"cluster, {SPREAD_IDS} identities (9b) / single server, {SPREAD_IDS} identities (2s) ≥ 0.8",
+         ratio("cluster_spread", "sliding_spread"), 0.8, ">="),
+        (f"cluster, {SPREAD_IDS} identities (9b): smallest master's share of EVALSHA calls ≥ 0.20",
+         med([min(r["master_shares"]) for r in runs["cluster_spread"] if r.get("master_shares")]),
+         0.2, ">="),
+        (f"cluster, {SPREAD_IDS} identities (9b): largest master's share of EVALSHA calls ≤ 0.50",
+         med([max(r["master_shares"]) for r in runs["cluster_spread"] if r.get("master_shares")]),
+         0.5, "<="),
     ]
     results = []
     for name, value, bound, op in targets:
@@ -672,7 +799,9 @@ def main():
         log(f"target {name}: {fmt(value, '.2f')} {'pass' if ok else 'miss'}")
 
     final_rss = runs["sliding"][-1]["rss_kib"] / 1024 if runs["sliding"][-1]["rss_kib"] else None
-    extra = {"many": many, "stall": stall, "slowest_ms": slowest}
+    extra = {"many": many, "stall": stall, "slowest_ms": slowest,
+             "cluster_vs_single": ratio("cluster_spread", "sliding_spread"),
+             "hot_cluster_vs_single": ratio("cluster", "sliding")}
     md = render(host, rows, by, c10, c100k, results, elapsed, final_rss, a.build_seconds, extra)
     print(md)
     if a.out != "-":
@@ -793,6 +922,51 @@ def render(host, rows, by, c10, c100k, results, elapsed, final_rss, build_second
     w(f"- **Worst single call** in Redis's SLOWLOG (every call logged) during case 2, a sliding "
       f"window with limit 100000 over 1 s, entries leaving all the time: "
       f"{extra['slowest_ms']:.2f} ms (one call decides a whole batch).")
+    w("")
+    w("## Redis Cluster")
+    w("")
+    w("`scripts/bench` also starts a private Redis Cluster of 3 masters without replicas "
+      "(the same redis-server, on 127.0.0.1, no persistence) and stops it at exit. Cases 9a "
+      "and 9b serve the same sliding rule as case 2 (limit 100000 per 1 s) from floodgate "
+      "configured with `[redis] cluster = [the three masters]`. 9a keys by client address "
+      "like case 2: all the traffic is one key, so one slot on one master, and the figure shows "
+      "what the cluster client costs when the cluster cannot spread anything. 9b keys by a "
+      f"header that wrk cycles over {SPREAD_IDS} values, and 2s is the same rule and traffic on "
+      "the single server, so 9b / 2s compares like with like. For the cluster cases every "
+      "master is flushed and its statistics reset before the measured run, and the Redis "
+      "columns above are summed over the 3 masters. The masters share the machine's "
+      f"{host['cores']} cores with floodgate and wrk: here a cluster adds processes competing "
+      "for the same CPU rather than capacity, so these cases measure the client's overhead, "
+      "not how far a cluster scales.")
+    w("")
+    w("| case | req/s | EVALSHA per request | decisions per EVALSHA | Redis reads per EVALSHA | "
+      "each master's share of EVALSHA calls |")
+    w("|---|---:|---:|---:|---:|---|")
+    for k in ("sliding", "sliding_spread", "cluster", "cluster_spread"):
+        r = by[k]
+        shares = " / ".join(f"{100 * x:.0f}%" for x in r["master_shares"]) or "—"
+        if k not in CLUSTER_CASES:
+            shares += " (one server)"
+        w(f"| {r['label']} | {r['rps']:.0f} | {fmt(r['evalsha_per_req'], '.3f')} | "
+          f"{fmt(r['batch'], '.1f')} | {fmt(r['reads_per_evalsha'], '.2f')} | {shares} |")
+    w("")
+    w("- **EVALSHA per request**: script calls over the requests wrk completed. On one server "
+      "a call decides every decision pending in the batch, whatever their keys; on a cluster a "
+      "script may only touch keys of one hash slot, so a batch becomes one call per slot it "
+      "touches, and spread identities make more calls.")
+    w("- **Redis reads per EVALSHA**: how many times Redis read a client socket "
+      "(`total_reads_processed` in `INFO stats`, summed over the masters; every command "
+      "counts, the bench's own few `INFO` calls too) per script call. About 1 means each call "
+      "arrived on its own, one round trip each; well below 1 means several calls arrived in "
+      "one read (pipelined). Above 1, a call was big enough to take several reads: on one "
+      "server a call carries a whole batch.")
+    w("- **share**: each master's part of the script calls, smallest first; with "
+      f"{SPREAD_IDS} identities the hash slots spread them over the three.")
+    w("")
+    w(f"In this run the cluster with {SPREAD_IDS} identities reached "
+      f"{fmt(extra['cluster_vs_single'], '.2f')} of the single server's throughput on the "
+      f"same traffic (9b / 2s), and with one hot key {fmt(extra['hot_cluster_vs_single'], '.2f')} "
+      "of it (9a / 2).")
     w("")
     w("## Sliding window: Redis cost and memory against the limit")
     w("")

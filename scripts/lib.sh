@@ -74,3 +74,76 @@ stop_private_redis() {
   local f="${PRIVATE_REDIS_PID_FILE:-}"
   [ -n "$f" ] && [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
 }
+
+# cluster_port: a free port P with P + 10000 (the cluster bus) free too.
+cluster_port() {
+  local p
+  for _ in $(seq 1 200); do
+    p="$(free_port)"
+    if [ "$p" -lt 55000 ] && ! (exec 3<>"/dev/tcp/127.0.0.1/$((p + 10000))") 2>/dev/null; then
+      echo "$p"; return 0
+    fi
+  done
+  say "no free port P with P + 10000 free too"; return 1
+}
+
+# start_private_cluster DIR N: starts N cluster-enabled redis-servers on
+# 127.0.0.1 (no persistence, each in DIR/PORT with its pid, log and node
+# file), joins them as N masters without replicas, waits until every node
+# reports cluster_state:ok and prints their ports, space-separated.
+# stop_private_cluster DIR stops them and removes DIR: set the trap before
+# starting, so a start that fails half-way is cleaned up too.
+start_private_cluster() {
+  local dir="$1" n="$2" ports=() p
+  ensure_redis_server
+  mkdir -p "$dir"
+  for _ in $(seq 1 "$n"); do
+    p="$(cluster_port)"
+    mkdir -p "$dir/$p"
+    redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no \
+      --cluster-enabled yes --cluster-config-file nodes.conf \
+      --dir "$dir/$p" --pidfile "$dir/$p/redis.pid" --logfile "$dir/$p/redis.log" \
+      --daemonize yes >/dev/null
+    ports+=("$p")
+    # Listening before the next port is chosen, so no two nodes pick one.
+    local up=""
+    for _ in $(seq 1 100); do
+      redis_reachable "redis://127.0.0.1:$p" && { up=1; break; }
+      sleep 0.05
+    done
+    [ -n "$up" ] || { say "cluster node $p did not start; see $dir/$p/redis.log"; return 1; }
+  done
+  if ! redis-cli --cluster create $(printf '127.0.0.1:%s ' "${ports[@]}") \
+      --cluster-replicas 0 --cluster-yes >"$dir/create.log" 2>&1; then
+    say "redis-cli --cluster create failed; see $dir/create.log"; return 1
+  fi
+  local ok
+  for _ in $(seq 1 200); do
+    ok=1
+    for p in "${ports[@]}"; do
+      redis-cli -p "$p" cluster info 2>/dev/null | grep -q '^cluster_state:ok' || { ok=""; break; }
+    done
+    [ -n "$ok" ] && { echo "${ports[*]}"; return 0; }
+    sleep 0.05
+  done
+  say "the cluster did not reach cluster_state:ok on every node; see $dir"
+  return 1
+}
+
+stop_private_cluster() {
+  local dir="${1:-}" f p
+  [ -n "$dir" ] && [ -d "$dir" ] || return 0
+  local pids=()
+  for f in "$dir"/*/redis.pid; do
+    [ -f "$f" ] && pids+=("$(cat "$f")")
+  done
+  [ ${#pids[@]} -eq 0 ] || kill "${pids[@]}" 2>/dev/null || true
+  # Gone before the directory is (at most 5 s; they keep no data).
+  for _ in $(seq 1 100); do
+    local alive=""
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ -z "$alive" ] && break
+    sleep 0.05
+  done
+  rm -rf "$dir"
+}
