@@ -449,3 +449,50 @@ async fn sentinel_failover_keeps_the_site_working() {
     // Nobody was ever answered with a server error other than 503.
     assert!(statuses.server_errors().is_empty(), "{:?}", statuses.all());
 }
+
+/// A switchover (the replica promoted while the old master stays up, as for
+/// maintenance): once the Sentinel names the new master, what the site
+/// writes goes there. The old master keeps answering, as a master, until
+/// the Sentinel demotes it some seconds later, and then drops everything
+/// written to it meanwhile: a code issued there would never work.
+#[actix_web::test]
+#[ignore = "known gap: pooled connections stay on the old master until the Sentinel demotes it"]
+async fn sentinel_switchover_sends_the_sites_writes_to_the_new_master() {
+    const ALICE: &str = "+15550100111";
+    const BOB: &str = "+15550100112";
+    let sentinel = Sentinel::start();
+    let url = sentinel.url();
+    let app = spawn_app_with(DEFAULT, move |c| {
+        c.redis.sentinel = vec![url];
+        c.redis.sentinel_master = MASTER_NAME.into();
+    })
+    .await;
+    let statuses = Statuses::default();
+    // Alice's sign-in leaves connections to the first master in the pool.
+    let alice = Browser::new(&app.address, &statuses);
+    let page = alice.post("/sms/send", &[("phone", ALICE)]).await;
+    assert_eq!(page.status, 200, "{page:?}");
+    let code = code_in(&alice.outbox().await.unwrap(), ALICE, "sign-in code").unwrap();
+    let page = alice
+        .post("/login/sms", &[("phone", ALICE), ("code", &code)])
+        .await;
+    assert_eq!(page.status, 303, "{page:?}");
+
+    sentinel.switch_over();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let bob = Browser::new(&app.address, &statuses);
+    let page = past_503(deadline, "Bob's code", || {
+        bob.post("/sms/send", &[("phone", BOB)])
+    })
+    .await;
+    assert_eq!(page.status, 200, "{page:?}");
+    let code_key = format!("{SITE}code:signin:{BOB}");
+    let on_new: Option<bool> = sentinel.replica.query(redis::cmd("EXISTS").arg(&code_key));
+    let on_old: Option<bool> = sentinel.master.query(redis::cmd("EXISTS").arg(&code_key));
+    assert_eq!(
+        (on_new, on_old),
+        (Some(true), Some(false)),
+        "Bob's code (on the new master, on the old one)"
+    );
+    assert!(statuses.server_errors().is_empty(), "{:?}", statuses.all());
+}

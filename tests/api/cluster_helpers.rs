@@ -308,6 +308,28 @@ impl Sentinel {
         addr.get(1)?.parse().ok()
     }
 
+    /// Has the Sentinel promote the replica while the master stays up
+    /// (`SENTINEL FAILOVER`, as for maintenance), and waits until the
+    /// Sentinel names the replica as master and the replica says so too.
+    /// The old master is demoted by the Sentinel only some seconds later.
+    pub fn switch_over(&self) {
+        let ok: Option<String> = self
+            .sentinel
+            .query(redis::cmd("SENTINEL").arg("FAILOVER").arg(MASTER_NAME));
+        assert_eq!(ok.as_deref(), Some("OK"));
+        wait_until(
+            Duration::from_secs(20),
+            "the replica to be promoted",
+            || {
+                self.master_port() == Some(self.replica.port)
+                    && self
+                        .replica
+                        .query::<String>(redis::cmd("INFO").arg("replication"))
+                        .is_some_and(|i| i.contains("role:master"))
+            },
+        );
+    }
+
     /// Kills the master and waits until the Sentinel has promoted the replica.
     pub fn fail_master(&mut self) {
         self.master.kill();
