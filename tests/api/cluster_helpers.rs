@@ -2,11 +2,13 @@
 //! masters joined with `redis-cli --cluster create`, or a master, a replica
 //! and a Sentinel. Every process runs on free loopback ports (a cluster
 //! node also needs its port + 10000 for the cluster bus) and is killed on
-//! drop.
+//! drop. Also a browser for the site's flows that records every status it
+//! is answered, for tests that must show what a visitor saw throughout.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::helpers::wait_until;
@@ -306,6 +308,28 @@ impl Sentinel {
         addr.get(1)?.parse().ok()
     }
 
+    /// Has the Sentinel promote the replica while the master stays up
+    /// (`SENTINEL FAILOVER`, as for maintenance), and waits until the
+    /// Sentinel names the replica as master and the replica says so too.
+    /// The old master is demoted by the Sentinel only some seconds later.
+    pub fn switch_over(&self) {
+        let ok: Option<String> = self
+            .sentinel
+            .query(redis::cmd("SENTINEL").arg("FAILOVER").arg(MASTER_NAME));
+        assert_eq!(ok.as_deref(), Some("OK"));
+        wait_until(
+            Duration::from_secs(20),
+            "the replica to be promoted",
+            || {
+                self.master_port() == Some(self.replica.port)
+                    && self
+                        .replica
+                        .query::<String>(redis::cmd("INFO").arg("replication"))
+                        .is_some_and(|i| i.contains("role:master"))
+            },
+        );
+    }
+
     /// Kills the master and waits until the Sentinel has promoted the replica.
     pub fn fail_master(&mut self) {
         self.master.kill();
@@ -321,4 +345,142 @@ impl Sentinel {
             },
         );
     }
+}
+
+/// Every status the site answered, with the request it answered, in order:
+/// shared by the browsers of one test (and their clones in spawned tasks).
+#[derive(Clone, Default)]
+pub struct Statuses(Arc<Mutex<Vec<(String, u16)>>>);
+
+impl Statuses {
+    fn record(&self, request: String, status: u16) {
+        self.0.lock().unwrap().push((request, status));
+    }
+
+    /// Every answer so far.
+    pub fn all(&self) -> Vec<(String, u16)> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// The answers that were a server error other than 503 (which says
+    /// "try again in a moment", and is what Redis being away may cost).
+    pub fn server_errors(&self) -> Vec<(String, u16)> {
+        self.all()
+            .into_iter()
+            .filter(|&(_, s)| s >= 500 && s != 503)
+            .collect()
+    }
+}
+
+/// One answer, read in full.
+#[derive(Debug)]
+pub struct Page {
+    pub status: u16,
+    pub location: Option<String>,
+    pub body: String,
+}
+
+/// One visitor of the site: its own cookie jar, no redirects followed,
+/// every answer recorded in a [`Statuses`].
+#[derive(Clone)]
+pub struct Browser {
+    address: String,
+    http: reqwest::Client,
+    statuses: Statuses,
+}
+
+impl Browser {
+    /// A visitor of the site at `address` (`http://127.0.0.1:PORT`).
+    pub fn new(address: &str, statuses: &Statuses) -> Browser {
+        Browser {
+            address: address.to_string(),
+            http: reqwest::Client::builder()
+                .cookie_store(true)
+                .redirect(reqwest::redirect::Policy::none())
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+            statuses: statuses.clone(),
+        }
+    }
+
+    async fn read(&self, request: String, res: reqwest::Response) -> Page {
+        let status = res.status().as_u16();
+        let location = res
+            .headers()
+            .get("location")
+            .map(|v| v.to_str().unwrap().to_string());
+        let body = res.text().await.unwrap();
+        self.statuses.record(request, status);
+        Page {
+            status,
+            location,
+            body,
+        }
+    }
+
+    /// `GET path`.
+    pub async fn get(&self, path: &str) -> Page {
+        let res = self
+            .http
+            .get(format!("{}{path}", self.address))
+            .send()
+            .await
+            .unwrap();
+        self.read(format!("GET {path}"), res).await
+    }
+
+    /// `POST path` with `fields` and this session's CSRF token (read from
+    /// `/login` first; when that page fails, its answer is returned).
+    pub async fn post(&self, path: &str, fields: &[(&str, &str)]) -> Page {
+        let login = self.get("/login").await;
+        if login.status != 200 {
+            return login;
+        }
+        let at = login
+            .body
+            .find("name=\"csrf\" value=\"")
+            .expect("a csrf field")
+            + 19;
+        let csrf = &login.body[at..at + 64];
+        let mut all = fields.to_vec();
+        all.push(("csrf", csrf));
+        let res = self
+            .http
+            .post(format!("{}{path}", self.address))
+            .form(&all)
+            .send()
+            .await
+            .unwrap();
+        self.read(format!("POST {path}"), res).await
+    }
+
+    /// The outbox (`/dev/outbox` as JSON, newest first), or the failed page.
+    pub async fn outbox(&self) -> Result<Vec<serde_json::Value>, Page> {
+        let res = self
+            .http
+            .get(format!("{}/dev/outbox", self.address))
+            .header("accept", "application/json")
+            .send()
+            .await
+            .unwrap();
+        let page = self.read("GET /dev/outbox".into(), res).await;
+        if page.status != 200 {
+            return Err(page);
+        }
+        let v: serde_json::Value = serde_json::from_str(&page.body).unwrap();
+        Ok(v.as_array().unwrap().clone())
+    }
+}
+
+/// The 6-digit code in the newest outbox message to `phone` (E.164) whose
+/// text contains `kind` ("sign-in code", "reset code").
+pub fn code_in(messages: &[serde_json::Value], phone: &str, kind: &str) -> Option<String> {
+    let text = messages
+        .iter()
+        .filter(|m| m["phone"] == phone)
+        .filter_map(|m| m["text"].as_str())
+        .find(|t| t.contains(kind))?;
+    let at = text.find(|c: char| c.is_ascii_digit())?;
+    Some(text[at..at + 6].to_string())
 }
