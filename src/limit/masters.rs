@@ -102,6 +102,8 @@ impl Masters {
         else {
             return;
         };
+        // An IPv6 address comes bracketed in a redirection, bare in the map.
+        let host = host.trim_start_matches('[').trim_end_matches(']');
         let i = self.index_of(host, port);
         if let Some(s) = self.slots.get_mut(usize::from(slot)) {
             *s = i;
