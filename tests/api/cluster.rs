@@ -1,8 +1,9 @@
 //! Redis Cluster and Sentinel, on real servers: exact limits per identity
 //! across shards, a request whose rules span slots (all-or-nothing through
-//! give-back), a resharding of thousands of slots under traffic, and a
+//! give-back), a resharding of thousands of slots under traffic, a
 //! Sentinel failover under traffic, for the limits and for the demo site's
-//! own accounts, codes and sessions.
+//! own accounts, codes and sessions, a switchover (the old master still up)
+//! and Sentinels that stop answering.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -318,6 +319,49 @@ async fn sentinel_failover_is_followed_without_a_restart() {
     let after: Vec<u16> = join_all((0..1002).map(|_| check(&app, "after", None))).await;
     assert_eq!(after.iter().filter(|&&s| s == 200).count(), 999);
     assert_eq!(after.iter().filter(|&&s| s == 429).count(), 3);
+}
+
+/// The Sentinels going away leaves the master they named in use: decisions
+/// go on, and so do the site's pooled connections, even ones opened after
+/// the Sentinels stopped answering.
+#[actix_web::test]
+async fn sentinel_down_leaves_the_named_master_in_use() {
+    let mut sentinel = Sentinel::start();
+    let url = sentinel.url();
+    let app = spawn_app_with(&PER_USER.replace("limit = 5", "limit = 1000"), move |c| {
+        c.redis.sentinel = vec![url];
+        c.redis.sentinel_master = MASTER_NAME.into();
+    })
+    .await;
+    assert_eq!(check(&app, "before", None).await, 200);
+
+    sentinel.sentinel.kill();
+    // Every connection the app has to the master goes: the new ones are
+    // opened with no Sentinel to ask.
+    let _: u64 = sentinel
+        .master
+        .query(
+            redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("TYPE")
+                .arg("normal")
+                .arg("SKIPME")
+                .arg("yes"),
+        )
+        .expect("the master answers");
+    // Traffic for longer than the Sentinels' last answer stands, so that
+    // they are asked again (and do not answer) while it goes on.
+    let since = Instant::now();
+    let mut allowed = 0u64;
+    while allowed < 5 || since.elapsed() < Duration::from_secs(1) {
+        assert_eq!(check(&app, "during", None).await, 200, "after {allowed}");
+        allowed += 1;
+    }
+    let counted: Option<u64> = sentinel
+        .master
+        .query(redis::cmd("LLEN").arg("floodgate:per_user:header:during"));
+    assert_eq!(counted, Some(allowed));
+    assert_eq!(app.get("/readyz").await.status(), 200);
 }
 
 const DEFAULT: &str = include_str!("../../config/default.toml");
