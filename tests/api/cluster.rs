@@ -557,9 +557,9 @@ async fn sentinel_failover_keeps_the_site_working() {
 }
 
 /// A switchover (the replica promoted while the old master stays up, as for
-/// maintenance): once the Sentinel names the new master, what the site
-/// writes, and what the limiter counts, goes there. The old master keeps
-/// answering, as a master, until the Sentinel demotes it some seconds
+/// maintenance): soon after the Sentinel names the new master, what the
+/// site writes, and what the limiter counts, goes there. The old master
+/// keeps answering, as a master, until the Sentinel demotes it some seconds
 /// later, and then drops everything written to it meanwhile: a code issued
 /// there would never work, and counts kept there would be forgotten.
 #[actix_web::test]
@@ -568,10 +568,11 @@ async fn sentinel_switchover_sends_the_sites_writes_to_the_new_master() {
     const BOB: &str = "+15550100112";
     let sentinel = Sentinel::start();
     let url = sentinel.url();
-    // The demo's rules, and one that counts `/check` per `x-probe` header
-    // for a long while: a key of the limiter's own, named by the test.
+    // The demo's rules, and one that counts `/healthz` (no other rule
+    // does) per `x-probe` header for a long while: keys of the limiter's
+    // own, named by the test.
     let toml = format!(
-        "{DEFAULT}\n[[rule]]\nname = \"probe\"\npaths = [\"/check\"]\n\
+        "{DEFAULT}\n[[rule]]\nname = \"probe\"\npaths = [\"/healthz\"]\n\
          key = \"header:x-probe\"\nlimit = 1000\nwindow = \"1h\"\n"
     );
     let app = spawn_app_with(&toml, move |c| {
@@ -579,8 +580,8 @@ async fn sentinel_switchover_sends_the_sites_writes_to_the_new_master() {
         c.redis.sentinel_master = MASTER_NAME.into();
     })
     .await;
-    let probe = |name: &'static str| {
-        let (client, url) = (app.client.clone(), app.url("/check"));
+    let probe = |name: String| {
+        let (client, url) = (app.client.clone(), app.url("/healthz"));
         async move {
             client
                 .get(url)
@@ -604,13 +605,34 @@ async fn sentinel_switchover_sends_the_sites_writes_to_the_new_master() {
         .post("/login/sms", &[("phone", ALICE), ("code", &code)])
         .await;
     assert_eq!(page.status, 303, "{page:?}");
-    assert_eq!(probe("before").await, 200);
+    assert_eq!(probe("before".into()).await, 200);
     let before: Option<u64> = sentinel
         .master
         .query(redis::cmd("LLEN").arg("floodgate:probe:header:before"));
     assert_eq!(before, Some(1), "the count before, on the first master");
 
     sentinel.switch_over();
+    // The app asks the Sentinel again at most a quarter of a second after
+    // it last did, so it may count a moment longer on the old master: wait
+    // until a count lands on the new one. (The Sentinel demotes the old
+    // master only some 10 s later; without the app's own check nothing would
+    // land there before then.)
+    let named = Instant::now();
+    for n in 0.. {
+        let key = format!("switch-{n}");
+        assert_eq!(probe(key.clone()).await, 200);
+        let counted: Option<u64> = sentinel
+            .replica
+            .query(redis::cmd("LLEN").arg(format!("floodgate:probe:header:{key}")));
+        if counted == Some(1) {
+            break;
+        }
+        assert!(
+            named.elapsed() < Duration::from_secs(5),
+            "no count on the new master after {n} requests"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+    }
     let deadline = Instant::now() + Duration::from_secs(15);
     let bob = Browser::new(&app.address, &statuses);
     let page = past_503(deadline, "Bob's code", || {
@@ -629,7 +651,7 @@ async fn sentinel_switchover_sends_the_sites_writes_to_the_new_master() {
 
     // The limiter's counts go to the new master too.
     let status = loop {
-        let status = probe("after").await;
+        let status = probe("after".into()).await;
         if status != 503 || Instant::now() >= deadline {
             break status;
         }
