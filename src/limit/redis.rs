@@ -39,7 +39,7 @@ use tokio::sync::oneshot;
 
 use super::deny_cache::DenyCache;
 use super::local::LocalLimiter;
-use super::source::{RedisConn, Source};
+use super::source::{Master, RedisConn, Source};
 use super::{
     Algorithm, Check, Decision, Dispatch, LimiterError, LimiterOptions, Outcome, RedisConfig,
 };
@@ -328,6 +328,10 @@ pub struct Conn {
     /// An I/O error (or an unparsable reply) left the connection in an
     /// unknown state: it goes back to nobody.
     spoiled: bool,
+    /// Sentinel mode: the master it was opened to. Before each use it is
+    /// compared with the master the Sentinels name now (see
+    /// [`Source::still_named`]).
+    master: Option<Master>,
 }
 
 impl Conn {
@@ -337,6 +341,7 @@ impl Conn {
             inner: RedisConn::Single(conn),
             answered: Instant::now(),
             spoiled: false,
+            master: None,
         }
     }
 
@@ -438,6 +443,12 @@ pub(super) fn spoils(e: &redis::RedisError) -> bool {
 /// for minutes), every connection gets read and write timeouts, and a
 /// connection taken from the pool after sitting idle is checked with a PING
 /// (and replaced by the pool when the PING fails).
+///
+/// In Sentinel mode, a connection is also checked before every use, busy or
+/// not, against the master the Sentinels name ([`Manager::still_named`]):
+/// after a switchover the old master answers PINGs, as a master, until the
+/// Sentinels demote it, and whatever is written to it meanwhile is lost
+/// with the demotion.
 #[derive(Debug, Clone)]
 pub struct Manager {
     source: Source,
@@ -448,12 +459,24 @@ impl Manager {
     /// A new connection, open within `within` (at most the timeout).
     fn open(&self, within: Duration) -> redis::RedisResult<Conn> {
         let within = within.min(self.timeout).max(Duration::from_millis(1));
-        let inner = self.source.open(within, self.timeout)?;
+        let (inner, master) = self.source.open(within, self.timeout)?;
         Ok(Conn {
             inner,
             answered: Instant::now(),
             spoiled: false,
+            master,
         })
+    }
+
+    /// Whether `conn` goes to the master the Sentinels name now (always
+    /// true outside Sentinel mode, and while no Sentinel answers). One that
+    /// does not is spoiled: it is not used again.
+    fn still_named(&self, conn: &mut Conn) -> bool {
+        if self.source.still_named(conn.master.as_ref()) {
+            return true;
+        }
+        conn.spoil();
+        false
     }
 }
 
@@ -469,8 +492,13 @@ impl r2d2::ManageConnection for Manager {
     /// taken as is; any other gets a PING first. A dead one (Redis restarted
     /// or closed it while it sat in the pool) fails the PING, and the pool
     /// drops it and hands out another or a new one: nothing the caller
-    /// sends ever goes to a connection that broke while it was idle.
+    /// sends ever goes to a connection that broke while it was idle. In
+    /// Sentinel mode, one to a server the Sentinels no longer name as
+    /// master is dropped likewise, however recently it was answered on.
     fn is_valid(&self, conn: &mut Conn) -> Result<(), redis::RedisError> {
+        if !self.still_named(conn) {
+            return Err(no_longer_named(conn));
+        }
         if conn.recently_answered() {
             return Ok(());
         }
@@ -483,15 +511,26 @@ impl r2d2::ManageConnection for Manager {
     }
 }
 
+/// Why a connection is dropped at checkout although it works.
+fn no_longer_named(conn: &Conn) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Client,
+        "the Sentinels name another master than this connection's",
+        conn.master
+            .as_ref()
+            .map_or_else(String::new, ToString::to_string),
+    ))
+}
+
 /// Builds the pool without connecting: the site starts even while Redis is
 /// down, and connects when it returns.
-pub fn build_pool(config: &RedisConfig) -> Result<Pool, LimiterError> {
-    Ok(r2d2::Pool::builder()
+fn pool_of(config: &RedisConfig, manager: Manager) -> Pool {
+    r2d2::Pool::builder()
         .max_size(config.pool_size)
         .min_idle(Some(0))
         .test_on_check_out(true)
         .connection_timeout(config.timeout)
-        .build_unchecked(manager(config)?))
+        .build_unchecked(manager)
 }
 
 fn manager(config: &RedisConfig) -> Result<Manager, LimiterError> {
@@ -505,8 +544,10 @@ fn manager(config: &RedisConfig) -> Result<Manager, LimiterError> {
 impl Limiter {
     /// Builds the pool and starts the dispatcher threads.
     pub fn new(config: &RedisConfig, options: LimiterOptions) -> Result<Limiter, LimiterError> {
-        let pool = build_pool(config)?;
+        // One source for the pool and the dispatchers: in Sentinel mode they
+        // share what the Sentinels said last.
         let manager = manager(config)?;
+        let pool = pool_of(config, manager.clone());
         let (queue, rx) = sync_channel::<Job>(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
         let script = Arc::new(redis::Script::new(SCRIPT_SOURCE));
@@ -896,7 +937,21 @@ impl Dispatcher {
     /// the dispatcher has been idle for [`IDLE_CHECK`]. `TIME` (safe to
     /// repeat, like PING) also tells Redis's clock, so a job never leaves
     /// without a deadline on it.
+    ///
+    /// In Sentinel mode the connection must also go to the master the
+    /// Sentinels name now, checked before every batch (even one that follows
+    /// another at once, which needs no `TIME`): after a switchover, counts
+    /// written to the old master would be lost when it is demoted.
     fn connect(&mut self, deadline: Instant) -> Result<(), LimiterError> {
+        if let Some(conn) = self.conn.as_mut() {
+            if !self.manager.still_named(conn) {
+                log::info!(
+                    "{}: opening a connection to the master the Sentinels name now",
+                    no_longer_named(conn)
+                );
+                self.conn = None;
+            }
+        }
         if let Some(conn) = self.conn.as_mut() {
             if !conn.recently_answered() {
                 match conn.time(&self.shared.clock) {

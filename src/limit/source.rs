@@ -4,12 +4,15 @@
 //! plain connection (single server, Sentinel) or their own cluster
 //! connection (see [`super::cluster`]).
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
 
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::{ConnectionLike, RedisResult, Value};
+use redis::{
+    ConnectionAddr, ConnectionInfo, ConnectionLike, IntoConnectionInfo, RedisConnectionInfo,
+    RedisResult, Role, Value,
+};
 
 use crate::config::RedisConfig;
 
@@ -126,9 +129,10 @@ impl ConnectionLike for RedisConn {
 pub enum Source {
     /// One server at a URL.
     Url(redis::Client),
-    /// The master the Sentinels name, asked again for every new connection
-    /// (so a connection opened after a failover goes to the new master).
-    Sentinel(Arc<Mutex<SentinelClient>>),
+    /// The master the Sentinels name (see [`Sentinels`]): every new
+    /// connection goes to the master they name, and a connection to a
+    /// server they no longer name is not used again.
+    Sentinel(Arc<Sentinels>),
     /// A Redis Cluster, from its seed nodes.
     Cluster(ClusterClient),
 }
@@ -157,43 +161,339 @@ impl Source {
             return cluster_client(config).map(Source::Cluster);
         }
         if !config.sentinel.is_empty() {
-            let mut node = redis::sentinel::SentinelNodeConnectionInfo::default();
-            // The master's database, user and password come from `url`.
-            if let Ok(info) = redis::IntoConnectionInfo::into_connection_info(config.url.as_str()) {
-                node = node.set_redis_connection_info(info.redis_settings().clone());
-            }
-            let client = SentinelClient::build(
-                config.sentinel.iter().map(String::as_str).collect(),
-                config.sentinel_master.clone(),
-                Some(node),
-                SentinelServerType::Master,
-            )?;
-            return Ok(Source::Sentinel(Arc::new(Mutex::new(client))));
+            return Sentinels::from_config(config).map(|s| Source::Sentinel(Arc::new(s)));
         }
         redis::Client::open(config.url.as_str()).map(Source::Url)
     }
 
     /// A new connection, open within `within`, with read and write
-    /// timeouts of `timeout`.
-    pub fn open(&self, within: Duration, timeout: Duration) -> RedisResult<RedisConn> {
-        let conn = match self {
-            Source::Url(client) => RedisConn::Single(client.get_connection_with_timeout(within)?),
-            Source::Sentinel(sentinel) => {
-                // Which server is master now, confirmed by its own ROLE.
-                let client = {
-                    let mut sentinel = match sentinel.lock() {
-                        Ok(s) => s,
-                        Err(poisoned) => poisoned.into_inner(),
-                    };
-                    sentinel.get_client()?
-                };
-                RedisConn::Single(client.get_connection_with_timeout(within)?)
+    /// timeouts of `timeout`, and the master it went to (Sentinel mode only).
+    pub fn open(
+        &self,
+        within: Duration,
+        timeout: Duration,
+    ) -> RedisResult<(RedisConn, Option<Master>)> {
+        let (conn, master) = match self {
+            Source::Url(client) => (
+                RedisConn::Single(client.get_connection_with_timeout(within)?),
+                None,
+            ),
+            Source::Sentinel(sentinels) => {
+                let (conn, master) = sentinels.open(within)?;
+                (RedisConn::Single(conn), master)
             }
-            Source::Cluster(client) => RedisConn::Cluster(Box::new(client.get_connection()?)),
+            Source::Cluster(client) => {
+                (RedisConn::Cluster(Box::new(client.get_connection()?)), None)
+            }
         };
         conn.set_read_timeout(Some(timeout))?;
         conn.set_write_timeout(Some(timeout))?;
-        Ok(conn)
+        Ok((conn, master))
+    }
+
+    /// Whether a connection opened to `master` may still be used: always,
+    /// except in Sentinel mode when the Sentinels now name another server
+    /// (see [`Sentinels::names`]).
+    pub fn still_named(&self, master: Option<&Master>) -> bool {
+        match (self, master) {
+            (Source::Sentinel(sentinels), Some(master)) => sentinels.names(master),
+            _ => true,
+        }
+    }
+}
+
+/// The address of a master, as the Sentinels name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Master {
+    host: String,
+    port: u16,
+}
+
+impl Master {
+    /// The master a client connects to (a TCP address; `None` for a socket).
+    fn of(addr: &ConnectionAddr) -> Option<Master> {
+        match addr {
+            ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+                Some(Master {
+                    host: host.clone(),
+                    port: *port,
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Master {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+/// How long the master the Sentinels named is taken as theirs before one
+/// of them is asked again. A switchover (the old master still up, and still
+/// a master until the Sentinels demote it) moves the writes to the new
+/// master this long after the Sentinels name it, at most.
+const ASK_EVERY: Duration = Duration::from_millis(250);
+
+/// After no Sentinel answered, the next question waits twice as long as
+/// the last, up to this: Sentinels that do not answer at all cost a wait of
+/// the timeout on one call now and then, not on every fourth of a second.
+const ASK_AT_MOST_EVERY: Duration = Duration::from_secs(4);
+
+/// The Sentinels of one master name, and what they last said.
+///
+/// Each connection remembers the master it was opened to. Before one is
+/// used, [`Sentinels::names`] compares that with the master the Sentinels
+/// named when last asked; when that answer is older than [`ASK_EVERY`],
+/// the thread that notices asks a Sentinel first (`SENTINEL
+/// GET-MASTER-ADDR-BY-NAME`, on a connection it keeps, bounded by the
+/// timeout, the next Sentinel on error). Only one thread asks at a time;
+/// the others go on with the answer there is, so no call waits behind the
+/// question. When no Sentinel answers, the last answer stands: Sentinels
+/// that are down do not stop a master that works.
+pub struct Sentinels {
+    /// Each Sentinel, as configured.
+    nodes: Vec<ConnectionInfo>,
+    /// The name the Sentinels know the master by.
+    name: String,
+    /// The master's database, user and password.
+    settings: RedisConnectionInfo,
+    /// Bounds connecting to a Sentinel and each question.
+    timeout: Duration,
+    /// What the Sentinels said last.
+    named: Mutex<Named>,
+    /// The one thread asking, and its connection to a Sentinel.
+    asker: Mutex<Asker>,
+    /// Finds the master before any Sentinel has answered our own question.
+    client: Mutex<SentinelClient>,
+}
+
+/// The master the Sentinels named, and when they were asked.
+struct Named {
+    master: Option<Master>,
+    /// When a Sentinel was last asked (answered or not); `None`: never.
+    asked: Option<Instant>,
+    /// How long that answer stands.
+    stands: Duration,
+}
+
+/// A kept connection to one Sentinel (its index in `nodes`), and how many
+/// questions in a row no Sentinel answered.
+struct Asker {
+    conn: Option<(usize, redis::Connection)>,
+    failures: u32,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+impl Sentinels {
+    fn from_config(config: &RedisConfig) -> RedisResult<Sentinels> {
+        // The master's database, user and password come from `url`.
+        let settings = redis::IntoConnectionInfo::into_connection_info(config.url.as_str())
+            .map(|info| info.redis_settings().clone())
+            .unwrap_or_default();
+        let node = redis::sentinel::SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(settings.clone());
+        let client = SentinelClient::build(
+            config.sentinel.iter().map(String::as_str).collect(),
+            config.sentinel_master.clone(),
+            Some(node),
+            SentinelServerType::Master,
+        )?;
+        let nodes = config
+            .sentinel
+            .iter()
+            .map(|url| {
+                let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())?;
+                // A Sentinel has no databases to select.
+                let settings = info.redis_settings().clone().set_db(0);
+                Ok(info.set_redis_settings(settings))
+            })
+            .collect::<RedisResult<Vec<_>>>()?;
+        Ok(Sentinels {
+            nodes,
+            name: config.sentinel_master.clone(),
+            settings,
+            timeout: config.timeout,
+            named: Mutex::new(Named {
+                master: None,
+                asked: None,
+                stands: ASK_EVERY,
+            }),
+            asker: Mutex::new(Asker {
+                conn: None,
+                failures: 0,
+            }),
+            client: Mutex::new(client),
+        })
+    }
+
+    /// Whether `master` is the master the Sentinels name (or they have not
+    /// named any yet). Cheap: a clock read and a comparison, plus one
+    /// question to a Sentinel per [`ASK_EVERY`] on one thread.
+    pub fn names(&self, master: &Master) -> bool {
+        self.ask_when_due();
+        lock(&self.named)
+            .master
+            .as_ref()
+            .is_none_or(|named| named == master)
+    }
+
+    /// The master the Sentinels name, asking them first when the last
+    /// answer is too old (and no other thread is asking).
+    fn named(&self) -> Option<Master> {
+        self.ask_when_due();
+        lock(&self.named).master.clone()
+    }
+
+    fn due(&self) -> bool {
+        let named = lock(&self.named);
+        named
+            .asked
+            .is_none_or(|asked| asked.elapsed() >= named.stands)
+    }
+
+    /// Asks a Sentinel when the last answer is too old, unless another
+    /// thread is asking already.
+    fn ask_when_due(&self) {
+        if !self.due() {
+            return;
+        }
+        let mut asker = match self.asker.try_lock() {
+            Ok(asker) => asker,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        // Another thread may have asked while this one took the lock.
+        if !self.due() {
+            return;
+        }
+        let answer = self.ask(&mut asker);
+        let mut named = lock(&self.named);
+        named.asked = Some(Instant::now());
+        match answer {
+            Ok(master) => {
+                if named.master.as_ref() != Some(&master) {
+                    log::info!(
+                        "the Sentinels name {master} as the master of \"{}\"",
+                        self.name
+                    );
+                }
+                named.master = Some(master);
+                named.stands = ASK_EVERY;
+                asker.failures = 0;
+            }
+            Err(e) => {
+                if asker.failures == 0 {
+                    log::warn!(
+                        "no Sentinel says which server is the master of \"{}\" ({e}); \
+                         connections stay with the last one named",
+                        self.name
+                    );
+                }
+                asker.failures = asker.failures.saturating_add(1);
+                named.stands = ASK_EVERY
+                    .saturating_mul(1 << asker.failures.min(8))
+                    .min(ASK_AT_MOST_EVERY);
+            }
+        }
+    }
+
+    /// Asks the Sentinels in turn, starting with the one that answered
+    /// last, which server is the master now.
+    fn ask(&self, asker: &mut Asker) -> RedisResult<Master> {
+        let first = asker.conn.as_ref().map_or(0, |(at, _)| *at);
+        let mut last = None;
+        for i in 0..self.nodes.len() {
+            let at = (first + i) % self.nodes.len();
+            match self.ask_one(asker, at) {
+                Ok(master) => return Ok(master),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::EmptySentinelList, "no Sentinel"))
+        }))
+    }
+
+    /// Asks Sentinel `at`, on the kept connection when it goes there (a
+    /// kept connection found broken is opened again once), else on a new one.
+    fn ask_one(&self, asker: &mut Asker, at: usize) -> RedisResult<Master> {
+        if let Some((kept_at, conn)) = asker.conn.as_mut() {
+            if *kept_at == at {
+                match self.question(conn) {
+                    Ok(master) => return Ok(master),
+                    Err(e) => {
+                        asker.conn = None;
+                        // A Sentinel that does not answer in time would not
+                        // answer a new connection sooner.
+                        if e.is_timeout()
+                            || e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel
+                        {
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+        }
+        asker.conn = None;
+        let node = self.nodes.get(at).ok_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::EmptySentinelList, "no such Sentinel"))
+        })?;
+        let mut conn =
+            redis::Client::open(node.clone())?.get_connection_with_timeout(self.timeout)?;
+        conn.set_read_timeout(Some(self.timeout))?;
+        conn.set_write_timeout(Some(self.timeout))?;
+        let master = self.question(&mut conn)?;
+        asker.conn = Some((at, conn));
+        Ok(master)
+    }
+
+    fn question(&self, conn: &mut redis::Connection) -> RedisResult<Master> {
+        let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(&self.name)
+            .query(conn)?;
+        match addr {
+            Some((host, port)) => Ok(Master { host, port }),
+            None => Err(redis::RedisError::from((
+                redis::ErrorKind::MasterNameNotFoundBySentinel,
+                "the Sentinel knows no master by the name",
+                self.name.clone(),
+            ))),
+        }
+    }
+
+    /// A connection, open within `within`, to the master the Sentinels
+    /// name, confirmed by its own `ROLE`. Before any Sentinel has answered
+    /// our own question, the Sentinel client finds the master.
+    fn open(&self, within: Duration) -> RedisResult<(redis::Connection, Option<Master>)> {
+        if let Some(master) = self.named() {
+            let info = ConnectionAddr::Tcp(master.host.clone(), master.port)
+                .into_connection_info()?
+                .set_redis_settings(self.settings.clone());
+            let mut conn = redis::Client::open(info)?.get_connection_with_timeout(within)?;
+            conn.set_read_timeout(Some(self.timeout))?;
+            conn.set_write_timeout(Some(self.timeout))?;
+            return match redis::cmd("ROLE").query::<Role>(&mut conn)? {
+                Role::Primary { .. } => Ok((conn, Some(master))),
+                _ => Err(redis::RedisError::from((
+                    redis::ErrorKind::MasterNameNotFoundBySentinel,
+                    "the server the Sentinels name is not a master (yet)",
+                    master.to_string(),
+                ))),
+            };
+        }
+        // Which server is master now, confirmed by its own ROLE.
+        let client = lock(&self.client).get_client()?;
+        let master = Master::of(client.get_connection_info().addr());
+        Ok((client.get_connection_with_timeout(within)?, master))
     }
 }
 

@@ -313,10 +313,26 @@ impl Sentinel {
     /// Sentinel names the replica as master and the replica says so too.
     /// The old master is demoted by the Sentinel only some seconds later.
     pub fn switch_over(&self) {
-        let ok: Option<String> = self
-            .sentinel
-            .query(redis::cmd("SENTINEL").arg("FAILOVER").arg(MASTER_NAME));
-        assert_eq!(ok.as_deref(), Some("OK"));
+        // A Sentinel that has just found the replica has no INFO of its own
+        // from it yet, and refuses (NOGOODSLAVE) until it has.
+        let mut answer = String::new();
+        wait_until(
+            Duration::from_secs(20),
+            "the Sentinel to accept the failover",
+            || {
+                let mut conn = self.sentinel.connection().expect("the Sentinel answers");
+                answer = match redis::cmd("SENTINEL")
+                    .arg("FAILOVER")
+                    .arg(MASTER_NAME)
+                    .query::<String>(&mut conn)
+                {
+                    Ok(ok) => ok,
+                    Err(e) => e.to_string(),
+                };
+                !answer.contains("NOGOODSLAVE")
+            },
+        );
+        assert_eq!(answer, "OK");
         wait_until(
             Duration::from_secs(20),
             "the replica to be promoted",
