@@ -529,9 +529,13 @@ def run_case(case, redis, cluster, bins, work):
         cpu0, app0 = store.cpu_seconds(), cpu_seconds(proc.pid)
         wrk0, busy0 = resource.getrusage(resource.RUSAGE_CHILDREN), machine_busy()
         if key == "stalled":
-            # Paused for longer than the run: every decision is made in the stall.
-            redis.cli("CLIENT", "PAUSE", str(SECONDS * 1000 + 500), "ALL")
+            # Paused for well longer than the run (wrk on a busy machine
+            # overruns its seconds): every decision is made in the stall.
+            redis.cli("CLIENT", "PAUSE", str(SECONDS * 1000 + 2500), "ALL")
         text = wrk(port, path, SECONDS, lua, latency=True)
+        # floodgate's counters at once, before Redis (still paused in the
+        # stalled case) answers anything again.
+        after = metrics(port) if server == "floodgate" else {}
         wrk1, busy1 = resource.getrusage(resource.RUSAGE_CHILDREN), machine_busy()
         cpu1, app1 = store.cpu_seconds(), cpu_seconds(proc.pid)
         reads1 = [n.reads() for n in store.nodes()]
@@ -546,7 +550,6 @@ def run_case(case, redis, cluster, bins, work):
             redis.cli("CONFIG", "SET", "slowlog-max-len", "128")
             redis.cli("SLOWLOG", "RESET")
         if server == "floodgate":
-            after = metrics(port)
             # What the measured run alone counted.
             r["metrics"] = {k: v - m_before.get(k, 0) for k, v in after.items()}
     finally:
