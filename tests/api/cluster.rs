@@ -15,7 +15,7 @@ use futures_util::future::join_all;
 use redis::Commands;
 
 use crate::cluster_helpers::{code_in, Browser, Cluster, Page, Sentinel, Statuses, MASTER_NAME};
-use crate::helpers::{spawn_app_with, wait_until, TestApp};
+use crate::helpers::{spawn_app, spawn_app_with, wait_until, TestApp};
 
 const PER_USER: &str = r#"
 [redis]
@@ -667,4 +667,97 @@ async fn sentinel_switchover_sends_the_sites_writes_to_the_new_master() {
         "the count after the switchover (on the new master, on the old one)"
     );
     assert!(statuses.server_errors().is_empty(), "{:?}", statuses.all());
+}
+
+/// The demo's own configuration with these `[redis]` lines added (and a
+/// timeout that a loaded test machine meets while connections open).
+fn default_config_with(redis_lines: &str) -> String {
+    DEFAULT
+        .replace("[redis]\n", &format!("[redis]\n{redis_lines}\n"))
+        .replace("timeout = \"250ms\"", "timeout = \"2s\"")
+}
+
+/// The fourth code in a minute to one phone, and the sixth `/check` in ten
+/// seconds, end on the error page that names the rule and counts down.
+async fn limits_end_on_the_error_page(app: &TestApp) {
+    let statuses = Statuses::default();
+    let browser = Browser::new(&app.address, &statuses);
+    for _ in 0..3 {
+        let page = browser
+            .post("/sms/send", &[("phone", "+1 555 010 0150")])
+            .await;
+        assert_eq!(page.status, 200, "{page:?}");
+    }
+    let page = browser
+        .post("/sms/send", &[("phone", "+1 (555) 010-0150")])
+        .await;
+    assert_eq!(page.status, 303, "{page:?}");
+    let location = page.location.unwrap();
+    assert!(
+        location.starts_with("/err?rule=sms-per-phone&retry_after="),
+        "{location}"
+    );
+    let error = browser.get(&location).await;
+    assert_eq!(error.status, 200);
+    assert!(error
+        .body
+        .contains("at most 3 codes per minute for this phone number"));
+    let messages = browser.outbox().await.unwrap();
+    assert_eq!(
+        messages
+            .iter()
+            .filter(|m| m["phone"] == "+15550100150")
+            .count(),
+        3
+    );
+
+    for _ in 0..5 {
+        assert_eq!(browser.get("/check").await.status, 200);
+    }
+    let page = browser.get("/check").await;
+    assert_eq!(page.status, 303);
+    let location = page.location.unwrap();
+    assert!(
+        location.starts_with("/err?rule=check&retry_after="),
+        "{location}"
+    );
+    let retry: u64 = location.rsplit('=').next().unwrap().parse().unwrap();
+    assert!((1..=10).contains(&retry), "{retry}");
+    assert_eq!(browser.get(&location).await.status, 200);
+    assert!(statuses.server_errors().is_empty(), "{:?}", statuses.all());
+}
+
+#[actix_web::test]
+async fn cluster_takes_the_demo_from_toml_to_the_error_page() {
+    let cluster = Cluster::start();
+    let seeds: Vec<String> = cluster.seeds().iter().map(|s| format!("{s:?}")).collect();
+    let app = spawn_app(&default_config_with(&format!(
+        "cluster = [{}]",
+        seeds.join(", ")
+    )))
+    .await;
+    limits_end_on_the_error_page(&app).await;
+    // The count lives on the cluster, under its identity's hash tag.
+    let mut conn = cluster.connection();
+    assert_eq!(
+        conn.llen::<_, u64>("floodgate:check:ip:{127.0.0.1}")
+            .unwrap(),
+        5
+    );
+}
+
+#[actix_web::test]
+async fn sentinel_takes_the_demo_from_toml_to_the_error_page() {
+    let sentinel = Sentinel::start();
+    let app = spawn_app(&default_config_with(&format!(
+        "sentinel = [{:?}]\nsentinel_master = {MASTER_NAME:?}",
+        sentinel.url()
+    )))
+    .await;
+    limits_end_on_the_error_page(&app).await;
+    // The count lives on the master the Sentinel names.
+    let counted: Option<u64> = sentinel
+        .master
+        .query(redis::cmd("LLEN").arg("floodgate:check:ip:127.0.0.1"));
+    assert_eq!(counted, Some(5));
 }
