@@ -449,14 +449,15 @@ def stop(proc):
             proc.wait()
 
 
-def spread_script(work):
-    lua = os.path.join(work, "spread.lua")
+def cycling_script(work, name, comment, header, prefix, count):
+    """A wrk script that sends `header: PREFIX<i>`, i cycling over `count`."""
+    lua = os.path.join(work, name)
     with open(lua, "w") as f:
-        f.write(f'-- scripts/bench: cases 2s and 9b cycle over {SPREAD_IDS} identities\n'
+        f.write(f'-- scripts/bench: {comment}\n'
                 f'local i = 0\n'
                 f'request = function()\n'
-                f'  i = (i + 1) % {SPREAD_IDS}\n'
-                f'  wrk.headers["{SPREAD_HEADER}"] = "id" .. i\n'
+                f'  i = (i + 1) % {count}\n'
+                f'  wrk.headers["{header}"] = "{prefix}" .. i\n'
                 f'  return wrk.format(nil)\n'
                 f'end\n')
     return lua
@@ -503,18 +504,12 @@ def run_case(case, redis, cluster, bins, work):
                         f'wrk.headers["{HEADER}"] = "bench-client-1"\n')
             headers[HEADER] = "bench-client-1"
         if key in ("sliding_spread", "cluster_spread"):
-            lua = spread_script(work)
+            lua = cycling_script(work, "spread.lua", f"cases 2s and 9b cycle over {SPREAD_IDS} identities",
+                                 SPREAD_HEADER, "id", SPREAD_IDS)
             headers[SPREAD_HEADER] = "id0"
         if key == "denied_many":
-            lua = os.path.join(work, "keys.lua")
-            with open(lua, "w") as f:
-                f.write(f'-- scripts/bench: case 3c cycles over {DISTINCT_KEYS} keys\n'
-                        f'local i = 0\n'
-                        f'request = function()\n'
-                        f'  i = (i + 1) % {DISTINCT_KEYS}\n'
-                        f'  wrk.headers["{KEY_HEADER}"] = "k" .. i\n'
-                        f'  return wrk.format(nil)\n'
-                        f'end\n')
+            lua = cycling_script(work, "keys.lua", f"case 3c cycles over {DISTINCT_KEYS} keys",
+                                 KEY_HEADER, "k", DISTINCT_KEYS)
         status, hdrs = get(port, path, headers)
         if status != 200:
             raise RuntimeError(f"{key}: first request got {status}")

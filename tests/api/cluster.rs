@@ -246,15 +246,20 @@ async fn cluster_resharding_thousands_of_slots_fails_and_overadmits_nothing() {
     }
 }
 
-#[actix_web::test]
-async fn sentinel_failover_is_followed_without_a_restart() {
-    let mut sentinel = Sentinel::start();
+/// The per-user rule (limit 1000) on the master `sentinel` names.
+async fn sentinel_app(sentinel: &Sentinel) -> TestApp {
     let url = sentinel.url();
-    let app = spawn_app_with(&PER_USER.replace("limit = 5", "limit = 1000"), move |c| {
+    spawn_app_with(&PER_USER.replace("limit = 5", "limit = 1000"), move |c| {
         c.redis.sentinel = vec![url];
         c.redis.sentinel_master = MASTER_NAME.into();
     })
-    .await;
+    .await
+}
+
+#[actix_web::test]
+async fn sentinel_failover_is_followed_without_a_restart() {
+    let mut sentinel = Sentinel::start();
+    let app = sentinel_app(&sentinel).await;
     assert_eq!(check(&app, "before", None).await, 200);
     let mut old = sentinel.master.connection().unwrap();
     assert_eq!(
@@ -327,12 +332,7 @@ async fn sentinel_failover_is_followed_without_a_restart() {
 #[actix_web::test]
 async fn sentinel_down_leaves_the_named_master_in_use() {
     let mut sentinel = Sentinel::start();
-    let url = sentinel.url();
-    let app = spawn_app_with(&PER_USER.replace("limit = 5", "limit = 1000"), move |c| {
-        c.redis.sentinel = vec![url];
-        c.redis.sentinel_master = MASTER_NAME.into();
-    })
-    .await;
+    let app = sentinel_app(&sentinel).await;
     assert_eq!(check(&app, "before", None).await, 200);
 
     sentinel.sentinel.kill();
@@ -422,12 +422,7 @@ async fn sentinel_failover_keeps_the_site_working() {
     let alice = Browser::new(&app.address, &statuses);
 
     // Before: Alice signs in by code, which creates her account.
-    let page = alice.post("/sms/send", &[("phone", ALICE)]).await;
-    assert_eq!(page.status, 200, "{page:?}");
-    let code = code_in(&alice.outbox().await.unwrap(), ALICE, "sign-in code").unwrap();
-    let page = alice
-        .post("/login/sms", &[("phone", ALICE), ("code", &code)])
-        .await;
+    let page = alice.sign_in(ALICE).await;
     assert_eq!(
         (page.status, page.location.as_deref()),
         (303, Some("/account")),
@@ -598,12 +593,7 @@ async fn sentinel_switchover_sends_the_sites_writes_to_the_new_master() {
     // Alice's sign-in leaves connections to the first master in the pool,
     // and the limiter decides on its own connections there.
     let alice = Browser::new(&app.address, &statuses);
-    let page = alice.post("/sms/send", &[("phone", ALICE)]).await;
-    assert_eq!(page.status, 200, "{page:?}");
-    let code = code_in(&alice.outbox().await.unwrap(), ALICE, "sign-in code").unwrap();
-    let page = alice
-        .post("/login/sms", &[("phone", ALICE), ("code", &code)])
-        .await;
+    let page = alice.sign_in(ALICE).await;
     assert_eq!(page.status, 303, "{page:?}");
     assert_eq!(probe("before".into()).await, 200);
     let before: Option<u64> = sentinel

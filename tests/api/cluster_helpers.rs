@@ -333,6 +333,12 @@ impl Sentinel {
             },
         );
         assert_eq!(answer, "OK");
+        self.wait_promoted();
+    }
+
+    /// Waits until the Sentinel names the replica, and the replica says it
+    /// is master.
+    fn wait_promoted(&self) {
         wait_until(
             Duration::from_secs(20),
             "the replica to be promoted",
@@ -349,17 +355,7 @@ impl Sentinel {
     /// Kills the master and waits until the Sentinel has promoted the replica.
     pub fn fail_master(&mut self) {
         self.master.kill();
-        wait_until(
-            Duration::from_secs(20),
-            "the replica to be promoted",
-            || {
-                self.master_port() == Some(self.replica.port)
-                    && self
-                        .replica
-                        .query::<String>(redis::cmd("INFO").arg("replication"))
-                        .is_some_and(|i| i.contains("role:master"))
-            },
-        );
+        self.wait_promoted();
     }
 }
 
@@ -469,6 +465,16 @@ impl Browser {
             .await
             .unwrap();
         self.read(format!("POST {path}"), res).await
+    }
+
+    /// Signs in by SMS code as `phone` (E.164): asks for a code, reads it
+    /// from the outbox, sends it. Returns the answer to the code.
+    pub async fn sign_in(&self, phone: &str) -> Page {
+        let page = self.post("/sms/send", &[("phone", phone)]).await;
+        assert_eq!(page.status, 200, "{page:?}");
+        let code = code_in(&self.outbox().await.unwrap(), phone, "sign-in code").unwrap();
+        self.post("/login/sms", &[("phone", phone), ("code", &code)])
+            .await
     }
 
     /// The outbox (`/dev/outbox` as JSON, newest first), or the failed page.
