@@ -8,8 +8,6 @@
 //! to a later request); malformed input of every kind gets a 4xx, never a
 //! 5xx, and the app keeps serving.
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -18,7 +16,10 @@ use std::time::{Duration, Instant};
 use floodgate::Config;
 use floodgate::{Algorithm, Check, Limiter, LimiterError, LimiterOptions};
 
-use crate::helpers::{header, metric, raw_request, remaining, spawn_app, RedisServer, TestApp};
+use crate::helpers::{
+    header, is_script_call, metric, raw_request, remaining, spawn_app, RedisServer, Relay, TestApp,
+    ToClient, ToRedis,
+};
 
 /// The configured Redis timeout, and what a decision may take on top of it.
 const TIMEOUT: Duration = Duration::from_millis(200);
@@ -289,78 +290,33 @@ async fn an_idle_redis_restart_fails_no_code_sent_and_counts_each_code_once() {
     assert_eq!(texts, 3, "{outbox}");
 }
 
-/// A relay in front of Redis that can lose the reply to a script call: it
-/// passes the call on, waits for Redis's answer (so the call has run), and
-/// then closes the client's connection instead of answering.
-struct ReplyLosingRelay {
-    port: u16,
-    lose_next_script_reply: Arc<AtomicBool>,
-}
-
-impl ReplyLosingRelay {
-    fn start(upstream: String) -> ReplyLosingRelay {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let armed = Arc::new(AtomicBool::new(false));
-        let relay_armed = Arc::clone(&armed);
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { return };
-                let Ok(server) = TcpStream::connect(&upstream) else {
-                    continue;
-                };
-                let doomed = Arc::new(AtomicBool::new(false));
-                // Client to Redis: marks the connection whose script call
-                // must go unanswered.
-                let (mut from, mut to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                let (armed, mark) = (Arc::clone(&relay_armed), Arc::clone(&doomed));
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 16 * 1024];
-                    while let Ok(n @ 1..) = from.read(&mut buf) {
-                        let chunk = &buf[..n];
-                        if chunk.windows(7).any(|w| w == b"EVALSHA")
-                            && armed.swap(false, Ordering::SeqCst)
-                        {
-                            mark.store(true, Ordering::SeqCst);
-                        }
-                        if to.write_all(chunk).is_err() {
-                            break;
-                        }
-                    }
-                    let _ = to.shutdown(Shutdown::Both);
-                });
-                // Redis to client: drops the connection at the doomed reply.
-                let (mut from, mut to) = (server, client);
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 16 * 1024];
-                    while let Ok(n @ 1..) = from.read(&mut buf) {
-                        if doomed.load(Ordering::SeqCst) || to.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                    }
-                    let _ = to.shutdown(Shutdown::Both);
-                    let _ = from.shutdown(Shutdown::Both);
-                });
+/// A relay in front of Redis that, once `lose_next` is set, loses the reply
+/// to the next script call: it passes the call on, waits for Redis's answer
+/// (so the call has run), and then closes the client's connection instead
+/// of answering.
+fn reply_losing_relay(redis: &RedisServer, lose_next: &Arc<AtomicBool>) -> Relay {
+    let armed = Arc::clone(lose_next);
+    Relay::start(redis, move || {
+        // This connection carries the call whose reply goes unanswered.
+        let doomed = Arc::new(AtomicBool::new(false));
+        let (armed, mark) = (Arc::clone(&armed), Arc::clone(&doomed));
+        let to_redis: ToRedis = Box::new(move |chunk| {
+            if is_script_call(chunk) && armed.swap(false, Ordering::SeqCst) {
+                mark.store(true, Ordering::SeqCst);
             }
         });
-        ReplyLosingRelay {
-            port,
-            lose_next_script_reply: armed,
-        }
-    }
+        let to_client: ToClient = Box::new(move |_| !doomed.load(Ordering::SeqCst));
+        (to_redis, to_client)
+    })
 }
 
 #[actix_web::test]
 async fn a_script_call_whose_reply_is_lost_is_never_sent_twice() {
     let redis = RedisServer::start();
-    let upstream = redis
-        .url()
-        .trim_start_matches("redis://")
-        .trim_end_matches("/0")
-        .to_string();
-    let relay = ReplyLosingRelay::start(upstream);
+    let lose_next_script_reply = Arc::new(AtomicBool::new(false));
+    let relay = reply_losing_relay(&redis, &lose_next_script_reply);
     let mut config = Config::parse("", Path::new("test.toml")).unwrap();
-    config.redis.url = format!("redis://127.0.0.1:{}/0", relay.port);
+    config.redis.url = relay.url();
     config.redis.timeout = Duration::from_secs(2);
     // No breaker period: the next decision probes Redis at once.
     let options = LimiterOptions {
@@ -384,10 +340,10 @@ async fn a_script_call_whose_reply_is_lost_is_never_sent_twice() {
     let first = limiter.decide(checks()).await.unwrap();
     assert_eq!(first.outcomes[0].remaining, 9);
 
-    relay.lose_next_script_reply.store(true, Ordering::SeqCst);
+    lose_next_script_reply.store(true, Ordering::SeqCst);
     let lost = limiter.decide(checks()).await;
     assert!(matches!(lost, Err(LimiterError::Redis(_))), "{lost:?}");
-    assert!(!relay.lose_next_script_reply.load(Ordering::SeqCst));
+    assert!(!lose_next_script_reply.load(Ordering::SeqCst));
     // Redis ran the call once; the limiter did not send it again.
     assert_eq!(redis.llen(key), 2);
 

@@ -4,7 +4,7 @@
 //! send, and small readers for headers, Redis keys and `/metrics`.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -14,6 +14,75 @@ use actix_web::{web, HttpResponse};
 use floodgate::site::Application;
 use floodgate::Config;
 use floodgate::Filter;
+
+/// What a [`Relay`] does with one chunk on its way to Redis (it may hold
+/// it: a delay), before passing it on.
+pub type ToRedis = Box<dyn FnMut(&[u8]) + Send>;
+/// Whether a [`Relay`] passes one chunk on its way back to the client
+/// (false: the client's connection is closed there instead).
+pub type ToClient = Box<dyn FnMut(&[u8]) -> bool + Send>;
+
+/// A TCP relay in front of a test's Redis, for what a real server cannot be
+/// made to do: delay a call on its way, lose a reply after the call ran.
+/// Each connection gets a fresh pair of taps from `taps`. A client that
+/// hangs up only half-closes the way to Redis, so Redis still runs what it
+/// received.
+pub struct Relay {
+    pub port: u16,
+}
+
+impl Relay {
+    pub fn start(
+        redis: &RedisServer,
+        taps: impl Fn() -> (ToRedis, ToClient) + Send + 'static,
+    ) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let upstream = format!("127.0.0.1:{}", redis.port);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let (mut to_redis, mut to_client) = taps();
+                let (mut from, mut to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16 * 1024];
+                    while let Ok(n @ 1..) = from.read(&mut buf) {
+                        to_redis(&buf[..n]);
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(Shutdown::Write);
+                });
+                let (mut from, mut to) = (server, client);
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16 * 1024];
+                    while let Ok(n @ 1..) = from.read(&mut buf) {
+                        if !to_client(&buf[..n]) || to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(Shutdown::Both);
+                    let _ = from.shutdown(Shutdown::Both);
+                });
+            }
+        });
+        Relay { port }
+    }
+
+    /// `redis://127.0.0.1:PORT/0`, through the relay.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+}
+
+/// Whether a chunk on its way to Redis holds a script call.
+pub fn is_script_call(chunk: &[u8]) -> bool {
+    chunk.windows(7).any(|w| w == b"EVALSHA")
+}
 
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {

@@ -4,8 +4,6 @@
 //! without calling Redis; `on_redis_error = "local"` enforces the limit in
 //! the process while Redis is away, and Redis decides again once it answers.
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,7 +14,10 @@ use floodgate::Config;
 use floodgate::{Algorithm, Check, Limiter, LimiterError, LimiterOptions};
 
 use crate::faults::until_redis_decides;
-use crate::helpers::{header, metric, remaining, spawn_app, wait_until, RedisServer};
+use crate::helpers::{
+    header, is_script_call, metric, remaining, spawn_app, wait_until, RedisServer, Relay, ToClient,
+    ToRedis,
+};
 
 /// `cmdstat_NAME:calls=N` from `INFO commandstats`: how many times Redis ran NAME.
 fn calls(redis: &RedisServer, name: &str) -> u64 {
@@ -72,69 +73,32 @@ fn a_job_past_its_deadline_in_redis_time_decides_nothing() {
     assert_eq!(redis.llen("no_deadline"), 1);
 }
 
-/// A relay in front of Redis that, while armed, holds each script call for
-/// `hold` before passing it on (the network, or a stalled Redis, made it
+/// A relay in front of Redis that, while `armed`, holds each script call
+/// for `hold` before passing it on (the network, or a stalled Redis, made it
 /// late), and keeps the call going to Redis even when the client has hung
 /// up by then. Everything else passes at once.
-struct LateRelay {
-    port: u16,
-    armed: Arc<AtomicBool>,
-}
-
-impl LateRelay {
-    fn start(upstream: String, hold: Duration) -> LateRelay {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let armed = Arc::new(AtomicBool::new(false));
-        let relay_armed = Arc::clone(&armed);
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { return };
-                let Ok(server) = TcpStream::connect(&upstream) else {
-                    continue;
-                };
-                let (mut from, mut to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                let armed = Arc::clone(&relay_armed);
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 16 * 1024];
-                    while let Ok(n @ 1..) = from.read(&mut buf) {
-                        let chunk = &buf[..n];
-                        if chunk.windows(7).any(|w| w == b"EVALSHA") && armed.load(Ordering::SeqCst)
-                        {
-                            // The simulated delay on the way to Redis.
-                            std::thread::sleep(hold);
-                        }
-                        if to.write_all(chunk).is_err() {
-                            break;
-                        }
-                    }
-                    // Half-close only: Redis still runs what it received.
-                    let _ = to.shutdown(Shutdown::Write);
-                });
-                let (mut from, mut to) = (server, client);
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 16 * 1024];
-                    while let Ok(n @ 1..) = from.read(&mut buf) {
-                        let _ = to.write_all(&buf[..n]);
-                    }
-                });
+fn late_relay(redis: &RedisServer, hold: Duration, armed: &Arc<AtomicBool>) -> Relay {
+    let armed = Arc::clone(armed);
+    Relay::start(redis, move || {
+        let armed = Arc::clone(&armed);
+        let to_redis: ToRedis = Box::new(move |chunk| {
+            if is_script_call(chunk) && armed.load(Ordering::SeqCst) {
+                // The simulated delay on the way to Redis.
+                std::thread::sleep(hold);
             }
         });
-        LateRelay { port, armed }
-    }
+        let to_client: ToClient = Box::new(|_| true);
+        (to_redis, to_client)
+    })
 }
 
 #[actix_web::test]
 async fn a_call_that_reaches_redis_after_its_caller_gave_up_takes_nothing() {
     let redis = RedisServer::start();
-    let upstream = redis
-        .url()
-        .trim_start_matches("redis://")
-        .trim_end_matches("/0")
-        .to_string();
-    let relay = LateRelay::start(upstream, Duration::from_millis(500));
+    let armed = Arc::new(AtomicBool::new(false));
+    let relay = late_relay(&redis, Duration::from_millis(500), &armed);
     let mut config = Config::parse("", Path::new("test.toml")).unwrap();
-    config.redis.url = format!("redis://127.0.0.1:{}/0", relay.port);
+    config.redis.url = relay.url();
     config.redis.timeout = Duration::from_millis(200);
     let limiter = Limiter::new(&config.redis, LimiterOptions::default()).unwrap();
     let key = "floodgate:late:ip:127.0.0.1";
@@ -156,7 +120,7 @@ async fn a_call_that_reaches_redis_after_its_caller_gave_up_takes_nothing() {
     );
     let before = calls(&redis, "evalsha");
 
-    relay.armed.store(true, Ordering::SeqCst);
+    armed.store(true, Ordering::SeqCst);
     let late = limiter.decide(checks()).await;
     assert_eq!(late, Err(LimiterError::Timeout));
     // The call reaches Redis after its caller gave up: it decides nothing.

@@ -35,20 +35,12 @@ local function redis_now()
   return clock
 end
 
-local function message(e)
-  if type(e) == 'table' then
-    return e.err
-  end
-  return e
-end
-
 local function peek(alg, key, now, p1, p2, cost)
   local ok, allowed, remaining, ms, state = pcall(peeks[alg], key, now, p1, p2, cost)
   if ok then
     return allowed, remaining, ms, state
   end
-  local m = message(allowed)
-  if type(m) ~= 'string' or string.sub(m, 1, 9) ~= 'WRONGTYPE' then
+  if not wrong_type(allowed) then
     error(allowed, 0)
   end
   local who = owner(key)

@@ -73,6 +73,21 @@ local function params(a)
   fail(ERR_PARAMS)
 end
 
+-- The message of an error caught by pcall (a table from redis.call, or a
+-- string).
+local function message(e)
+  if type(e) == 'table' then
+    return e.err
+  end
+  return e
+end
+
+-- Whether a caught error says a key holds another type than the one read.
+local function wrong_type(e)
+  local m = message(e)
+  return type(m) == 'string' and string.sub(m, 1, 9) == 'WRONGTYPE'
+end
+
 -- Which algorithm's state a key of an unexpected type holds: 1, 2, 3,
 -- 'legacy' (a fixed-window counter from before windows stored their
 -- start), or nil (none of ours).

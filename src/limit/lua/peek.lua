@@ -23,11 +23,6 @@ if not now then
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function wrong_type(e)
-  local m = type(e) == 'table' and e.err or e
-  return type(m) == 'string' and string.sub(m, 1, 9) == 'WRONGTYPE'
-end
-
 local function peek_one(key, a)
   local alg, p1, p2, cost = params(a)
   local ok, allowed, remaining, ms = pcall(peeks[alg], key, now, p1, p2, cost)
