@@ -13,8 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::changes::{check, sliding};
 use floodgate::Config;
-use floodgate::{Algorithm, Check, Limiter, LimiterError, LimiterOptions};
+use floodgate::{Limiter, LimiterError, LimiterOptions};
 
 use crate::helpers::{
     header, is_script_call, metric, raw_request, remaining, spawn_app, RedisServer, Relay, TestApp,
@@ -325,17 +326,7 @@ async fn a_script_call_whose_reply_is_lost_is_never_sent_twice() {
     };
     let limiter = Limiter::new(&config.redis, options).unwrap();
     let key = "floodgate:lost:ip:127.0.0.1";
-    let checks = || {
-        vec![Check {
-            key: key.to_string(),
-            algorithm: Algorithm::SlidingWindow {
-                limit: std::num::NonZeroU32::new(10).unwrap(),
-                window: Duration::from_secs(60),
-            },
-            cost: 1,
-            enforce: true,
-        }]
-    };
+    let checks = || vec![check(key, sliding(10, 60_000), 1)];
     // Loads the script, so that the lost reply is the script's own.
     let first = limiter.decide(checks()).await.unwrap();
     assert_eq!(first.outcomes[0].remaining, 9);

@@ -9,9 +9,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::changes::{check, sliding};
 use floodgate::__private::decide_batch_with_deadlines;
 use floodgate::Config;
-use floodgate::{Algorithm, Check, Limiter, LimiterError, LimiterOptions};
+use floodgate::{Limiter, LimiterError, LimiterOptions};
 
 use crate::faults::until_redis_decides;
 use crate::helpers::{
@@ -47,21 +48,13 @@ fn a_job_past_its_deadline_in_redis_time_decides_nothing() {
     let mut conn = redis.connection();
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query(&mut conn).unwrap();
     let now_ms = secs * 1000 + micros / 1000;
-    let check = |key: &str| Check {
-        key: key.into(),
-        algorithm: Algorithm::SlidingWindow {
-            limit: std::num::NonZeroU32::new(5).unwrap(),
-            window: Duration::from_secs(60),
-        },
-        cost: 1,
-        enforce: true,
-    };
+    let one = |key: &str| check(key, sliding(5, 60_000), 1);
     let decided = decide_batch_with_deadlines(
         &mut conn,
         vec![
-            (None, Some(now_ms - 1), vec![check("late")]),
-            (None, Some(now_ms + 60_000), vec![check("in_time")]),
-            (None, None, vec![check("no_deadline")]),
+            (None, Some(now_ms - 1), vec![one("late")]),
+            (None, Some(now_ms + 60_000), vec![one("in_time")]),
+            (None, None, vec![one("no_deadline")]),
         ],
     )
     .unwrap();
@@ -102,17 +95,7 @@ async fn a_call_that_reaches_redis_after_its_caller_gave_up_takes_nothing() {
     config.redis.timeout = Duration::from_millis(200);
     let limiter = Limiter::new(&config.redis, LimiterOptions::default()).unwrap();
     let key = "floodgate:late:ip:127.0.0.1";
-    let checks = || {
-        vec![Check {
-            key: key.to_string(),
-            algorithm: Algorithm::SlidingWindow {
-                limit: std::num::NonZeroU32::new(10).unwrap(),
-                window: Duration::from_secs(60),
-            },
-            cost: 1,
-            enforce: true,
-        }]
-    };
+    let checks = || vec![check(key, sliding(10, 60_000), 1)];
     // Redis's clock is known from the first call.
     assert_eq!(
         limiter.decide(checks()).await.unwrap().outcomes[0].remaining,
