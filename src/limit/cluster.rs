@@ -41,7 +41,7 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInf
 use redis::{ConnectionLike as _, ErrorKind, RedisResult, ServerErrorKind, Value};
 
 use super::masters::{Masters, Unwritten};
-use super::redis::{next_batch, retain_waiting, spoils, Job, Shared};
+use super::redis::{next_batch, retain_waiting, spoils, Job, RedisClock, Shared};
 use super::source::{cluster_client, key_slot};
 use super::LimiterError;
 use super::{Algorithm, Check, Decision, Outcome};
@@ -76,6 +76,7 @@ pub(super) fn start(
             shared: Arc::clone(shared),
             margin,
             masters: Masters::new(config),
+            cmd: redis::Cmd::new(),
             packed: Vec::new(),
         };
         std::thread::Builder::new()
@@ -101,6 +102,8 @@ struct ClusterDispatcher {
     margin: Duration,
     /// The slot map and a connection per master, for the pipelines.
     masters: Masters,
+    /// One group's call as it is written, reused.
+    cmd: redis::Cmd,
     /// The pipeline as it goes on the wire, reused.
     packed: Vec<u8>,
 }
@@ -156,10 +159,17 @@ enum Reply {
     Unsent,
 }
 
-fn classify(reply: RedisResult<Value>, expected: usize) -> Reply {
+/// Sorts one group's reply. A reply that decided gives `clock` its last
+/// value, Redis's clock in microseconds, and keeps the three per check.
+fn classify(reply: RedisResult<Value>, expected: usize, clock: &RedisClock) -> Reply {
     match reply.and_then(|v| v.extract_error()) {
         Ok(value) => match redis::from_redis_value::<Vec<i64>>(value) {
-            Ok(values) if values.len() == expected => Reply::Done(values),
+            Ok(mut values) if values.len() == expected => {
+                if let Some(redis_us) = values.pop() {
+                    clock.sample(redis_us, Instant::now());
+                }
+                Reply::Done(values)
+            }
             Ok(values) => Reply::Failed(LimiterError::Other(format!(
                 "the script returned {} values, expected {expected}",
                 values.len()
@@ -442,11 +452,10 @@ impl ClusterDispatcher {
             self.packed.clear();
             let mut expected = Vec::with_capacity(gs.len());
             for &g in &gs {
-                let mut cmd = redis::Cmd::new();
-                let n = write_group(&mut cmd, sha, batch, &groups[g].parts, |job| {
+                let n = write_group(&mut self.cmd, sha, batch, &groups[g].parts, |job| {
                     clock.redis_ms(job.deadline - margin)
                 });
-                cmd.write_packed_command(&mut self.packed);
+                self.cmd.write_packed_command(&mut self.packed);
                 expected.push((g, n));
             }
             match self.masters.send(m, &self.packed, clock) {
@@ -478,14 +487,7 @@ impl ClusterDispatcher {
                         break;
                     }
                 };
-                replies[g] = match classify(Ok(value), n) {
-                    Reply::Done(mut values) => {
-                        // The last value is Redis's clock, in microseconds.
-                        if let Some(redis_us) = values.pop() {
-                            self.shared.clock.sample(redis_us, Instant::now());
-                        }
-                        Reply::Done(values)
-                    }
+                replies[g] = match classify(Ok(value), n, &self.shared.clock) {
                     Reply::Redirected(e) => {
                         match e.redirect_node() {
                             Some((addr, slot))
@@ -551,16 +553,7 @@ impl ClusterDispatcher {
         if let Err(e) = &reply {
             self.note(e);
         }
-        match classify(reply, expected) {
-            Reply::Done(mut values) => {
-                // The last value is Redis's clock, in microseconds.
-                if let Some(redis_us) = values.pop() {
-                    self.shared.clock.sample(redis_us, Instant::now());
-                }
-                Reply::Done(values)
-            }
-            other => other,
-        }
+        classify(reply, expected, &self.shared.clock)
     }
 
     /// Gives back units, one script call per slot.
@@ -682,6 +675,7 @@ fn write_group(
     parts: &[Part],
     deadline: impl Fn(&Job) -> Option<i64>,
 ) -> usize {
+    cmd.clear();
     let keys: usize = parts.iter().map(|p| p.checks.len()).sum();
     cmd.arg("EVALSHA").arg(sha).arg(keys);
     for part in parts {
