@@ -4,8 +4,8 @@
 //! plain connection (single server, Sentinel) or their own cluster
 //! connection (see [`super::cluster`]).
 
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::sentinel::{SentinelClient, SentinelServerType};
@@ -161,7 +161,9 @@ impl Source {
             return cluster_client(config).map(Source::Cluster);
         }
         if !config.sentinel.is_empty() {
-            return Sentinels::from_config(config).map(|s| Source::Sentinel(Arc::new(s)));
+            let sentinels = Arc::new(Sentinels::from_config(config)?);
+            Sentinels::watch(&sentinels)?;
+            return Ok(Source::Sentinel(sentinels));
         }
         redis::Client::open(config.url.as_str()).map(Source::Url)
     }
@@ -245,12 +247,11 @@ const ASK_AT_MOST_EVERY: Duration = Duration::from_secs(4);
 ///
 /// Each connection remembers the master it was opened to. Before one is
 /// used, [`Sentinels::names`] compares that with the master the Sentinels
-/// named when last asked; when that answer is older than [`ASK_EVERY`],
-/// the thread that notices asks a Sentinel first (`SENTINEL
-/// GET-MASTER-ADDR-BY-NAME`, on a connection it keeps, bounded by the
-/// timeout, the next Sentinel on error). Only one thread asks at a time;
-/// the others go on with the answer there is, so no call waits behind the
-/// question. When no Sentinel answers, the last answer stands: Sentinels
+/// named when last asked. One watcher thread asks a Sentinel every
+/// [`ASK_EVERY`] (`SENTINEL GET-MASTER-ADDR-BY-NAME`, on a connection it
+/// keeps, bounded by the timeout, the next Sentinel on error), so no call
+/// waits behind the question, even when a Sentinel holds it until the
+/// timeout. When no Sentinel answers, the last answer stands: Sentinels
 /// that are down do not stop a master that works.
 pub struct Sentinels {
     /// Each Sentinel, as configured.
@@ -269,11 +270,9 @@ pub struct Sentinels {
     client: Mutex<SentinelClient>,
 }
 
-/// The master the Sentinels named, and when they were asked.
+/// The master the Sentinels named, and how long that answer stands.
 struct Named {
     master: Option<Master>,
-    /// When a Sentinel was last asked (answered or not); `None`: never.
-    asked: Option<Instant>,
     /// How long that answer stands.
     stands: Duration,
 }
@@ -323,7 +322,6 @@ impl Sentinels {
             timeout: config.timeout,
             named: Mutex::new(Named {
                 master: None,
-                asked: None,
                 stands: ASK_EVERY,
             }),
             asker: Mutex::new(Asker {
@@ -335,48 +333,46 @@ impl Sentinels {
     }
 
     /// Whether `master` is the master the Sentinels name (or they have not
-    /// named any yet). Cheap: a clock read and a comparison, plus one
-    /// question to a Sentinel per [`ASK_EVERY`] on one thread.
+    /// named any yet). Cheap: a lock and a comparison; the question itself
+    /// is asked by the watcher thread (see [`Sentinels::watch`]).
     pub fn names(&self, master: &Master) -> bool {
-        self.ask_when_due();
         lock(&self.named)
             .master
             .as_ref()
             .is_none_or(|named| named == master)
     }
 
-    /// The master the Sentinels name, asking them first when the last
-    /// answer is too old (and no other thread is asking).
+    /// The master the Sentinels named when last asked.
     fn named(&self) -> Option<Master> {
-        self.ask_when_due();
         lock(&self.named).master.clone()
     }
 
-    fn due(&self) -> bool {
-        let named = lock(&self.named);
-        named
-            .asked
-            .is_none_or(|asked| asked.elapsed() >= named.stands)
+    /// Starts the one thread that asks the Sentinels, every [`ASK_EVERY`]
+    /// while they answer and less often while they do not. No connection
+    /// checkout and no decision ever waits for a Sentinel: a Sentinel that
+    /// holds the question until the timeout costs this thread alone. The
+    /// thread ends once the last user of `sentinels` is gone.
+    fn watch(sentinels: &Arc<Sentinels>) -> RedisResult<()> {
+        let watched = Arc::downgrade(sentinels);
+        std::thread::Builder::new()
+            .name("floodgate-sentinels".into())
+            .spawn(move || loop {
+                let Some(sentinels) = watched.upgrade() else {
+                    return;
+                };
+                let next = sentinels.ask_now();
+                drop(sentinels);
+                std::thread::sleep(next);
+            })?;
+        Ok(())
     }
 
-    /// Asks a Sentinel when the last answer is too old, unless another
-    /// thread is asking already.
-    fn ask_when_due(&self) {
-        if !self.due() {
-            return;
-        }
-        let mut asker = match self.asker.try_lock() {
-            Ok(asker) => asker,
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => return,
-        };
-        // Another thread may have asked while this one took the lock.
-        if !self.due() {
-            return;
-        }
+    /// Asks a Sentinel which server is the master, keeps the answer (or
+    /// the last one, when none answers) and returns how long it stands.
+    fn ask_now(&self) -> Duration {
+        let mut asker = lock(&self.asker);
         let answer = self.ask(&mut asker);
         let mut named = lock(&self.named);
-        named.asked = Some(Instant::now());
         match answer {
             Ok(master) => {
                 if named.master.as_ref() != Some(&master) {
@@ -403,6 +399,7 @@ impl Sentinels {
                     .min(ASK_AT_MOST_EVERY);
             }
         }
+        named.stands
     }
 
     /// Asks the Sentinels in turn, starting with the one that answered

@@ -233,7 +233,8 @@ deny = "status"
             .unwrap()
             .rules,
     );
-    // The open window is now 3 s long: the wait is what is left of it.
+    // The open window is now 3 s long: the wait is what is left of it (the
+    // two requests and the reload take a few ms, far inside those 3 s).
     let res = app.get("/check").await;
     assert_eq!(res.status(), 429);
     let retry: u64 = header(&res, "retry-after").unwrap().parse().unwrap();

@@ -63,7 +63,8 @@ async fn spawn(toml: &str) -> KeysApp {
         redis,
         handle,
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // A deadline for a loaded machine, not a speed to meet.
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match app.http.get(app.url("/healthz")).send().await {
             Ok(res) if res.status() == 200 => return app,

@@ -121,7 +121,7 @@ async fn a_denied_key_is_answered_from_memory_until_its_retry_time() {
 name = "flood"
 paths = ["/check"]
 limit = 2
-window = "1s"
+window = "5s"
 deny = "status"
 
 [[rule]]
@@ -135,17 +135,21 @@ window = "1m"
     assert_eq!(app.get("/check").await.status(), 200);
     assert_eq!(app.get("/check").await.status(), 200);
     // Redis denies once; the process remembers it.
+    // The window (5 s) is far longer than the 53 requests take on any
+    // machine, so every one of them falls inside it.
     let res = app.get_json("/check").await;
     assert_eq!(res.status(), 429);
     let before = calls(&app.redis, "evalsha");
+    let mut retry = 0;
     for _ in 0..50 {
         let res = app.get_json("/check").await;
         assert_eq!(res.status(), 429);
-        assert_eq!(header(&res, "retry-after").as_deref(), Some("1"));
+        retry = header(&res, "retry-after").unwrap().parse().unwrap();
+        assert!((1..=5).contains(&retry), "Retry-After: {retry}");
         assert_eq!(header(&res, "cache-control").as_deref(), Some("no-store"));
         assert_eq!(
             res.text().await.unwrap(),
-            r#"{"error":"rate_limited","rule":"flood","retry_after":1}"#
+            format!(r#"{{"error":"rate_limited","rule":"flood","retry_after":{retry}}}"#)
         );
     }
     assert_eq!(
@@ -171,10 +175,14 @@ window = "1m"
         "{metrics}"
     );
     // After the retry time the same request is allowed (by Redis).
-    actix_web::rt::time::sleep(Duration::from_secs(1)).await;
+    // Sleeping is the subject here: the wait the server asked for.
+    actix_web::rt::time::sleep(Duration::from_secs(retry)).await;
     let res = app.get("/check").await;
     assert_eq!(res.status(), 200);
-    assert_eq!(remaining(&res, "flood"), Some(1));
+    // Decided by Redis (the field is there); the second admission may still
+    // be inside the window when the rounded-up wait ran out.
+    let left = remaining(&res, "flood");
+    assert!(matches!(left, Some(0 | 1)), "remaining {left:?}");
 }
 
 #[actix_web::test]
@@ -207,7 +215,8 @@ on_redis_error = "deny"
     .await;
     assert_eq!(remaining(&app.get("/check").await, "soft"), Some(99));
     let before = calls(&app.redis, "evalsha");
-    pause(&app.redis, 3000);
+    // Paused far longer than the 40 requests below take on any machine.
+    pause(&app.redis, 6000);
     // The first decision waits out the timeout and opens the breaker.
     let res = app.get("/check").await;
     assert_eq!(res.status(), 200);
@@ -239,8 +248,8 @@ on_redis_error = "deny"
         Some(20)
     );
     // None of the 40 waited for Redis: 40 timeouts would take 40 s, and the
-    // pause (3 s) has not even ended while they were answered.
-    assert!(during < Duration::from_secs(3), "{during:?}");
+    // pause (6 s) has not even ended while they were answered.
+    assert!(during < Duration::from_secs(6), "{during:?}");
     // The decisions under 250 ms: the 40 answered while the breaker held,
     // and the one before the pause (the first after it waited 1 s).
     assert_eq!(
@@ -253,7 +262,7 @@ on_redis_error = "deny"
     );
     // Once Redis resumes, at most the call made before the breaker opened
     // has reached it (a paused client that hung up is not run at all).
-    wait_until(Duration::from_secs(10), "Redis to resume", || {
+    wait_until(Duration::from_secs(20), "Redis to resume", || {
         app.redis.ping(Duration::from_millis(100))
     });
     assert!(calls(&app.redis, "evalsha") <= before + 1);
