@@ -19,6 +19,7 @@ pub use self::check::rules_from_raw;
 use self::check::{
     check_bind, check_policy, check_redis_url, check_topology, duration_setting, Policy,
 };
+pub(crate) use self::check::{check_spec, Amount, RuleSpec};
 pub use self::raw::*;
 #[cfg(test)]
 use self::units::parse_duration;
