@@ -15,7 +15,7 @@ use crate::config::{
 };
 use crate::limit::{Limiter, LimiterError, LimiterOptions, RedisConfig};
 use crate::metrics::Metrics;
-use crate::net::Cidr;
+use crate::net::{Cidr, ProxyHeader};
 use crate::rule::{Count, Deny, Key, KeyKind, Mode, Normalize, OnRedisError, Rule};
 
 /// Why a filter could not be built.
@@ -110,6 +110,7 @@ impl Filter {
         for c in &config.server.trusted_proxies {
             builder = builder.trusted_proxy(*c);
         }
+        builder = builder.proxy_header(config.server.proxy_header);
         builder.rules = config.rules.clone();
         builder.build()
     }
@@ -219,6 +220,7 @@ pub struct FilterBuilder {
     timeout: Option<Duration>,
     pool_size: Option<u32>,
     trusted_proxies: Vec<Cidr>,
+    proxy_header: ProxyHeader,
     max_form: Option<usize>,
     rules: Vec<Rule>,
     limits: Vec<(String, Limit)>,
@@ -262,10 +264,17 @@ impl FilterBuilder {
         self
     }
 
-    /// A proxy (address or network) whose `Forwarded` / `X-Forwarded-For`
-    /// is believed.
+    /// A proxy (address or network) whose forwarding header (see
+    /// [`FilterBuilder::proxy_header`]) is believed.
     pub fn trusted_proxy(mut self, proxy: Cidr) -> Self {
         self.trusted_proxies.push(proxy);
+        self
+    }
+
+    /// The forwarding header the trusted proxies write (default
+    /// `X-Forwarded-For`); the other one is never read.
+    pub fn proxy_header(mut self, header: ProxyHeader) -> Self {
+        self.proxy_header = header;
         self
     }
 
@@ -393,6 +402,7 @@ impl FilterBuilder {
             metrics,
             FilterOptions {
                 trusted_proxies: self.trusted_proxies,
+                proxy_header: self.proxy_header,
                 max_form: self.max_form.unwrap_or(16 * 1024),
                 key_prefix: redis.key_prefix,
                 denial_page,

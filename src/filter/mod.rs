@@ -34,7 +34,7 @@ use futures_util::StreamExt;
 
 use crate::limit::{Check, Decision, Limiter, Outcome};
 use crate::metrics::{Metrics, Outcome as Counted};
-use crate::net::{self, Cidr};
+use crate::net::{self, Cidr, ProxyHeader};
 use crate::rule::{self, Count, Deny, KeyKind, Mode, Rule};
 use policy::Verdict;
 
@@ -78,6 +78,7 @@ struct FilterState {
     limiter: Arc<Limiter>,
     metrics: Arc<Metrics>,
     trusted_proxies: Vec<Cidr>,
+    proxy_header: ProxyHeader,
     max_form: usize,
     key_prefix: String,
     denial_page: Box<DenialPage>,
@@ -102,8 +103,10 @@ enum NameOwner {
 
 /// What the filter needs besides its rules.
 pub struct FilterOptions {
-    /// Proxies whose forwarding headers are believed.
+    /// Proxies whose forwarding header is believed.
     pub trusted_proxies: Vec<Cidr>,
+    /// The forwarding header those proxies write; the other is ignored.
+    pub proxy_header: ProxyHeader,
     /// Largest form body read for `form:` keys.
     pub max_form: usize,
     /// First component of every Redis key.
@@ -135,6 +138,7 @@ impl Filter {
                 limiter,
                 metrics,
                 trusted_proxies: options.trusted_proxies,
+                proxy_header: options.proxy_header,
                 max_form: options.max_form,
                 key_prefix: options.key_prefix,
                 denial_page: options.denial_page,
@@ -248,7 +252,12 @@ impl Filter {
         let peer = req
             .peer_addr()
             .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
-        net::client_addr(peer, req.headers(), &self.state.trusted_proxies)
+        net::client_addr(
+            peer,
+            req.headers(),
+            &self.state.trusted_proxies,
+            self.state.proxy_header,
+        )
     }
 
     /// The Redis key a rule uses for a request. `form` is the urlencoded
