@@ -118,7 +118,7 @@ pub use crate::limit::{
     Outcome, RedisConfig,
 };
 pub use crate::metrics::Metrics;
-pub use crate::net::Cidr;
+pub use crate::net::{Cidr, ProxyHeader};
 pub use crate::rule::{
     e164, Count, CustomKey, Deny, Key, KeyFn, KeyKind, Mode, Normalize, OnRedisError, PathPattern,
     Region, Rule,

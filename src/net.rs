@@ -28,54 +28,70 @@ pub fn ip_id(ip: IpAddr) -> String {
     }
 }
 
+/// The forwarding header the trusted proxies write (`[server]
+/// proxy_header`). Only that one is read: the other, which a client (or
+/// the client's own proxy) may have sent and the trusted proxy passed on
+/// untouched, is ignored entirely.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[non_exhaustive]
+pub enum ProxyHeader {
+    /// `X-Forwarded-For: client, proxy1, ...` (nginx, HAProxy, most load
+    /// balancers).
+    #[default]
+    #[serde(rename = "x-forwarded-for")]
+    XForwardedFor,
+    /// `Forwarded: for=client, for=proxy1` (RFC 7239).
+    #[serde(rename = "forwarded")]
+    Forwarded,
+}
+
+impl ProxyHeader {
+    /// The value as the configuration file writes it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ProxyHeader::XForwardedFor => "x-forwarded-for",
+            ProxyHeader::Forwarded => "forwarded",
+        }
+    }
+}
+
 /// The client address: the TCP peer, unless the peer is a trusted proxy.
-/// Then the forwarding headers are walked from the right, over the hops
-/// that trusted proxies appended, and the first address that is not a
-/// trusted proxy is the client. A hop that cannot be read ends the walk at
-/// the last trusted address.
-///
-/// `Forwarded` and `X-Forwarded-For` are walked separately. When a request
-/// carries only one of them, that one decides. When it carries both, the
-/// proxy appended to one of them and the client may have written the other
-/// from scratch (nginx, for one, appends only `X-Forwarded-For` and passes a
-/// client's `Forwarded` on untouched), so neither may decide alone: if both
-/// walks end at the same address that is the client, otherwise the request
-/// is keyed by the trusted peer itself, an address no client can choose.
-pub fn client_addr(peer: IpAddr, headers: &HeaderMap, trusted: &[Cidr]) -> IpAddr {
+/// Then `header` (the one the trusted proxies write) is walked from the
+/// right, over the hops that trusted proxies appended, and the first
+/// address that is not a trusted proxy is the client. A hop that cannot be
+/// read ends the walk at the last trusted address; without the header the
+/// peer is the client. The other forwarding header is never read.
+pub fn client_addr(
+    peer: IpAddr,
+    headers: &HeaderMap,
+    trusted: &[Cidr],
+    header: ProxyHeader,
+) -> IpAddr {
     let peer = canonical_ip(peer);
     let is_trusted = |ip: IpAddr| trusted.iter().any(|c| c.contains(ip));
     if !is_trusted(peer) {
         return peer;
     }
-    let walk = |hops: Vec<String>| {
-        let mut client = peer;
-        for hop in hops.iter().rev() {
-            match parse_hop(hop) {
-                Some(ip) => {
-                    client = ip;
-                    if !is_trusted(ip) {
-                        break;
-                    }
-                }
-                None => break,
-            }
-        }
-        client
+    let hops = match header {
+        ProxyHeader::Forwarded => forwarded_hops(headers),
+        ProxyHeader::XForwardedFor => x_forwarded_for_hops(headers),
     };
-    let forwarded = forwarded_hops(headers);
-    let xff = x_forwarded_for_hops(headers);
-    match (forwarded, xff) {
-        (None, None) => peer,
-        (Some(hops), None) | (None, Some(hops)) => walk(hops),
-        (Some(f), Some(x)) => {
-            let (f, x) = (walk(f), walk(x));
-            if f == x {
-                f
-            } else {
-                peer
+    let Some(hops) = hops else {
+        return peer;
+    };
+    let mut client = peer;
+    for hop in hops.iter().rev() {
+        match parse_hop(hop) {
+            Some(ip) => {
+                client = ip;
+                if !is_trusted(ip) {
+                    break;
+                }
             }
+            None => break,
         }
     }
+    client
 }
 
 /// The `for=` of every `Forwarded` element, left (client) to right, over

@@ -2,10 +2,11 @@
 //! cannot be invalid; every refusal says what is wrong and the range allowed.
 
 use std::num::NonZeroU32;
+use std::time::Duration;
 
 use super::raw::{AlgorithmName, NormalizeName, RawKey, RawPolicy, RawRule};
 pub(super) use super::units::duration_setting;
-use super::units::{amount_of_time, number};
+use super::units::{amount_of_time, invalid_duration, number, parse_duration_ms, DurationError};
 use super::{ConfigError, MAX_ERROR_PAGE, MAX_LIMIT, MAX_RATE, MAX_WINDOW};
 use crate::limit::Algorithm;
 use crate::rule::{
@@ -154,7 +155,108 @@ const METHODS: &[&str] = &[
     "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE",
 ];
 
-pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Result<Rule, String> {
+/// A rule as its author gave it, in a file or in code, before any of its
+/// values is checked: [`check_spec`] turns it into a [`Rule`] or says what
+/// is wrong, with the same bounds and words wherever it came from.
+#[derive(Debug, Clone)]
+pub(crate) struct RuleSpec {
+    /// The rule's name.
+    pub name: String,
+    /// Path patterns as written.
+    pub paths: Vec<String>,
+    /// Methods as written; empty = every method.
+    pub methods: Vec<String>,
+    /// What it counts by.
+    pub key: Key,
+    /// How values are read before they key.
+    pub normalize: Normalize,
+    /// The algorithm and its numbers, unchecked.
+    pub amount: Amount,
+    /// Units one request takes, unchecked.
+    pub cost: i64,
+    /// What a denied request gets.
+    pub deny: Deny,
+    /// Where `redirect` sends a denied request, unchecked.
+    pub error_page: String,
+    /// Redis error policy.
+    pub on_redis_error: OnRedisError,
+    /// Enforce or shadow.
+    pub mode: Mode,
+    /// Whether answers below 400 give their units back.
+    pub count: Count,
+    /// The limit in words; `None` or blank = generated.
+    pub description: Option<String>,
+    /// Whether the paths are the requests the rule guards (a file's or a
+    /// builder's rule), so that a redirect to a page they cover is a loop.
+    /// A limit wrapped on a resource guards only what the resource serves,
+    /// which is not known here.
+    pub paths_are_known: bool,
+}
+
+/// An algorithm's numbers as given.
+#[derive(Debug, Clone)]
+pub(crate) enum Amount {
+    /// A sliding or fixed window.
+    Window {
+        /// Units per window.
+        limit: i64,
+        /// The window's length.
+        window: Duration,
+        /// The window as its author wrote it, for messages.
+        written: String,
+        /// Fixed (opens at the first request) rather than sliding.
+        fixed: bool,
+    },
+    /// A token bucket.
+    Bucket {
+        /// Tokens per second.
+        rate: f64,
+        /// Capacity.
+        burst: i64,
+    },
+}
+
+/// `window`: more than 0, at most [`MAX_WINDOW`], in whole milliseconds
+/// (what the Redis scripts count in). `written` is the value as given.
+fn check_window(window: Duration, written: &str) -> Result<Duration, String> {
+    if window.is_zero() {
+        Err("window must be greater than 0".into())
+    } else if window > MAX_WINDOW {
+        Err(format!(
+            "window must be at most {}, got {written:?}",
+            amount_of_time(MAX_WINDOW)
+        ))
+    } else if !window.subsec_nanos().is_multiple_of(1_000_000) {
+        Err(format!(
+            "window must be a whole number of milliseconds (at least 1ms), got {written:?}"
+        ))
+    } else {
+        Ok(window)
+    }
+}
+
+/// A key: 1 to 4 kinds, none twice, each with a usable name.
+fn check_key(key: &Key) -> Result<(), String> {
+    let kinds = key.kinds();
+    if kinds.is_empty() {
+        return Err("key must name at least one kind".into());
+    }
+    if kinds.len() > 4 {
+        return Err("key may combine at most 4 kinds".into());
+    }
+    for (i, kind) in kinds.iter().enumerate() {
+        kind.check()?;
+        let text = kind.to_string();
+        if kinds[..i].iter().any(|k| k.to_string() == text) {
+            return Err(format!("key lists {text:?} twice"));
+        }
+    }
+    Ok(())
+}
+
+/// Checks every value of a rule, from a file or from code; `earlier` are
+/// the rules already checked (names are unique).
+pub(crate) fn check_spec(r: RuleSpec, earlier: &[Rule]) -> Result<Rule, String> {
     if !valid_rule_name(&r.name) {
         return Err(
             "name must be 1 to 64 characters from A-Z, a-z, 0-9, \"_\" and \"-\"".to_string(),
@@ -163,16 +265,7 @@ pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Res
     if let Some(i) = earlier.iter().position(|e| e.name == r.name) {
         return Err(format!("duplicate rule name (also rule {})", i + 1));
     }
-    let own = RawPolicy {
-        algorithm: r.algorithm,
-        deny: r.deny,
-        error_page: r.error_page.clone(),
-        on_redis_error: r.on_redis_error,
-        mode: r.mode,
-        region: r.region.clone(),
-        count: r.count,
-    };
-    let policy = check_policy(&own, defaults).map_err(|(_, what)| what)?;
+    check_error_page(&r.error_page)?;
 
     if r.paths.is_empty() {
         return Err("paths must name at least one path".into());
@@ -192,51 +285,10 @@ pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Res
         methods.push(up);
     }
 
-    let key = match &r.key {
-        None => Key(vec![KeyKind::Ip]),
-        Some(RawKey::One(text)) => Key(vec![KeyKind::parse(text)?]),
-        Some(RawKey::Many(list)) => {
-            if list.is_empty() {
-                return Err("key must name at least one kind".into());
-            }
-            if list.len() > 4 {
-                return Err("key may combine at most 4 kinds".into());
-            }
-            let mut kinds: Vec<KeyKind> = Vec::with_capacity(list.len());
-            for text in list {
-                let kind = KeyKind::parse(text)?;
-                if kinds.contains(&kind) {
-                    return Err(format!("key lists {text:?} twice"));
-                }
-                kinds.push(kind);
-            }
-            Key(kinds)
-        }
-    };
-    let normalize = match r.normalize.unwrap_or(NormalizeName::None) {
-        NormalizeName::None => Normalize::None,
-        NormalizeName::Digits => Normalize::Digits,
-        NormalizeName::Lowercase => Normalize::Lowercase,
-        NormalizeName::E164 => Normalize::E164(policy.region),
-    };
+    check_key(&r.key)?;
 
-    let cost_wanted = r.cost.unwrap_or(1);
-
-    let algorithm = match policy.algorithm {
-        AlgorithmName::TokenBucket => {
-            if r.limit.is_some() || r.window.is_some() {
-                return Err(
-                    "limit and window do not apply to token_bucket (use rate and burst)".into(),
-                );
-            }
-            let (rate, burst) = match (r.rate, r.burst) {
-                (Some(rate), Some(burst)) => (rate, burst),
-                (None, Some(_)) => return Err("token_bucket needs rate (tokens per second)".into()),
-                (Some(_), None) => {
-                    return Err("token_bucket needs burst (the bucket's capacity)".into())
-                }
-                (None, None) => return Err("token_bucket needs rate and burst".into()),
-            };
+    let algorithm = match r.amount {
+        Amount::Bucket { rate, burst } => {
             if !(rate.is_finite() && rate > 0.0 && rate <= MAX_RATE) {
                 return Err(format!(
                     "rate must be greater than 0 and at most {MAX_RATE} (tokens per second), got {}",
@@ -265,30 +317,19 @@ pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Res
             }
             Algorithm::TokenBucket { rate, burst }
         }
-        window_algorithm => {
-            let window_kind = if window_algorithm == AlgorithmName::FixedWindow {
-                "fixed_window"
-            } else {
-                "sliding_window"
-            };
-            if r.rate.is_some() || r.burst.is_some() {
-                return Err(format!(
-                    "rate and burst apply only to token_bucket, not {window_kind}"
-                ));
-            }
-            let (limit, window) = match (r.limit, r.window.as_deref()) {
-                (Some(limit), Some(window)) => (limit, window),
-                (None, Some(_)) => return Err(format!("{window_kind} needs limit")),
-                (Some(_), None) => return Err(format!("{window_kind} needs window")),
-                (None, None) => return Err(format!("{window_kind} needs limit and window")),
-            };
+        Amount::Window {
+            limit,
+            window,
+            written,
+            fixed,
+        } => {
             let limit = u32::try_from(limit)
                 .ok()
                 .filter(|l| *l <= MAX_LIMIT)
                 .and_then(NonZeroU32::new)
                 .ok_or_else(|| format!("limit must be between 1 and {MAX_LIMIT}, got {limit}"))?;
-            let window = duration_setting(window, MAX_WINDOW).map_err(|w| w.named("window"))?;
-            if window_algorithm == AlgorithmName::FixedWindow {
+            let window = check_window(window, &written)?;
+            if fixed {
                 Algorithm::FixedWindow { limit, window }
             } else {
                 Algorithm::SlidingWindow { limit, window }
@@ -298,7 +339,7 @@ pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Res
 
     // Units one request takes: 1 ..= the rule's limit or burst.
     let quota = algorithm.quota();
-    let cost = u32::try_from(cost_wanted)
+    let cost = u32::try_from(r.cost)
         .ok()
         .filter(|c| (1..=quota).contains(c))
         .ok_or_else(|| {
@@ -306,12 +347,15 @@ pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Res
                 Algorithm::TokenBucket { .. } => "burst",
                 _ => "limit",
             };
-            format!("cost must be between 1 and {quota} (the rule's {of}), got {cost_wanted}")
+            format!(
+                "cost must be between 1 and {quota} (the rule's {of}), got {}",
+                r.cost
+            )
         })?;
 
     let description = match r.description {
         Some(d) if !d.trim().is_empty() => d.trim().to_string(),
-        _ => crate::rule::describe(&algorithm, cost, &key),
+        _ => crate::rule::describe(&algorithm, cost, &r.key),
     };
 
     let rule = Rule {
@@ -320,24 +364,150 @@ pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Res
         path_text: r.paths,
         paths,
         methods,
-        key,
-        normalize,
+        key: r.key,
+        normalize: r.normalize,
         algorithm,
         cost,
-        deny: policy.deny,
-        error_page: policy.error_page,
-        on_redis_error: policy.on_redis_error,
-        mode: policy.mode,
-        count: policy.count,
+        deny: r.deny,
+        error_page: r.error_page,
+        on_redis_error: r.on_redis_error,
+        mode: r.mode,
+        count: r.count,
     };
     // A browser sent to the error page would be sent there again, forever.
-    if rule.deny == Deny::Redirect && rule.matches("GET", &rule.error_page) {
+    if r.paths_are_known && rule.deny == Deny::Redirect && rule.matches("GET", &rule.error_page) {
         return Err(format!(
             "deny = \"redirect\" sends denied requests to error_page {:?}, which this rule's paths and methods cover too (a loop); leave the error page out of paths, set another error_page, or use deny = \"status\"",
             rule.error_page
         ));
     }
     Ok(rule)
+}
+
+/// A `[[rule]]` of the file: its shape (which keys go with which
+/// algorithm) is checked here, its values by [`check_spec`].
+pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Result<Rule, String> {
+    if !valid_rule_name(&r.name) {
+        return Err(
+            "name must be 1 to 64 characters from A-Z, a-z, 0-9, \"_\" and \"-\"".to_string(),
+        );
+    }
+    if let Some(i) = earlier.iter().position(|e| e.name == r.name) {
+        return Err(format!("duplicate rule name (also rule {})", i + 1));
+    }
+    let own = RawPolicy {
+        algorithm: r.algorithm,
+        deny: r.deny,
+        error_page: r.error_page.clone(),
+        on_redis_error: r.on_redis_error,
+        mode: r.mode,
+        region: r.region.clone(),
+        count: r.count,
+    };
+    let policy = check_policy(&own, defaults).map_err(|(_, what)| what)?;
+
+    // Paths and methods are checked before the key, as they are written.
+    if r.paths.is_empty() {
+        return Err("paths must name at least one path".into());
+    }
+    for p in &r.paths {
+        check_path_chars(p)?;
+        PathPattern::parse(p)?;
+    }
+    for m in &r.methods {
+        if !METHODS.contains(&m.to_ascii_uppercase().as_str()) {
+            return Err(format!("unknown method {m:?}"));
+        }
+    }
+
+    let key = match &r.key {
+        None => Key(vec![KeyKind::Ip]),
+        Some(RawKey::One(text)) => Key(vec![KeyKind::parse(text)?]),
+        Some(RawKey::Many(list)) => {
+            let mut kinds: Vec<KeyKind> = Vec::with_capacity(list.len());
+            for text in list {
+                kinds.push(KeyKind::parse(text)?);
+            }
+            Key(kinds)
+        }
+    };
+    let normalize = match r.normalize.unwrap_or(NormalizeName::None) {
+        NormalizeName::None => Normalize::None,
+        NormalizeName::Digits => Normalize::Digits,
+        NormalizeName::Lowercase => Normalize::Lowercase,
+        NormalizeName::E164 => Normalize::E164(policy.region),
+    };
+
+    let amount = match policy.algorithm {
+        AlgorithmName::TokenBucket => {
+            if r.limit.is_some() || r.window.is_some() {
+                return Err(
+                    "limit and window do not apply to token_bucket (use rate and burst)".into(),
+                );
+            }
+            match (r.rate, r.burst) {
+                (Some(rate), Some(burst)) => Amount::Bucket { rate, burst },
+                (None, Some(_)) => return Err("token_bucket needs rate (tokens per second)".into()),
+                (Some(_), None) => {
+                    return Err("token_bucket needs burst (the bucket's capacity)".into())
+                }
+                (None, None) => return Err("token_bucket needs rate and burst".into()),
+            }
+        }
+        window_algorithm => {
+            let fixed = window_algorithm == AlgorithmName::FixedWindow;
+            let window_kind = if fixed {
+                "fixed_window"
+            } else {
+                "sliding_window"
+            };
+            if r.rate.is_some() || r.burst.is_some() {
+                return Err(format!(
+                    "rate and burst apply only to token_bucket, not {window_kind}"
+                ));
+            }
+            let (limit, written) = match (r.limit, r.window) {
+                (Some(limit), Some(window)) => (limit, window),
+                (None, Some(_)) => return Err(format!("{window_kind} needs limit")),
+                (Some(_), None) => return Err(format!("{window_kind} needs window")),
+                (None, None) => return Err(format!("{window_kind} needs limit and window")),
+            };
+            let window = match parse_duration_ms(&written) {
+                Ok(ms) => Duration::from_millis(ms),
+                // More milliseconds than a u64 holds: over any bound.
+                Err(DurationError::TooLong) => Duration::MAX,
+                Err(DurationError::Invalid) => {
+                    return Err(format!("window: {}", invalid_duration(&written)))
+                }
+            };
+            Amount::Window {
+                limit,
+                window,
+                written,
+                fixed,
+            }
+        }
+    };
+
+    check_spec(
+        RuleSpec {
+            name: r.name,
+            paths: r.paths,
+            methods: r.methods,
+            key,
+            normalize,
+            amount,
+            cost: r.cost.unwrap_or(1),
+            deny: policy.deny,
+            error_page: policy.error_page,
+            on_redis_error: policy.on_redis_error,
+            mode: policy.mode,
+            count: policy.count,
+            description: r.description,
+            paths_are_known: true,
+        },
+        earlier,
+    )
 }
 
 /// Cluster and Sentinel settings: consistent with each other (a file that

@@ -19,12 +19,13 @@ pub use self::check::rules_from_raw;
 use self::check::{
     check_bind, check_policy, check_redis_url, check_topology, duration_setting, Policy,
 };
+pub(crate) use self::check::{check_spec, Amount, RuleSpec};
 pub use self::raw::*;
 #[cfg(test)]
 use self::units::parse_duration;
 pub use self::units::{format_duration, human_duration, parse_size};
 pub use crate::limit::RedisConfig;
-use crate::net::Cidr;
+use crate::net::{Cidr, ProxyHeader};
 use crate::rule::{Region, Rule};
 
 /// Largest `limit` a window rule may have.
@@ -114,8 +115,10 @@ pub struct ServerConfig {
     pub bind: String,
     /// Worker threads; 0 = one per core.
     pub workers: usize,
-    /// Proxies whose forwarding headers are believed.
+    /// Proxies whose forwarding header is believed.
     pub trusted_proxies: Vec<Cidr>,
+    /// The forwarding header those proxies write; the other is ignored.
+    pub proxy_header: ProxyHeader,
     /// Largest form body read, in bytes.
     pub max_form: usize,
     /// Key for cookies and CSRF (empty = random at each start).
@@ -131,6 +134,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("bind", &self.bind)
             .field("workers", &self.workers)
             .field("trusted_proxies", &self.trusted_proxies)
+            .field("proxy_header", &self.proxy_header)
             .field("max_form", &self.max_form)
             .field("secret", &if self.secret.is_empty() { "" } else { "***" })
             .field("body_timeout", &self.body_timeout)
@@ -266,6 +270,7 @@ impl Config {
             bind,
             workers,
             trusted_proxies,
+            proxy_header: s.proxy_header.unwrap_or_default(),
             max_form,
             secret: s.secret.unwrap_or_default(),
             body_timeout,

@@ -4,6 +4,7 @@
 use serde::Deserialize;
 
 use super::SmsProvider;
+use crate::net::ProxyHeader;
 use crate::rule::{Count, Deny, Mode, OnRedisError};
 
 /// `algorithm` as written.
@@ -62,6 +63,8 @@ pub struct RawServer {
     pub workers: Option<usize>,
     /// Proxies whose forwarding headers are believed.
     pub trusted_proxies: Vec<String>,
+    /// `x-forwarded-for` | `forwarded`: the header those proxies write.
+    pub proxy_header: Option<ProxyHeader>,
     /// Largest form body read, e.g. `"16KiB"`.
     pub max_form: Option<String>,
     /// Key for cookies and CSRF.
@@ -202,6 +205,7 @@ impl std::fmt::Debug for RawServer {
             .field("bind", &self.bind)
             .field("workers", &self.workers)
             .field("trusted_proxies", &self.trusted_proxies)
+            .field("proxy_header", &self.proxy_header)
             .field("max_form", &self.max_form)
             .field("secret", &self.secret.as_ref().map(|_| "***"))
             .field("body_timeout", &self.body_timeout)

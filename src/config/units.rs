@@ -63,15 +63,6 @@ pub(super) enum SettingError {
 }
 
 impl SettingError {
-    /// The message after the setting's name: `window: invalid duration ...`
-    /// or `window must be at most 366 days, got "400d"`.
-    pub(super) fn named(&self, name: &str) -> String {
-        match self {
-            SettingError::Invalid(w) => format!("{name}: {w}"),
-            SettingError::Range(w) => format!("{name} {w}"),
-        }
-    }
-
     /// The message alone (the setting is named by the place).
     pub(super) fn text(self) -> String {
         match self {

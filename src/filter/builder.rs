@@ -1,7 +1,6 @@
 //! Building a [`Filter`] without the demo: from a TOML file or string, or
 //! in code; and limits declared in code beside a handler ([`Limit`]).
 
-use std::num::NonZeroU32;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,11 +8,15 @@ use std::time::Duration;
 use actix_web::{HttpRequest, HttpResponse};
 
 use super::{Denial, Filter, FilterOptions};
-use crate::config::{rules_from_raw, Config, ConfigError, RawPolicy, RawRule};
-use crate::limit::{Algorithm, Limiter, LimiterError, LimiterOptions, RedisConfig};
+use sha2::{Digest, Sha256};
+
+use crate::config::{
+    check_spec, rules_from_raw, Amount, Config, ConfigError, RawPolicy, RawRule, RuleSpec,
+};
+use crate::limit::{Limiter, LimiterError, LimiterOptions, RedisConfig};
 use crate::metrics::Metrics;
-use crate::net::Cidr;
-use crate::rule::{Count, Deny, Key, Mode, Normalize, OnRedisError, PathPattern, Rule};
+use crate::net::{Cidr, ProxyHeader};
+use crate::rule::{Count, Deny, Key, KeyKind, Mode, Normalize, OnRedisError, Rule};
 
 /// Why a filter could not be built.
 #[derive(Debug)]
@@ -32,7 +35,7 @@ impl std::fmt::Display for SetupError {
         match self {
             SetupError::Config(e) => write!(f, "{e}"),
             SetupError::Limiter(e) => write!(f, "cannot set up the limiter: {e}"),
-            SetupError::Limit(e) => write!(f, "unusable limit: {e}"),
+            SetupError::Limit(e) => write!(f, "unusable limit {e}"),
         }
     }
 }
@@ -107,6 +110,7 @@ impl Filter {
         for c in &config.server.trusted_proxies {
             builder = builder.trusted_proxy(*c);
         }
+        builder = builder.proxy_header(config.server.proxy_header);
         builder.rules = config.rules.clone();
         builder.build()
     }
@@ -132,8 +136,18 @@ impl Filter {
     /// nothing from the rules this filter applied around it (their units
     /// are given back).
     ///
-    /// An unusable limit (a limit of 0, say) stops the app from starting:
-    /// the error is logged and actix refuses to build the service.
+    /// A limit's name is its state in Redis, so one name means one limit:
+    /// a name already taken by one of this filter's rules, or by another
+    /// limit (one with other settings, or made at another place in the
+    /// code, such as the same `Limit` given to two resources) is refused.
+    /// The same place in the code run again (an app factory builds the app
+    /// once per worker) makes the same limit again, which is fine.
+    ///
+    /// # Panics
+    ///
+    /// When the limit cannot be used (a limit of 0, an error page that is
+    /// not a plain path, a name already taken), with the reason; see
+    /// [`Filter::try_limit`] for a `Result`.
     ///
     /// ```no_run
     /// use actix_web::{web, App, HttpResponse};
@@ -147,26 +161,51 @@ impl Filter {
     /// );
     /// # }
     /// ```
+    #[track_caller]
     pub fn limit(&self, limit: Limit) -> Filter {
         self.limits([limit])
     }
 
     /// As [`Filter::limit`], with several limits decided together.
+    ///
+    /// # Panics
+    ///
+    /// As [`Filter::limit`].
+    #[track_caller]
     pub fn limits(&self, limits: impl IntoIterator<Item = Limit>) -> Filter {
-        let mut rules = Vec::new();
-        let mut broken = None;
+        match self.try_limits(limits) {
+            Ok(filter) => filter,
+            Err(e) => panic!("floodgate: {e}"),
+        }
+    }
+
+    /// As [`Filter::limit`], with the refusal as an error instead of a panic.
+    ///
+    /// ```no_run
+    /// # fn f(filter: floodgate::Filter) {
+    /// let err = filter.try_limit(floodgate::Limit::per_minute(0)).unwrap_err();
+    /// assert!(err.to_string().contains("limit must be between 1 and 100000, got 0"));
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn try_limit(&self, limit: Limit) -> Result<Filter, SetupError> {
+        self.try_limits([limit])
+    }
+
+    /// As [`Filter::limits`], with the refusal as an error instead of a panic.
+    #[track_caller]
+    pub fn try_limits(
+        &self,
+        limits: impl IntoIterator<Item = Limit>,
+    ) -> Result<Filter, SetupError> {
+        let at = std::panic::Location::caller();
+        let mut rules: Vec<Rule> = Vec::new();
         for limit in limits {
-            match limit.into_rule(Some("/*")) {
-                Ok(rule) => rules.push(rule),
-                Err(e) => broken = Some(e),
-            }
+            let rule = limit.into_rule(None, &rules).map_err(SetupError::Limit)?;
+            rules.push(rule);
         }
-        let mut filter = self.with_rules(rules);
-        if let Some(e) = broken {
-            log::error!("unusable limit: {e}");
-            filter.refuse_to_start();
-        }
-        filter
+        self.claim_names(&rules, at).map_err(SetupError::Limit)?;
+        Ok(self.with_rules(rules))
     }
 }
 
@@ -181,6 +220,7 @@ pub struct FilterBuilder {
     timeout: Option<Duration>,
     pool_size: Option<u32>,
     trusted_proxies: Vec<Cidr>,
+    proxy_header: ProxyHeader,
     max_form: Option<usize>,
     rules: Vec<Rule>,
     limits: Vec<(String, Limit)>,
@@ -224,10 +264,17 @@ impl FilterBuilder {
         self
     }
 
-    /// A proxy (address or network) whose `Forwarded` / `X-Forwarded-For`
-    /// is believed.
+    /// A proxy (address or network) whose forwarding header (see
+    /// [`FilterBuilder::proxy_header`]) is believed.
     pub fn trusted_proxy(mut self, proxy: Cidr) -> Self {
         self.trusted_proxies.push(proxy);
+        self
+    }
+
+    /// The forwarding header the trusted proxies write (default
+    /// `X-Forwarded-For`); the other one is never read.
+    pub fn proxy_header(mut self, header: ProxyHeader) -> Self {
+        self.proxy_header = header;
         self
     }
 
@@ -325,16 +372,19 @@ impl FilterBuilder {
             })?;
             rules.extend(rules_from_raw(&raw.defaults, raw.rule, &name)?);
         }
-        for (path, limit) in self.limits {
-            rules.push(limit.into_rule(Some(&path)).map_err(SetupError::Limit)?);
-        }
         for (i, r) in rules.iter().enumerate() {
             if rules[..i].iter().any(|e| e.name == r.name) {
                 return Err(SetupError::Limit(format!(
-                    "two rules are named {:?}",
+                    "{:?}: two rules have this name; give each its own",
                     r.name
                 )));
             }
+        }
+        for (path, limit) in self.limits {
+            let rule = limit
+                .into_rule(Some(&path), &rules)
+                .map_err(SetupError::Limit)?;
+            rules.push(rule);
         }
         let limiter = Arc::new(Limiter::new(&redis, self.limiter_options)?);
         let metrics = self.metrics.unwrap_or_default();
@@ -352,6 +402,7 @@ impl FilterBuilder {
             metrics,
             FilterOptions {
                 trusted_proxies: self.trusted_proxies,
+                proxy_header: self.proxy_header,
                 max_form: self.max_form.unwrap_or(16 * 1024),
                 key_prefix: redis.key_prefix,
                 denial_page,
@@ -542,111 +593,150 @@ impl Limit {
         self
     }
 
-    /// The checked rule; `path` is the pattern it guards.
-    fn into_rule(self, path: Option<&str>) -> Result<Rule, String> {
-        let algorithm = match self.algorithm {
+    /// The checked rule: with `path`, a builder's rule guarding that
+    /// pattern; without, a limit wrapped on a resource or scope (every
+    /// request it sees). The same checks, bounds and messages as a file's
+    /// `[[rule]]`; an error names the limit.
+    fn into_rule(self, path: Option<&str>, earlier: &[Rule]) -> Result<Rule, String> {
+        let name = match &self.name {
+            Some(n) => n.clone(),
+            None => self.default_name(),
+        };
+        let amount = match self.algorithm {
             LimitAlgorithm::Window {
                 limit,
                 window,
                 fixed,
-            } => {
-                let limit = NonZeroU32::new(limit)
-                    .filter(|l| l.get() <= crate::config::MAX_LIMIT)
-                    .ok_or_else(|| format!("limit must be between 1 and 100000, got {limit}"))?;
-                if window.is_zero() || window > crate::config::MAX_WINDOW {
-                    return Err(format!(
-                        "window must be greater than 0 and at most 366 days, got {window:?}"
-                    ));
-                }
-                if fixed {
-                    Algorithm::FixedWindow { limit, window }
-                } else {
-                    Algorithm::SlidingWindow { limit, window }
-                }
-            }
-            LimitAlgorithm::Bucket { rate, burst } => {
-                let burst = NonZeroU32::new(burst)
-                    .filter(|b| b.get() <= crate::config::MAX_LIMIT)
-                    .ok_or_else(|| format!("burst must be between 1 and 100000, got {burst}"))?;
-                let max_secs = crate::config::MAX_WINDOW.as_secs_f64();
-                if !(rate.is_finite() && rate > 0.0 && rate <= crate::config::MAX_RATE)
-                    || f64::from(burst.get()) / rate > max_secs
-                {
-                    return Err(format!(
-                        "rate must be greater than 0, at most 1000000, and refill the bucket within 366 days, got {rate}"
-                    ));
-                }
-                Algorithm::TokenBucket { rate, burst }
-            }
+            } => Amount::Window {
+                limit: i64::from(limit),
+                window,
+                written: written_duration(window),
+                fixed,
+            },
+            LimitAlgorithm::Bucket { rate, burst } => Amount::Bucket {
+                rate,
+                burst: i64::from(burst),
+            },
         };
-        if self.cost == 0 || self.cost > algorithm.quota() {
-            return Err(format!(
-                "cost must be between 1 and {}, got {}",
-                algorithm.quota(),
-                self.cost
-            ));
-        }
-        let name = match self.name {
-            Some(n) => n,
-            None => default_name(&self.key, &algorithm),
-        };
-        if name.is_empty()
-            || name.len() > 64
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
-            return Err(format!(
-                "name {name:?} must be 1 to 64 characters from A-Z, a-z, 0-9, \"_\" and \"-\""
-            ));
-        }
-        let path_text = path.unwrap_or("/*").to_string();
-        let pattern = PathPattern::parse(&path_text)?;
-        let description = self
-            .description
-            .unwrap_or_else(|| crate::rule::describe(&algorithm, self.cost, &self.key));
-        Ok(Rule {
-            name,
-            path_text: vec![path_text],
-            paths: vec![pattern],
+        let spec = RuleSpec {
+            name: name.clone(),
+            paths: vec![path.unwrap_or("/*").to_string()],
             methods: Vec::new(),
             key: self.key,
             normalize: self.normalize,
-            algorithm,
-            cost: self.cost,
+            amount,
+            cost: i64::from(self.cost),
             deny: self.deny,
             error_page: self.error_page,
             on_redis_error: self.on_redis_error,
             mode: self.mode,
             count: self.count,
-            description,
-        })
+            description: self.description,
+            paths_are_known: path.is_some(),
+        };
+        check_spec(spec, earlier).map_err(|what| format!("{name:?}: {what}"))
+    }
+
+    /// A name made of everything that sets the limit's state apart: its
+    /// key, algorithm and numbers, cost, normalization, counting and mode,
+    /// e.g. `form-phone-ip-sliding-3-per-60000ms`. Two limits that differ
+    /// in any of these get different names. When that cannot be said
+    /// readably in 64 characters of `[A-Za-z0-9_-]` (a name with other
+    /// characters, a long key), the readable part is cut and a hash of the
+    /// whole description is appended, so that no two limits meet.
+    fn default_name(&self) -> String {
+        // Tokens joined by "-". Kinds and algorithms are fixed words and a
+        // name token holds only [A-Za-z0-9_], so the name reads back one way.
+        let mut exact = true;
+        let word = |text: &str, exact: &mut bool| -> String {
+            if text.is_empty() || !text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                *exact = false;
+            }
+            text.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '_' {
+                        c
+                    } else {
+                        '-'
+                    }
+                })
+                .collect()
+        };
+        let mut parts: Vec<String> = Vec::new();
+        for kind in self.key.kinds() {
+            match kind {
+                KeyKind::Header(n) | KeyKind::Query(n) | KeyKind::Form(n) => {
+                    parts.push(format!("{}-{}", kind.kind(), word(n, &mut exact)));
+                }
+                KeyKind::Custom(c) => parts.push(format!("custom-{}", word(c.name(), &mut exact))),
+                other => parts.push(other.kind().to_string()),
+            }
+        }
+        match self.algorithm {
+            LimitAlgorithm::Window {
+                limit,
+                window,
+                fixed,
+            } => {
+                if !window.subsec_nanos().is_multiple_of(1_000_000) {
+                    exact = false;
+                }
+                let algorithm = if fixed { "fixed" } else { "sliding" };
+                parts.push(format!("{algorithm}-{limit}-per-{}ms", window.as_millis()));
+            }
+            LimitAlgorithm::Bucket { rate, burst } => {
+                let rate = rate.to_string();
+                if !rate.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+                    exact = false;
+                }
+                parts.push(format!(
+                    "bucket-{burst}-at-{}ps",
+                    word(&rate.replace('.', "p"), &mut exact)
+                ));
+            }
+        }
+        if self.cost != 1 {
+            parts.push(format!("cost{}", self.cost));
+        }
+        match self.normalize {
+            Normalize::None => {}
+            Normalize::Digits => parts.push("digits".into()),
+            Normalize::Lowercase => parts.push("lowercase".into()),
+            Normalize::E164(region) => {
+                parts.push(format!("e164{}", word(region.code(), &mut exact)))
+            }
+        }
+        if self.count == Count::Failures {
+            parts.push("failures".into());
+        }
+        if self.mode == Mode::Shadow {
+            parts.push("shadow".into());
+        }
+        let name = parts.join("-");
+        if exact && name.len() <= 64 {
+            return name;
+        }
+        // Everything as given, unambiguously, for the hash.
+        let whole = format!(
+            "{}\n{:?}\n{}\n{:?}\n{}\n{}",
+            self.key, self.algorithm, self.cost, self.normalize, self.count, self.mode
+        );
+        let digest = Sha256::digest(whole.as_bytes());
+        let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let mut readable: String = name.chars().take(64 - 1 - hex.len()).collect();
+        while readable.ends_with('-') {
+            readable.pop();
+        }
+        format!("{readable}-{hex}")
     }
 }
 
-/// `form-phone+ip-3-per-60s`, made safe for a rule name.
-fn default_name(key: &Key, algorithm: &Algorithm) -> String {
-    let key: String = key
-        .kinds()
-        .iter()
-        .map(|k| k.to_string())
-        .collect::<Vec<_>>()
-        .join("+");
-    let limit = match algorithm {
-        Algorithm::SlidingWindow { limit, window } | Algorithm::FixedWindow { limit, window } => {
-            format!("{limit}-per-{}ms", window.as_millis())
-        }
-        Algorithm::TokenBucket { burst, .. } => format!("bucket-{burst}"),
-    };
-    let name: String = format!("{key}-{limit}")
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    name.chars().take(64).collect()
+/// A window as messages show it: `"10s"`, `"1500ms"`, or `"1.5ms"` when
+/// it is not whole milliseconds.
+fn written_duration(d: Duration) -> String {
+    if d.subsec_nanos().is_multiple_of(1_000_000) && d.as_millis() > 0 {
+        crate::config::format_duration(d)
+    } else {
+        format!("{d:?}")
+    }
 }

@@ -72,7 +72,7 @@ pub fn header_value(headers: &HeaderMap, name: &str) -> Result<Option<String>, U
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::net::{client_addr, ip_id, Cidr};
+    use crate::net::{client_addr, ip_id, Cidr, ProxyHeader};
     use crate::rule::{compose, e164, normalize, redis_key, redis_key_for, Normalize, Region};
     use actix_web::http::header::{HeaderName, HeaderValue};
     use std::net::IpAddr;
@@ -95,7 +95,9 @@ mod tests {
     #[test]
     fn untrusted_peer_is_the_client_whatever_it_says() {
         let h = headers(&[("x-forwarded-for", "9.9.9.9")]);
-        assert_eq!(client_addr(ip("1.2.3.4"), &h, &[]), ip("1.2.3.4"));
+        for header in [ProxyHeader::XForwardedFor, ProxyHeader::Forwarded] {
+            assert_eq!(client_addr(ip("1.2.3.4"), &h, &[], header), ip("1.2.3.4"));
+        }
     }
 
     #[test]
@@ -103,14 +105,25 @@ mod tests {
         let trusted = [Cidr::parse("10.0.0.0/8").unwrap()];
         // The client forged 6.6.6.6; the proxy appended the real 5.5.5.5.
         let h = headers(&[("x-forwarded-for", "6.6.6.6, 5.5.5.5, 10.0.0.2")]);
-        assert_eq!(client_addr(ip("10.0.0.1"), &h, &trusted), ip("5.5.5.5"));
+        let xff = ProxyHeader::XForwardedFor;
+        assert_eq!(
+            client_addr(ip("10.0.0.1"), &h, &trusted, xff),
+            ip("5.5.5.5")
+        );
         let h = headers(&[(
             "forwarded",
             "for=6.6.6.6, for=\"[2001:db8::1]:4711\";proto=https",
         )]);
-        assert_eq!(client_addr(ip("10.0.0.1"), &h, &trusted), ip("2001:db8::1"));
+        let fwd = ProxyHeader::Forwarded;
+        assert_eq!(
+            client_addr(ip("10.0.0.1"), &h, &trusted, fwd),
+            ip("2001:db8::1")
+        );
         let h = headers(&[("x-forwarded-for", "garbage")]);
-        assert_eq!(client_addr(ip("10.0.0.1"), &h, &trusted), ip("10.0.0.1"));
+        assert_eq!(
+            client_addr(ip("10.0.0.1"), &h, &trusted, xff),
+            ip("10.0.0.1")
+        );
     }
 
     #[test]
@@ -215,26 +228,31 @@ mod tests {
     }
 
     #[test]
-    fn a_client_forwarded_header_cannot_beat_the_proxys_x_forwarded_for() {
+    fn only_the_header_the_proxies_write_is_read() {
         let trusted = [Cidr::parse("10.0.0.0/8").unwrap()];
         let peer = ip("10.0.0.1");
+        let (xff, fwd) = (ProxyHeader::XForwardedFor, ProxyHeader::Forwarded);
         // nginx appended 5.5.5.5 to X-Forwarded-For; the client wrote Forwarded.
         let h = headers(&[("forwarded", "for=6.6.6.6"), ("x-forwarded-for", "5.5.5.5")]);
-        assert_eq!(client_addr(peer, &h, &trusted), peer);
-        // Both say the same: that is the client.
-        let h = headers(&[("forwarded", "for=5.5.5.5"), ("x-forwarded-for", "5.5.5.5")]);
-        assert_eq!(client_addr(peer, &h, &trusted), ip("5.5.5.5"));
+        assert_eq!(client_addr(peer, &h, &trusted, xff), ip("5.5.5.5"));
+        // The proxy writes Forwarded; the client wrote X-Forwarded-For.
+        assert_eq!(client_addr(peer, &h, &trusted, fwd), ip("6.6.6.6"));
+        // Only the other header: the proxy itself is the client.
+        let h = headers(&[("forwarded", "for=6.6.6.6")]);
+        assert_eq!(client_addr(peer, &h, &trusted, xff), peer);
+        let h = headers(&[("x-forwarded-for", "5.5.5.5")]);
+        assert_eq!(client_addr(peer, &h, &trusted, fwd), peer);
         // Several lines are one list, in order.
         let h = headers(&[
             ("x-forwarded-for", "1.1.1.1"),
             ("x-forwarded-for", "2.2.2.2, 10.0.0.7"),
         ]);
-        assert_eq!(client_addr(peer, &h, &trusted), ip("2.2.2.2"));
+        assert_eq!(client_addr(peer, &h, &trusted, xff), ip("2.2.2.2"));
         // Garbage stops the walk at the last trusted hop.
         let h = headers(&[("x-forwarded-for", "1.1.1.1, nonsense, 10.0.0.7")]);
-        assert_eq!(client_addr(peer, &h, &trusted), ip("10.0.0.7"));
+        assert_eq!(client_addr(peer, &h, &trusted, xff), ip("10.0.0.7"));
         let h = headers(&[("forwarded", "for=unknown")]);
-        assert_eq!(client_addr(peer, &h, &trusted), peer);
+        assert_eq!(client_addr(peer, &h, &trusted, fwd), peer);
     }
 
     #[test]

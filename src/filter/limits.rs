@@ -71,10 +71,14 @@ pub struct RuleState {
 #[derive(Clone, Copy)]
 pub(super) struct Withdrawn;
 
-/// The units one filter took for a request, to give back if an inner
-/// filter denies it.
+/// The units one filter took for a request: its entries in the request's
+/// [`Limits`]. Every way units go back (an inner filter's denial, a success
+/// under `count = "failures"`, the handler's [`Limits::give_back`]) takes
+/// an entry's `given_back` first, so each charge is given back at most once.
 pub(super) struct Taken {
-    refunds: Vec<Refund>,
+    limits: Limits,
+    from: usize,
+    to: usize,
     decided: Instant,
 }
 
@@ -99,12 +103,9 @@ impl Limits {
                 }
             }
         };
-        let mut refunds = Vec::new();
         let mut entries = limits.inner.borrow_mut();
+        let from = entries.len();
         for ((rule, check), outcome) in matched.iter().zip(checks).zip(&decision.outcomes) {
-            if outcome.allowed {
-                refunds.push(refund(check, outcome));
-            }
             entries.push(Entry {
                 rule: (*rule).clone(),
                 check: check.clone(),
@@ -114,7 +115,14 @@ impl Limits {
                 given_back: false,
             });
         }
-        Taken { refunds, decided }
+        let to = entries.len();
+        drop(entries);
+        Taken {
+            limits,
+            from,
+            to,
+            decided,
+        }
     }
 
     /// Called by a filter that denies: outer filters give back their units.
@@ -221,9 +229,41 @@ impl Limits {
 }
 
 impl Taken {
-    /// Gives these units back (an inner filter denied the request).
-    pub(super) async fn withdraw(self, filter: &Filter) -> Result<u64, LimiterError> {
-        filter.limiter().give_back(self.refunds, self.decided).await
+    /// Takes the refund of this filter's entries that `want` picks (by
+    /// their place among the filter's matched rules) and that nothing gave
+    /// back yet: marks them given back and returns them with their places.
+    fn take(&self, want: impl Fn(usize, &Entry) -> bool) -> (Vec<usize>, Vec<Refund>) {
+        let mut entries = self.limits.inner.borrow_mut();
+        let mut places = Vec::new();
+        let mut refunds = Vec::new();
+        for (i, e) in entries[self.from..self.to].iter_mut().enumerate() {
+            if e.outcome.allowed && !e.given_back && want(i, e) {
+                e.given_back = true;
+                places.push(i);
+                refunds.push(refund(&e.check, &e.outcome));
+            }
+        }
+        (places, refunds)
+    }
+
+    /// Gives these units back (an inner filter denied the request), those
+    /// not given back already.
+    pub(super) async fn withdraw(&self, filter: &Filter) -> Result<u64, LimiterError> {
+        let (_, refunds) = self.take(|_, _| true);
+        filter.limiter().give_back(refunds, self.decided).await
+    }
+
+    /// Gives back the units of the rules `refundable` picks (by place),
+    /// those not given back already; returns the places given back and
+    /// what Redis gave.
+    pub(super) async fn give_back(
+        &self,
+        filter: &Filter,
+        refundable: impl Fn(usize) -> bool,
+    ) -> (Vec<usize>, Result<u64, LimiterError>) {
+        let (places, refunds) = self.take(|i, _| refundable(i));
+        let given = filter.limiter().give_back(refunds, self.decided).await;
+        (places, given)
     }
 }
 

@@ -15,11 +15,12 @@ mod policy;
 pub use self::builder::{FilterBuilder, Limit, SetupError};
 pub use self::limits::{Limits, RuleState};
 
+use std::collections::HashMap;
 use std::future::{ready, Future, Ready};
 use std::net::{IpAddr, Ipv4Addr};
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
 use actix_service::{Service, Transform};
@@ -31,10 +32,9 @@ use actix_web::web::{Bytes, BytesMut};
 use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
 
-use crate::limit::give_back::Refund;
 use crate::limit::{Check, Decision, Limiter, Outcome};
 use crate::metrics::{Metrics, Outcome as Counted};
-use crate::net::{self, Cidr};
+use crate::net::{self, Cidr, ProxyHeader};
 use crate::rule::{self, Count, Deny, KeyKind, Mode, Rule};
 use policy::Verdict;
 
@@ -70,8 +70,6 @@ impl std::fmt::Debug for Filter {
 /// and what keys and denials need. Clone it freely; `.wrap()` it into an app.
 #[derive(Clone)]
 pub struct Filter {
-    /// A limit declared in code could not be used: the app must not start.
-    refuse: bool,
     rules: Arc<RwLock<Arc<Vec<Rule>>>>,
     state: Arc<FilterState>,
 }
@@ -80,17 +78,35 @@ struct FilterState {
     limiter: Arc<Limiter>,
     metrics: Arc<Metrics>,
     trusted_proxies: Vec<Cidr>,
+    proxy_header: ProxyHeader,
     max_form: usize,
     key_prefix: String,
     denial_page: Box<DenialPage>,
     session: Option<Box<SessionLookup>>,
     responder: Option<Box<DenialResponder>>,
+    /// Every rule name in use: the filter's own rules and the limits made
+    /// from it in code. Read only while limits are made, never per request.
+    names: Mutex<HashMap<String, NameOwner>>,
+}
+
+/// Who holds a rule name.
+#[derive(PartialEq, Eq)]
+enum NameOwner {
+    /// One of the filter's own rules (a file's or a builder's).
+    Filter,
+    /// A limit made in code at `at`, with these settings.
+    Code {
+        at: &'static std::panic::Location<'static>,
+        settings: String,
+    },
 }
 
 /// What the filter needs besides its rules.
 pub struct FilterOptions {
-    /// Proxies whose forwarding headers are believed.
+    /// Proxies whose forwarding header is believed.
     pub trusted_proxies: Vec<Cidr>,
+    /// The forwarding header those proxies write; the other is ignored.
+    pub proxy_header: ProxyHeader,
     /// Largest form body read for `form:` keys.
     pub max_form: usize,
     /// First component of every Redis key.
@@ -112,18 +128,23 @@ impl Filter {
         options: FilterOptions,
     ) -> Filter {
         metrics.watch(&limiter);
+        let names = rules
+            .iter()
+            .map(|r| (r.name.clone(), NameOwner::Filter))
+            .collect();
         Filter {
-            refuse: false,
             rules: Arc::new(RwLock::new(Arc::new(rules))),
             state: Arc::new(FilterState {
                 limiter,
                 metrics,
                 trusted_proxies: options.trusted_proxies,
+                proxy_header: options.proxy_header,
                 max_form: options.max_form,
                 key_prefix: options.key_prefix,
                 denial_page: options.denial_page,
                 session: options.session,
                 responder: options.responder,
+                names: Mutex::new(names),
             }),
         }
     }
@@ -144,6 +165,20 @@ impl Filter {
             Ok(r) => r,
             Err(p) => p.into_inner(),
         };
+        {
+            let mut names = lock(&self.state.names);
+            names.retain(|_, owner| *owner != NameOwner::Filter);
+            for r in &rules {
+                if names.contains_key(&r.name) {
+                    log::error!(
+                        "rule {:?} has the name of a limit made in code: they share one count",
+                        r.name
+                    );
+                } else {
+                    names.insert(r.name.clone(), NameOwner::Filter);
+                }
+            }
+        }
         *slot = Arc::new(rules);
         drop(slot);
         self.state.limiter.forget_keys();
@@ -163,14 +198,53 @@ impl Filter {
     /// (limiter, pool, dispatcher, responses, metrics).
     pub(crate) fn with_rules(&self, rules: Vec<Rule>) -> Filter {
         Filter {
-            refuse: false,
             rules: Arc::new(RwLock::new(Arc::new(rules))),
             state: Arc::clone(&self.state),
         }
     }
 
-    pub(crate) fn refuse_to_start(&mut self) {
-        self.refuse = true;
+    /// Takes the names of `rules`, limits made in code at `at`: refused
+    /// when a name is one of the filter's own rules, or another limit's
+    /// (other settings, or made elsewhere in the code). The same limit made
+    /// again at the same place (once per worker) is the same limit.
+    pub(crate) fn claim_names(
+        &self,
+        rules: &[Rule],
+        at: &'static std::panic::Location<'static>,
+    ) -> Result<(), String> {
+        let mut names = lock(&self.state.names);
+        for r in rules {
+            let mine = NameOwner::Code {
+                at,
+                settings: format!("{r:?}"),
+            };
+            match names.get(&r.name) {
+                None => {}
+                Some(owner) if *owner == mine => {}
+                Some(NameOwner::Filter) => {
+                    return Err(format!(
+                        "{:?}: the filter already has a rule of this name; give the limit its own with .name()",
+                        r.name
+                    ))
+                }
+                Some(NameOwner::Code { at: other, .. }) => {
+                    return Err(format!(
+                        "{:?}: another limit (made at {other}) has this name, and one name is one count; give each its own with .name()",
+                        r.name
+                    ))
+                }
+            }
+        }
+        for r in rules {
+            names.insert(
+                r.name.clone(),
+                NameOwner::Code {
+                    at,
+                    settings: format!("{r:?}"),
+                },
+            );
+        }
+        Ok(())
     }
 
     /// The client address of a request, behind trusted proxies.
@@ -178,7 +252,12 @@ impl Filter {
         let peer = req
             .peer_addr()
             .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
-        net::client_addr(peer, req.headers(), &self.state.trusted_proxies)
+        net::client_addr(
+            peer,
+            req.headers(),
+            &self.state.trusted_proxies,
+            self.state.proxy_header,
+        )
     }
 
     /// The Redis key a rule uses for a request. `form` is the urlencoded
@@ -280,9 +359,6 @@ where
     type Future = Ready<Result<Self::Transform, Self::InitError>>;
 
     fn new_transform(&self, service: S) -> Self::Future {
-        if self.refuse {
-            return ready(Err(()));
-        }
         ready(Ok(FilterService {
             service: Rc::new(service),
             filter: self.clone(),
@@ -451,7 +527,7 @@ where
             }
             let mut decision = decision;
             if charged && res.status().as_u16() < 400 {
-                give_back(&filter, &matched, &kept, &mut decision, started).await;
+                give_back(&filter, &matched, &taken, &mut decision).await;
             }
             add_ratelimit_fields(res.headers_mut(), &matched, &decision);
             Ok(res.map_into_left_body())
@@ -549,6 +625,14 @@ where
     }
 }
 
+/// A lock that a panic elsewhere does not make unusable.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
 /// The enforce rule that denies and frees last, with its outcome.
 fn denying<'r>(matched: &[&'r Rule], decision: &Decision) -> Option<(&'r Rule, Outcome)> {
     matched
@@ -560,41 +644,28 @@ fn denying<'r>(matched: &[&'r Rule], decision: &Decision) -> Option<(&'r Rule, O
 }
 
 /// `count = "failures"`: a request answered below 400 gets back the units
-/// its failures-only rules took (those that admitted it), and the
+/// its failures-only rules took (those that admitted it, and that nothing
+/// gave back already: the handler, or an inner filter's denial), and the
 /// `RateLimit` fields then show them as remaining again.
 async fn give_back(
     filter: &Filter,
     matched: &[&Rule],
-    checks: &[Check],
+    taken: &limits::Taken,
     decision: &mut Decision,
-    started: Instant,
 ) {
-    let refunded: Vec<usize> = matched
-        .iter()
-        .zip(&decision.outcomes)
-        .enumerate()
-        .filter(|(_, (r, o))| r.count == Count::Failures && o.allowed)
-        .map(|(i, _)| i)
-        .collect();
-    if refunded.is_empty() {
-        return;
-    }
-    let refunds = refunded
-        .iter()
-        .map(|&i| Refund {
-            key: checks[i].key.clone(),
-            algorithm: checks[i].algorithm,
-            cost: checks[i].cost,
-            window_left: decision.outcomes[i].wait,
+    let (places, given) = taken
+        .give_back(filter, |i| {
+            matched.get(i).is_some_and(|r| r.count == Count::Failures)
         })
-        .collect();
-    match filter.state.limiter.give_back(refunds, started).await {
+        .await;
+    match given {
         Ok(0) => {}
         Ok(_) => {
-            for i in refunded {
-                let o = &mut decision.outcomes[i];
-                o.remaining = (o.remaining + u64::from(checks[i].cost))
-                    .min(u64::from(matched[i].algorithm.quota()));
+            for i in places {
+                if let (Some(o), Some(r)) = (decision.outcomes.get_mut(i), matched.get(i)) {
+                    o.remaining =
+                        (o.remaining + u64::from(r.cost)).min(u64::from(r.algorithm.quota()));
+                }
             }
         }
         Err(e) => log::warn!("could not give units back ({e}); the request stays charged"),
@@ -720,6 +791,12 @@ fn add_ratelimit_fields(headers: &mut header::HeaderMap, matched: &[&Rule], deci
     }
 }
 
+/// Whether `req` asks for `page` (as the rules read paths, decoded).
+fn is_error_page(req: &HttpRequest, page: &str) -> bool {
+    req.path() == page
+        || percent_encoding::percent_decode_str(req.path()).decode_utf8_lossy() == page
+}
+
 /// Whether the `Accept` field names a media type.
 pub fn accepts(req: &HttpRequest, media: &str) -> bool {
     req.headers()
@@ -753,7 +830,13 @@ fn denial(filter: &Filter, req: &HttpRequest, rule: &Rule, retry: u64) -> HttpRe
         return res;
     }
     let json = accepts(req, "application/json");
-    let redirect = rule.deny == Deny::Redirect && (!json || accepts(req, "text/html"));
+    // A limit wrapped on the error page's own resource would send the
+    // browser back to the page that denied it, forever: that one gets the
+    // 429 instead (a file's or a builder's rule that covers its page is
+    // refused when the filter is built).
+    let redirect = rule.deny == Deny::Redirect
+        && (!json || accepts(req, "text/html"))
+        && !is_error_page(req, &rule.error_page);
     if redirect {
         // Rule names are [A-Za-z0-9_-]: safe in a query as they are.
         let location = format!("{}?rule={}&retry_after={retry}", rule.error_page, rule.name);

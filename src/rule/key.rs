@@ -195,13 +195,11 @@ impl Key {
     }
 
     /// One counter per combination of this key's values and `other`'s
-    /// (per phone number per address, say).
+    /// (per phone number per address, say). Every kind is kept as given: a
+    /// kind named twice (two [`Key::custom`] of one name, say) makes the
+    /// filter refuse to build, as a file's `key` list does.
     pub fn and(mut self, other: Key) -> Key {
-        for kind in other.0 {
-            if !self.0.contains(&kind) {
-                self.0.push(kind);
-            }
-        }
+        self.0.extend(other.0);
         self
     }
 
@@ -251,31 +249,51 @@ impl KeyKind {
     /// ```
     pub fn parse(text: &str) -> Result<KeyKind, String> {
         let named = |n: &str, make: fn(String) -> KeyKind| -> Result<KeyKind, String> {
-            if n.is_empty()
-                || n.len() > 128
-                || !n
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.[]".contains(&b))
-            {
-                Err(format!("key {text:?}: the name after the colon must be 1 to 128 characters from A-Z, a-z, 0-9, \"-\", \"_\", \".\", \"[\" and \"]\""))
-            } else {
-                Ok(make(n.to_string()))
-            }
+            check_name(text, n)?;
+            Ok(make(n.to_string()))
         };
         match text {
-        "ip" => Ok(KeyKind::Ip),
-        "global" => Ok(KeyKind::Global),
-        "path" => Ok(KeyKind::Path),
-        "session" => Ok(KeyKind::Session),
-        _ => match text.split_once(':') {
-            Some(("header", n)) => named(n, |n| KeyKind::Header(n.to_ascii_lowercase())),
-            Some(("query", n)) => named(n, KeyKind::Query),
-            Some(("form", n)) => named(n, KeyKind::Form),
-            _ => Err(format!(
-                "unknown key {text:?}, expected \"ip\", \"global\", \"path\", \"session\", \"header:NAME\", \"query:NAME\" or \"form:NAME\""
-            )),
-        },
+            "ip" => Ok(KeyKind::Ip),
+            "global" => Ok(KeyKind::Global),
+            "path" => Ok(KeyKind::Path),
+            "session" => Ok(KeyKind::Session),
+            _ => match text.split_once(':') {
+                Some(("header", n)) => named(n, |n| KeyKind::Header(n.to_ascii_lowercase())),
+                Some(("query", n)) => named(n, KeyKind::Query),
+                Some(("form", n)) => named(n, KeyKind::Form),
+                _ => Err(format!(
+                    "unknown key {text:?}, expected \"ip\", \"global\", \"path\", \"session\", \"header:NAME\", \"query:NAME\" or \"form:NAME\""
+                )),
+            },
+        }
     }
+
+    /// Whether the kind's name (a header's, a field's, a key function's)
+    /// is one a rule may use: the check a file's `key` gets, for kinds
+    /// made in code.
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            KeyKind::Header(n) | KeyKind::Query(n) | KeyKind::Form(n) => {
+                check_name(&self.to_string(), n)
+            }
+            KeyKind::Custom(c) => check_name(&self.to_string(), &c.name),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The NAME of `KIND:NAME`: 1 to 128 characters from A-Z, a-z, 0-9 and
+/// `-_.[]`; `text` is the whole kind, for the message.
+fn check_name(text: &str, n: &str) -> Result<(), String> {
+    if n.is_empty()
+        || n.len() > 128
+        || !n
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.[]".contains(&b))
+    {
+        Err(format!("key {text:?}: the name after the colon must be 1 to 128 characters from A-Z, a-z, 0-9, \"-\", \"_\", \".\", \"[\" and \"]\""))
+    } else {
+        Ok(())
     }
 }
 

@@ -96,6 +96,7 @@ impl Application {
             Arc::clone(&metrics),
             FilterOptions {
                 trusted_proxies: config.server.trusted_proxies.clone(),
+                proxy_header: config.server.proxy_header,
                 max_form: config.server.max_form,
                 key_prefix: config.redis.key_prefix.clone(),
                 denial_page: Box::new(move |rule, retry| {

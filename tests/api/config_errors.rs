@@ -192,6 +192,14 @@ fn bad_cidr_in_trusted_proxies() {
 }
 
 #[test]
+fn unknown_proxy_header() {
+    assert_refused(
+        "bad_proxy_header.toml",
+        "line 3, column 16: unknown variant \"x-real-ip\", expected \"x-forwarded-for\" or \"forwarded\"",
+    );
+}
+
+#[test]
 fn toml_syntax_error() {
     assert_refused(
         "toml_syntax.toml",

@@ -468,11 +468,11 @@ async fn behind_trusted_proxies_the_rightmost_untrusted_hop_is_the_client() {
         // Trusted hops are skipped.
         ("x-forwarded-for", "4.4.4.4, 10.1.2.3", 200),
         ("x-forwarded-for", "4.4.4.4", 429),
-        ("forwarded", "for=3.3.3.3, for=\"10.0.0.9\"", 200),
+        ("x-forwarded-for", "3.3.3.3, 10.0.0.9", 200),
         // IPv4-mapped IPv6 is IPv4; other IPv6 counts by its /64.
         ("x-forwarded-for", "::ffff:3.3.3.3", 429),
         ("x-forwarded-for", "2001:db8:1:2::5", 200),
-        ("forwarded", "for=\"[2001:db8:1:2:aaaa::1]:443\"", 429),
+        ("x-forwarded-for", "2001:db8:1:2:aaaa::1", 429),
     ];
     for (name, value, status) in cases {
         let res = get_with(&app, "/check", &[(name, value)]).await;

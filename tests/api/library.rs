@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use actix_service::IntoServiceFactory;
-use actix_web::dev::{AppConfig, ServiceFactory};
 use actix_web::http::StatusCode;
 use actix_web::{test, web, App, HttpResponse};
 use floodgate::{Filter, Key, Limit, Limits};
@@ -268,16 +266,23 @@ async fn custom_key_functions_session_lookup_and_denial_responders_are_used() {
 }
 
 #[actix_web::test]
-async fn an_unusable_in_code_limit_stops_the_app_from_starting() {
+async fn an_unusable_in_code_limit_is_refused_with_the_reason() {
     let redis = RedisServer::start();
     let filter = Filter::builder().redis_url(&redis.url()).build().unwrap();
-    let app = App::new().service(
-        web::resource("/x")
-            .wrap(filter.limit(Limit::per_minute(0)))
-            .route(web::get().to(ok)),
+    let said =
+        panic_message(|| filter.limit(Limit::per_minute(0))).expect("a limit of 0 is refused");
+    assert!(
+        said.contains("limit must be between 1 and 100000, got 0"),
+        "{said}"
     );
-    let started = app.into_factory().new_service(AppConfig::default()).await;
-    assert!(started.is_err());
+    let err = filter
+        .try_limit(Limit::per_minute(0).name("zero"))
+        .expect_err("a limit of 0 is refused")
+        .to_string();
+    assert_eq!(
+        err,
+        "unusable limit \"zero\": limit must be between 1 and 100000, got 0"
+    );
     let err = Filter::builder()
         .redis_url(&redis.url())
         .rule("/x", Limit::new(1, Duration::ZERO))
@@ -286,4 +291,279 @@ async fn an_unusable_in_code_limit_stops_the_app_from_starting() {
         .unwrap()
         .to_string();
     assert!(err.contains("window must be greater than 0"), "{err}");
+}
+
+/// What a call panicked with, or `None` when it returned.
+fn panic_message<T>(f: impl FnOnce() -> T) -> Option<String> {
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).err()?;
+    Some(
+        caught
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| caught.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default(),
+    )
+}
+
+/// A sign-in style route under `count = "failures"`: `/login?ok=1`
+/// succeeds (and its handler gives its units back itself as well),
+/// anything else fails with 401.
+async fn login(
+    limits: Limits,
+    query: web::Query<std::collections::HashMap<String, String>>,
+) -> HttpResponse {
+    if query.get("ok").is_some() {
+        limits.give_back().await.unwrap();
+        HttpResponse::Ok().body("welcome")
+    } else {
+        HttpResponse::Unauthorized().body("no")
+    }
+}
+
+#[actix_web::test]
+async fn a_success_gives_its_units_back_once_however_many_paths_refund_it() {
+    let redis = RedisServer::start();
+    let filter = Filter::builder()
+        .redis_url(&redis.url())
+        .rule(
+            "/login",
+            Limit::per_minute(3).count_failures_only().name("login"),
+        )
+        .build()
+        .unwrap();
+    let app = test::init_service(
+        App::new()
+            .wrap(filter)
+            .route("/login", web::get().to(login)),
+    )
+    .await;
+    let get = |uri: &'static str| test::TestRequest::get().uri(uri).to_request();
+    let mut failures_admitted = 0;
+    for _ in 0..6 {
+        let res = test::call_service(&app, get("/login")).await;
+        if res.status() == StatusCode::UNAUTHORIZED {
+            failures_admitted += 1;
+        }
+        // The handler and the filter both give this success back: once.
+        test::call_service(&app, get("/login?ok=1")).await;
+    }
+    assert_eq!(failures_admitted, 3);
+    assert_eq!(redis.llen("floodgate:login:ip:0.0.0.0"), 3);
+}
+
+#[actix_web::test]
+async fn an_inner_redirect_denial_under_a_failures_rule_is_given_back_once() {
+    let redis = RedisServer::start();
+    let filter = toml_filter(
+        &redis,
+        "[[rule]]\nname = \"outer\"\npaths = [\"/m/*\"]\ndeny = \"status\"\ncount = \"failures\"\nlimit = 3\nwindow = \"1m\"\n",
+    );
+    let inner = filter.limit(Limit::per_minute(1).redirect_to("/err").name("inner"));
+    let app = test::init_service(
+        App::new().wrap(filter.clone()).service(
+            web::scope("/m")
+                .service(web::resource("/tight").wrap(inner).route(web::get().to(ok)))
+                .route("/fail", web::get().to(HttpResponse::Unauthorized)),
+        ),
+    )
+    .await;
+    let get = |uri: &'static str| test::TestRequest::get().uri(uri).to_request();
+    let mut failures_admitted = 0;
+    for _ in 0..6 {
+        let res = test::call_service(&app, get("/m/fail")).await;
+        if res.status() == StatusCode::UNAUTHORIZED {
+            failures_admitted += 1;
+        }
+        // Allowed once, then denied with a 303 by the inner limit: the
+        // outer rule gives its unit back once either way.
+        test::call_service(&app, get("/m/tight")).await;
+    }
+    assert_eq!(failures_admitted, 3);
+    assert_eq!(redis.llen("floodgate:outer:ip:0.0.0.0"), 3);
+}
+
+#[actix_web::test]
+async fn default_names_tell_limits_apart_and_sliding_and_fixed_never_share_state() {
+    let redis = RedisServer::start();
+    let filter = Filter::builder().redis_url(&redis.url()).build().unwrap();
+    let sliding = filter.limit(Limit::per_minute(3));
+    let fixed = filter.limit(Limit::per_minute(3).fixed_window());
+    let app = test::init_service(
+        App::new()
+            .service(web::resource("/s").wrap(sliding).route(web::get().to(ok)))
+            .service(web::resource("/f").wrap(fixed).route(web::get().to(ok))),
+    )
+    .await;
+    let get = |uri: &'static str| test::TestRequest::get().uri(uri).to_request();
+    for uri in ["/s", "/f"] {
+        let mut admitted = 0;
+        for _ in 0..6 {
+            if test::call_service(&app, get(uri)).await.status() == StatusCode::OK {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 3, "{uri}");
+    }
+    assert_eq!(redis.keys("floodgate:*").len(), 2);
+    // Names are never cut so that two limits meet, nor made alike by the
+    // characters a rule name cannot hold (another filter: names of its own).
+    let filter = Filter::builder().redis_url(&redis.url()).build().unwrap();
+    let name = |key: Key| {
+        filter.limit(Limit::per_hour(7).key(key)).rules()[0]
+            .name
+            .clone()
+    };
+    let long = "x".repeat(80);
+    let a = name(Key::header(&format!("{long}a")));
+    let b = name(Key::header(&format!("{long}b")));
+    assert_ne!(a, b);
+    assert!(a.len() <= 64, "{a}");
+    assert_ne!(name(Key::query("a.b")), name(Key::query("a-b")));
+    let rule = |l: Limit| filter.limit(l).rules()[0].name.clone();
+    assert_ne!(
+        rule(Limit::per_minute(3).cost(1)),
+        rule(Limit::per_minute(3).cost(2))
+    );
+    assert_ne!(
+        rule(Limit::token_bucket(1.5, 3)),
+        rule(Limit::token_bucket(2.5, 3))
+    );
+}
+
+#[actix_web::test]
+async fn in_code_limits_with_one_name_and_two_meanings_are_refused() {
+    let redis = RedisServer::start();
+    let filter = Filter::builder()
+        .redis_url(&redis.url())
+        .rule("/a", Limit::per_minute(2).name("shared"))
+        .build()
+        .unwrap();
+    // An in-code limit named like a builder rule.
+    let said = panic_message(|| filter.limit(Limit::per_minute(5).name("shared")));
+    let said = said.expect("a limit named like a builder rule is refused");
+    assert!(said.contains("\"shared\""), "{said}");
+    // Two resources given the same limit from two places in the code.
+    let _first = filter.limit(Limit::per_minute(3).key(Key::path()));
+    let said = panic_message(|| filter.limit(Limit::per_minute(3).key(Key::path())));
+    let said = said.expect("a second limit of the same name is refused");
+    assert!(said.contains("name"), "{said}");
+    // One place in the code, run once per worker, is one limit.
+    for _ in 0..3 {
+        let _ = filter.limit(Limit::per_minute(4).key(Key::path()));
+    }
+    // Two builder rules of one name are refused too.
+    let err = Filter::builder()
+        .redis_url(&redis.url())
+        .rule("/a", Limit::per_minute(2))
+        .rule("/b", Limit::per_minute(2))
+        .build()
+        .expect_err("two rules of one name are refused")
+        .to_string();
+    assert!(err.contains("name"), "{err}");
+}
+
+#[actix_web::test]
+async fn in_code_limits_are_checked_like_toml_rules() {
+    let redis = RedisServer::start();
+    let build = |limit: Limit| {
+        Filter::builder()
+            .redis_url(&redis.url())
+            .rule("/x", limit)
+            .build()
+            .err()
+            .map(|e| e.to_string())
+    };
+    let custom = |name: &str| Key::custom(name, |_: &actix_web::HttpRequest| None);
+    let tenant = |n: &'static str| {
+        Key::custom("tenant", move |_: &actix_web::HttpRequest| {
+            Some(n.to_string())
+        })
+    };
+    for (limit, says) in [
+        (
+            Limit::per_minute(1).redirect_to("/err\r\nSet-Cookie: x=1"),
+            "error_page \"/err\\r\\nSet-Cookie: x=1\" may hold only",
+        ),
+        (
+            Limit::per_minute(1).redirect_to("https://elsewhere.example/"),
+            "must start with \"/\"",
+        ),
+        (
+            Limit::new(5, Duration::from_micros(500)),
+            "window must be a whole number of milliseconds",
+        ),
+        (
+            Limit::new(5, Duration::from_micros(1500)),
+            "window must be a whole number of milliseconds",
+        ),
+        (
+            Limit::new(5, Duration::from_secs(400 * 86_400)),
+            "window must be at most 366 days, got \"400d\"",
+        ),
+        (
+            Limit::token_bucket(0.0, 5),
+            "rate must be greater than 0 and at most 1000000 (tokens per second), got 0",
+        ),
+        (
+            Limit::per_minute(1).key(Key::header("")),
+            "key \"header:\": the name after the colon must be",
+        ),
+        (
+            Limit::per_minute(1).key(custom("a b")),
+            "key \"custom:a b\": the name after the colon must be",
+        ),
+        (
+            Limit::per_minute(1).key(Key::ip().and(Key::ip())),
+            "key lists \"ip\" twice",
+        ),
+        (
+            Limit::per_minute(1).key(tenant("f").and(tenant("g"))),
+            "key lists \"custom:tenant\" twice",
+        ),
+        (
+            Limit::per_minute(1).name("no spaces"),
+            "name must be 1 to 64 characters",
+        ),
+    ] {
+        let err = build(limit).unwrap_or_else(|| panic!("accepted, should say {says}"));
+        assert!(err.contains(says), "{err} (expected {says})");
+    }
+    // A builder rule that covers its own error page would redirect forever.
+    let err = build_loop(&redis).expect("a redirect loop is refused");
+    assert!(err.contains("(a loop)"), "{err}");
+    // On a resource, the refusal says why.
+    let filter = Filter::builder().redis_url(&redis.url()).build().unwrap();
+    let said = panic_message(|| filter.limit(Limit::per_minute(1).redirect_to("/e\u{1}")))
+        .expect("an unusable limit on a resource is refused");
+    assert!(said.contains("error_page"), "{said}");
+}
+
+fn build_loop(redis: &RedisServer) -> Option<String> {
+    Filter::builder()
+        .redis_url(&redis.url())
+        .rule("/*", Limit::per_minute(1).redirect_to("/err"))
+        .build()
+        .err()
+        .map(|e| e.to_string())
+}
+
+#[actix_web::test]
+async fn an_in_code_redirect_limit_on_its_own_error_page_does_not_send_it_to_itself() {
+    let redis = RedisServer::start();
+    let filter = Filter::builder().redis_url(&redis.url()).build().unwrap();
+    let app = test::init_service(
+        App::new().service(
+            web::resource("/err")
+                .wrap(filter.limit(Limit::per_minute(1).redirect_to("/err").name("page")))
+                .route(web::get().to(ok)),
+        ),
+    )
+    .await;
+    let get = || test::TestRequest::get().uri("/err").to_request();
+    assert_eq!(
+        test::call_service(&app, get()).await.status(),
+        StatusCode::OK
+    );
+    let denied = test::call_service(&app, get()).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
 }
