@@ -100,7 +100,8 @@ pub struct Config {
     /// `[[rule]]`, with `[defaults]` applied.
     pub rules: Vec<Rule>,
     /// `[defaults] region`: how the site reads the phone numbers people
-    /// type (with the same function as the `e164` rules).
+    /// type (with the same function as the `e164` rules), at start; a
+    /// reload updates the site's copy (`Site::region`) with the rules.
     pub region: Region,
     /// `[sms]`
     pub sms: SmsConfig,
@@ -178,6 +179,10 @@ pub struct SiteConfig {
     pub title: String,
     /// Whether cookies carry `Secure`.
     pub secure_cookies: bool,
+    /// Whether `/dev/outbox` answers every client; `false`: loopback
+    /// clients only (the client address behind trusted proxies), others
+    /// get 404. Whoever reads the outbox reads everyone's codes.
+    pub public_outbox: bool,
 }
 
 /// The file used when neither `--config` nor `$FLOODGATE_CONFIG` names one.
@@ -345,6 +350,7 @@ impl Config {
         let site = SiteConfig {
             title: raw.site.title.unwrap_or_else(|| "floodgate".into()),
             secure_cookies: raw.site.secure_cookies.unwrap_or(false),
+            public_outbox: raw.site.public_outbox.unwrap_or(false),
         };
 
         Ok(Config {

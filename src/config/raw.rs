@@ -197,6 +197,8 @@ pub struct RawSite {
     pub title: Option<String>,
     /// Mark cookies `Secure` (serve over HTTPS).
     pub secure_cookies: Option<bool>,
+    /// Show `/dev/outbox` to every client, not only loopback ones.
+    pub public_outbox: Option<bool>,
 }
 
 impl std::fmt::Debug for RawServer {

@@ -247,6 +247,12 @@ impl Filter {
         Ok(())
     }
 
+    /// Whether `ip` is one of the trusted proxies.
+    pub fn is_trusted_proxy(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.state.trusted_proxies.iter().any(|c| c.contains(ip))
+    }
+
     /// The client address of a request, behind trusted proxies.
     pub fn client_addr(&self, req: &HttpRequest) -> IpAddr {
         let peer = req

@@ -7,22 +7,24 @@ use super::phone::Phone;
 use super::store::{CodeCheck, Purpose, CODE_TTL_SECS, MAX_ATTEMPTS};
 use super::{Site, SiteError};
 
-/// Issues a new `purpose` code for `phone` (replacing any earlier one) and
-/// texts it. A reset code is texted only when the phone has an account, but
-/// the Redis work is the same either way, so the answer tells nothing.
+/// Issues a new `purpose` code for `phone` (replacing any earlier one),
+/// bound to the session `sid` that asked for it, and texts it. A reset
+/// code is texted only when the phone has an account, but the Redis work
+/// is the same either way, so the answer tells nothing.
 pub(super) async fn text_code(
     site: &Site,
     purpose: Purpose,
     phone: &Phone,
+    sid: &str,
 ) -> Result<(), SiteError> {
     let (store, sms) = (site.store.clone(), Arc::clone(&site.sms));
-    let to = phone.clone();
+    let (to, sid) = (phone.clone(), sid.to_string());
     site.redis(move |conn| {
         let send = match purpose {
             Purpose::SignIn => true,
             Purpose::Reset => store.account(conn, &to)?.is_some(),
         };
-        let code = store.issue_code(conn, purpose, &to)?;
+        let code = store.issue_code(conn, purpose, &to, &sid)?;
         if !send {
             return Ok(());
         }

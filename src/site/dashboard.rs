@@ -337,12 +337,33 @@ struct OutboxPage {
     messages: Vec<super::sms::Message>,
 }
 
+/// Whether the client is on this machine: its address (behind trusted
+/// proxies) is loopback. Behind a proxy, that address must be one the
+/// forwarding headers name: when they cannot tell the client (they
+/// disagree, or a hop cannot be read) the answer falls back to a trusted
+/// proxy's own address, which says nothing about who is asking.
+fn loopback_client(site: &Site, req: &HttpRequest) -> bool {
+    let client = site.filter.client_addr(req).to_canonical();
+    if !client.is_loopback() {
+        return false;
+    }
+    let headers = req.headers();
+    let forwarded = headers.contains_key("forwarded") || headers.contains_key("x-forwarded-for");
+    !forwarded || !site.filter.is_trusted_proxy(client)
+}
+
 /// `GET /dev/outbox`: the messages "sent", newest first (only with the
-/// outbox provider). JSON when `Accept` names `application/json`.
+/// outbox provider). JSON when `Accept` names `application/json`. The
+/// messages are everyone's codes: only loopback clients (the client
+/// address behind trusted proxies, not the proxy's) see them unless
+/// `[site] public_outbox` is set; others get the 404 page.
 pub async fn outbox(site: web::Data<Site>, req: HttpRequest) -> Result<HttpResponse, SiteError> {
     let Some(outbox) = site.outbox.clone() else {
         return Ok(super::pages::not_found(req).await);
     };
+    if !site.config.site.public_outbox && !loopback_client(&site, &req) {
+        return Ok(super::pages::not_found(req).await);
+    }
     let messages = site.redis(move |conn| outbox.read(conn)).await?;
     if crate::filter::accepts(&req, "application/json") {
         return Ok(HttpResponse::Ok()

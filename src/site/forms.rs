@@ -237,7 +237,7 @@ impl<F: Flow> FromRequest for PhonePost<F> {
             let typed = fields.phone.clone().unwrap_or_default();
             let mut form = PhoneForm::new(&site, &visitor, &typed);
             form.code_sent = F::CODE_SENT;
-            match Phone::parse(&typed, site.config.region) {
+            match Phone::parse(&typed, site.region()) {
                 Some(phone) => Ok(PhonePost {
                     visitor,
                     phone,

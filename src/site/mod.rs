@@ -15,9 +15,9 @@ pub mod sms;
 pub mod startup;
 pub mod store;
 
-pub use self::startup::{Application, StartError};
+pub use self::startup::{Application, Reloader, StartError};
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use actix_web::cookie::Cookie;
 use actix_web::http::{header, StatusCode};
@@ -27,11 +27,14 @@ use crate::config::Config;
 use crate::filter::Filter;
 use crate::limit::RedisConn;
 use crate::metrics::Metrics;
+use crate::rule::Region;
 
 /// What every handler can reach (`web::Data<Site>`).
 pub struct Site {
     /// The configuration the site was started with.
     pub config: Config,
+    /// `[defaults] region` as last (re)loaded: how phone fields are read.
+    pub region: Arc<RwLock<Region>>,
     /// The filter (its rules are the ones in force, after reloads).
     pub filter: Filter,
     /// Process counters.
@@ -49,6 +52,15 @@ pub struct Site {
 }
 
 impl Site {
+    /// The region whose conventions read phone numbers written without
+    /// `+`: the one the rules in force use.
+    pub fn region(&self) -> Region {
+        match self.region.read() {
+            Ok(r) => *r,
+            Err(p) => *p.into_inner(),
+        }
+    }
+
     /// The site title.
     pub fn title(&self) -> String {
         self.config.site.title.clone()

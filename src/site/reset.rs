@@ -31,7 +31,7 @@ pub async fn reset_request(
         mut form,
         ..
     } = post;
-    text_code(&site, Purpose::Reset, &phone).await?;
+    text_code(&site, Purpose::Reset, &phone, &visitor.sid).await?;
     form.phone = phone.display();
     form.code_sent = true;
     form.notice = format!(
@@ -61,13 +61,15 @@ pub async fn reset_confirm(
     }
     let code = fields.code();
     let store = site.store.clone();
-    let to = phone.clone();
+    let (to, sid) = (phone.clone(), visitor.sid.clone());
     let checked = site
         .redis(move |conn| {
-            Ok(match store.check_code(conn, Purpose::Reset, &to, &code)? {
-                CodeCheck::Valid => store.account(conn, &to)?.ok_or(CodeCheck::Missing),
-                other => Err(other),
-            })
+            Ok(
+                match store.check_code(conn, Purpose::Reset, &to, &code, &sid)? {
+                    CodeCheck::Valid => store.account(conn, &to)?.ok_or(CodeCheck::Missing),
+                    other => Err(other),
+                },
+            )
         })
         .await?;
     let account = match checked {

@@ -35,7 +35,7 @@ pub async fn send_code(
         mut form,
         ..
     } = post;
-    text_code(&site, Purpose::SignIn, &phone).await?;
+    text_code(&site, Purpose::SignIn, &phone, &visitor.sid).await?;
     log::info!("sign-in code sent to {}", phone.masked());
     form.phone = phone.display();
     form.code_sent = true;
@@ -54,10 +54,10 @@ pub async fn login_sms(
 ) -> Result<HttpResponse, SiteError> {
     let code = post.fields.code();
     let store = site.store.clone();
-    let to = post.phone.clone();
+    let (to, sid) = (post.phone.clone(), post.visitor.sid.clone());
     let result = site
         .redis(
-            move |conn| match store.check_code(conn, Purpose::SignIn, &to, &code)? {
+            move |conn| match store.check_code(conn, Purpose::SignIn, &to, &code, &sid)? {
                 CodeCheck::Valid => store.find_or_create(conn, &to).map(Ok),
                 other => Ok(Err(other)),
             },

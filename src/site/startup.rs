@@ -7,7 +7,7 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -26,6 +26,7 @@ use crate::config::SmsProvider;
 use crate::config::{self, Config};
 use crate::limit::{Limiter, LimiterError, LimiterOptions};
 use crate::metrics::Metrics;
+use crate::rule::Region;
 use crate::site::session::{self, Secret};
 use crate::site::sms::{LogSender, Outbox, SmsSender};
 use crate::site::store::Store;
@@ -57,6 +58,7 @@ pub struct Application {
     port: u16,
     server: Server,
     filter: Filter,
+    region: Arc<RwLock<Region>>,
     config_path: PathBuf,
 }
 
@@ -75,10 +77,13 @@ impl Application {
     {
         let listener = TcpListener::bind(&config.server.bind)
             .map_err(|e| StartError::Bind(config.server.bind.clone(), e))?;
-        let port = listener
+        let local = listener
             .local_addr()
-            .map_err(|e| StartError::Bind(config.server.bind.clone(), e))?
-            .port();
+            .map_err(|e| StartError::Bind(config.server.bind.clone(), e))?;
+        let port = local.port();
+        if let Some(warning) = outbox_warning(&config, local.ip()) {
+            log::warn!("{warning}");
+        }
         let options = LimiterOptions {
             deny_cache: config.limiter.deny_cache,
             breaker: config.limiter.breaker,
@@ -124,7 +129,9 @@ impl Application {
             Some(o) => Arc::clone(o) as Arc<dyn SmsSender>,
             None => Arc::new(LogSender),
         };
+        let region = Arc::new(RwLock::new(config.region));
         let site = web::Data::new(Site {
+            region: Arc::clone(&region),
             config,
             filter: filter.clone(),
             metrics,
@@ -159,6 +166,7 @@ impl Application {
             port,
             server,
             filter,
+            region,
             config_path,
         })
     }
@@ -171,6 +179,15 @@ impl Application {
     /// The filter (to read or replace rules).
     pub fn filter(&self) -> Filter {
         self.filter.clone()
+    }
+
+    /// What SIGHUP does, to call directly.
+    pub fn reloader(&self) -> Reloader {
+        Reloader {
+            filter: self.filter.clone(),
+            region: Arc::clone(&self.region),
+            path: self.config_path.clone(),
+        }
     }
 
     /// A handle to stop the server.
@@ -190,14 +207,29 @@ impl Application {
     pub async fn run_with_signals(self) -> std::io::Result<()> {
         #[cfg(unix)]
         {
-            actix_rt::spawn(reload_on_sighup(
-                self.filter.clone(),
-                self.config_path.clone(),
-            ));
+            actix_rt::spawn(reload_on_sighup(self.reloader()));
             actix_rt::spawn(stop_on_signals(self.server.handle()));
         }
         self.server.await
     }
+}
+
+/// What to say at startup when the outbox (everyone's codes) can be
+/// reached from other machines: it is on and the site listens on an
+/// address that is not loopback.
+pub fn outbox_warning(config: &Config, bound: std::net::IpAddr) -> Option<String> {
+    if config.sms.provider != SmsProvider::Outbox || bound.to_canonical().is_loopback() {
+        return None;
+    }
+    Some(if config.site.public_outbox {
+        format!(
+            "[sms] provider = \"outbox\" with [site] public_outbox = true on {bound}: anyone who reaches the site can read every code at /dev/outbox and sign in as its phone's owner; use it for demos only"
+        )
+    } else {
+        format!(
+            "[sms] provider = \"outbox\" on {bound}: the codes are not texted to anyone; /dev/outbox shows them to loopback clients only (others get 404), so only this machine can read them"
+        )
+    })
 }
 
 /// actix-server would stop at once on SIGINT; we finish in-flight requests
@@ -233,18 +265,38 @@ fn security_headers() -> DefaultHeaders {
         .add(("Referrer-Policy", "same-origin"))
 }
 
-/// Re-reads `[defaults]` and `[[rule]]` from `path`; the old rules stay in
-/// force when the file does not validate.
-pub fn reload_rules(filter: &Filter, path: &std::path::Path) -> Result<usize, config::ConfigError> {
-    // The whole file must validate, though only the rules are taken.
-    let config = Config::load_file(path)?;
-    let n = config.rules.len();
-    filter.replace_rules(config.rules);
-    Ok(n)
+/// What SIGHUP reloads from the configuration file: `[defaults]` and
+/// `[[rule]]`, and with `[defaults] region` the site's own reading of the
+/// phone numbers people type (so that the site and the rules keep agreeing
+/// on what one number is). Cloned into the signal task; tests call it directly.
+#[derive(Clone)]
+pub struct Reloader {
+    filter: Filter,
+    region: Arc<RwLock<Region>>,
+    path: PathBuf,
+}
+
+impl Reloader {
+    /// Re-reads the file; the old rules stay in force when it does not
+    /// validate. Returns the number of rules now in force.
+    pub fn reload(&self) -> Result<usize, config::ConfigError> {
+        // The whole file must validate, though only the rules and the
+        // region are taken. They are put in force one after the other: a
+        // request already under way may meet the old rules and the new
+        // region, as it may meet the old rules for its whole life.
+        let config = Config::load_file(&self.path)?;
+        let n = config.rules.len();
+        match self.region.write() {
+            Ok(mut r) => *r = config.region,
+            Err(p) => *p.into_inner() = config.region,
+        }
+        self.filter.replace_rules(config.rules);
+        Ok(n)
+    }
 }
 
 #[cfg(unix)]
-async fn reload_on_sighup(filter: Filter, path: PathBuf) {
+async fn reload_on_sighup(reloader: Reloader) {
     use actix_rt::signal::unix::{signal, SignalKind};
     let mut hangups = match signal(SignalKind::hangup()) {
         Ok(s) => s,
@@ -254,8 +306,11 @@ async fn reload_on_sighup(filter: Filter, path: PathBuf) {
         }
     };
     while hangups.recv().await.is_some() {
-        match reload_rules(&filter, &path) {
-            Ok(n) => log::info!("SIGHUP: reloaded {n} rules from {}", path.display()),
+        match reloader.reload() {
+            Ok(n) => log::info!(
+                "SIGHUP: reloaded {n} rules from {}",
+                reloader.path.display()
+            ),
             Err(e) => log::error!("SIGHUP: kept the old rules: {e}"),
         }
     }

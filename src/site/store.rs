@@ -6,9 +6,12 @@
 //! `PREFIX:{@site}:`, one hash tag, so that every key a pipeline or
 //! transaction here touches is in one slot:
 //! - `account:+DIGITS`         hash {id, phone (E.164), password (Argon2id PHC), created}
-//! - `code:PURPOSE:+DIGITS`    hash {mac, attempts}, 5-minute TTL
+//! - `code:PURPOSE:+DIGITS`    hash {mac, owner (keyed hash of the asking
+//!   session), own, others (wrong tries of that session, of all others)},
+//!   5-minute TTL
 //! - `session:SID`             hash {account, phone}, 7-day TTL
-//! - `account-sessions:ID`     set of SIDs, for signing every session out
+//! - `sessions-of:ID`          sorted set of the account's SIDs by sign-in
+//!   time (at most `MAX_SESSIONS`; a session not in it is signed out)
 //! - `outbox`                  list of JSON messages (see `sms`)
 
 use redis::{Commands, RedisResult};
@@ -19,8 +22,13 @@ use crate::limit::RedisConn;
 
 /// How long a code is valid.
 pub const CODE_TTL_SECS: u64 = 300;
-/// Wrong attempts that invalidate a code.
+/// Wrong attempts at a code from the session that asked for it, after
+/// which the code is gone; every other session together has as many more,
+/// after which the code refuses them (and stays good for its own session).
 pub const MAX_ATTEMPTS: i64 = 5;
+/// Signed-in sessions one account keeps; a new sign-in beyond them signs
+/// the oldest out.
+pub const MAX_SESSIONS: usize = 10;
 
 /// What a code is for; sign-in and reset codes are separate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,19 +70,25 @@ pub enum CodeCheck {
     Missing,
 }
 
-/// Takes one attempt at a code: counts it and returns the stored MAC and
-/// the attempt number; nil when there is no code, or when its attempts
-/// are used up. Counting and refusing happen in one atomic step, so that
-/// however many guesses arrive at once, at most `ARGV[1]` are ever
-/// compared with the code.
+/// Takes one attempt at a code: counts it against the asking session's
+/// tries (`own`) when the session is the one the code was sent for, else
+/// against the tries every other session shares (`others`), and returns the
+/// stored MAC, the attempt number and whether the asker is the owner; nil
+/// when there is no code, or when the asker's side has used up its tries.
+/// Counting and refusing happen in one atomic step, so that however many
+/// guesses arrive at once, at most `ARGV[1]` per side are ever compared
+/// with the code. The owner's last wrong try deletes the code (the
+/// handler does that); the strangers' never do.
 const TAKE_ATTEMPT: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 0 then return nil end
-local n = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+local mine = redis.call('HGET', KEYS[1], 'owner') == ARGV[2]
+local field = mine and 'own' or 'others'
+local n = redis.call('HINCRBY', KEYS[1], field, 1)
 if n > tonumber(ARGV[1]) then
-  redis.call('DEL', KEYS[1])
+  if mine then redis.call('DEL', KEYS[1]) end
   return nil
 end
-return { redis.call('HGET', KEYS[1], 'mac'), n }
+return { redis.call('HGET', KEYS[1], 'mac'), n, mine and 1 or 0 }
 ";
 
 /// Redis access for the site.
@@ -158,13 +172,21 @@ impl Store {
             .mac_hex("sms-code", &[purpose.name(), phone.e164(), code])
     }
 
-    /// A new 6-digit code from the CSPRNG, replacing any earlier one. Only
-    /// its keyed hash is stored; the code itself is returned to be sent.
+    /// Who asked for a code, as stored with it: a keyed hash of the session
+    /// ID (the ID itself signs that session in, so it is not written here).
+    fn code_owner(&self, sid: &str) -> String {
+        self.secret.mac_hex("sms-code-owner", &[sid])
+    }
+
+    /// A new 6-digit code from the CSPRNG for the session `sid`, replacing
+    /// any earlier one. Only its keyed hash is stored; the code itself is
+    /// returned to be sent.
     pub fn issue_code(
         &self,
         conn: &mut RedisConn,
         purpose: Purpose,
         phone: &Phone,
+        sid: &str,
     ) -> RedisResult<String> {
         let code = random_code().map_err(io_error)?;
         let key = self.code_key(purpose, phone);
@@ -172,27 +194,34 @@ impl Store {
             .atomic()
             .del(&key)
             .hset(&key, "mac", self.code_mac(purpose, phone, &code))
-            .hset(&key, "attempts", 0)
+            .hset(&key, "owner", self.code_owner(sid))
+            .hset(&key, "own", 0)
+            .hset(&key, "others", 0)
             .expire(&key, CODE_TTL_SECS as i64)
             .exec(conn)?;
         Ok(code)
     }
 
-    /// Checks a code: single use, constant-time comparison, and five wrong
-    /// attempts invalidate it.
+    /// Checks a code sent from session `sid`: single use, constant-time
+    /// comparison. The session the code was sent for has
+    /// [`MAX_ATTEMPTS`] tries, after which the code is gone; every other
+    /// session together has as many more, after which the code refuses
+    /// them, right or wrong, and stays good for its own session.
     pub fn check_code(
         &self,
         conn: &mut RedisConn,
         purpose: Purpose,
         phone: &Phone,
         code: &str,
+        sid: &str,
     ) -> RedisResult<CodeCheck> {
         let key = self.code_key(purpose, phone);
-        let taken: Option<(String, i64)> = redis::Script::new(TAKE_ATTEMPT)
+        let taken: Option<(String, i64, i64)> = redis::Script::new(TAKE_ATTEMPT)
             .key(&key)
             .arg(MAX_ATTEMPTS)
+            .arg(self.code_owner(sid))
             .invoke(conn)?;
-        let Some((stored, attempt)) = taken else {
+        let Some((stored, attempt, mine)) = taken else {
             return Ok(CodeCheck::Missing);
         };
         let code = code.trim();
@@ -206,7 +235,7 @@ impl Store {
             });
         }
         let left = (MAX_ATTEMPTS - attempt).max(0);
-        if left == 0 {
+        if left == 0 && mine == 1 {
             let _: i64 = conn.del(&key)?;
         }
         Ok(CodeCheck::Wrong(left))
@@ -217,10 +246,13 @@ impl Store {
     }
 
     fn account_sessions_key(&self, account_id: &str) -> String {
-        format!("{}account-sessions:{account_id}", self.base)
+        format!("{}sessions-of:{account_id}", self.base)
     }
 
-    /// Records a signed-in session.
+    /// Records a signed-in session. The account keeps at most
+    /// [`MAX_SESSIONS`]: the oldest beyond them are signed out, in the
+    /// same step, so that repeated sign-ins cannot grow Redis without
+    /// bound.
     pub fn start_session(
         &self,
         conn: &mut RedisConn,
@@ -229,30 +261,44 @@ impl Store {
     ) -> RedisResult<()> {
         let key = self.session_key(sid);
         let set = self.account_sessions_key(&account.id);
-        redis::pipe()
-            .atomic()
+        let evicted: Vec<String> = redis::Script::new(ADD_SESSION)
+            .key(&set)
+            .arg(sid)
+            .arg(SESSION_TTL_SECS)
+            .arg(MAX_SESSIONS)
+            .invoke(conn)?;
+        // A session counts only while its ID is in the account's set
+        // (`session_phone`), so the evicted ones are signed out already;
+        // their hashes go now rather than at their TTL.
+        let mut pipe = redis::pipe();
+        pipe.atomic()
             .hset(&key, "account", &account.id)
             .hset(&key, "phone", &account.phone)
-            .expire(&key, SESSION_TTL_SECS as i64)
-            .sadd(&set, sid)
-            .expire(&set, SESSION_TTL_SECS as i64)
-            .exec(conn)
+            .expire(&key, SESSION_TTL_SECS as i64);
+        for old in &evicted {
+            pipe.del(self.session_key(old));
+        }
+        pipe.exec(conn)
     }
 
-    /// The phone of a live session of `account_id`, if the session is live.
+    /// The phone of a live session of `account_id`, if the session is live:
+    /// its hash names the account, and the account still lists it.
     pub fn session_phone(
         &self,
         conn: &mut RedisConn,
         sid: &str,
         account_id: &str,
     ) -> RedisResult<Option<String>> {
-        let (account, phone): (Option<String>, Option<String>) = redis::cmd("HMGET")
-            .arg(self.session_key(sid))
-            .arg("account")
-            .arg("phone")
-            .query(conn)?;
-        Ok(match (account, phone) {
-            (Some(a), Some(p)) if a == account_id => Some(p),
+        let ((account, phone), listed): ((Option<String>, Option<String>), Option<f64>) =
+            redis::pipe()
+                .cmd("HMGET")
+                .arg(self.session_key(sid))
+                .arg("account")
+                .arg("phone")
+                .zscore(self.account_sessions_key(account_id), sid)
+                .query(conn)?;
+        Ok(match (account, phone, listed) {
+            (Some(a), Some(p), Some(_)) if a == account_id => Some(p),
             _ => None,
         })
     }
@@ -266,7 +312,7 @@ impl Store {
     ) -> RedisResult<()> {
         redis::pipe()
             .del(self.session_key(sid))
-            .srem(self.account_sessions_key(account_id), sid)
+            .zrem(self.account_sessions_key(account_id), sid)
             .exec(conn)
     }
 
@@ -278,7 +324,7 @@ impl Store {
         keep: Option<&str>,
     ) -> RedisResult<usize> {
         let set = self.account_sessions_key(account_id);
-        let sids: Vec<String> = conn.smembers(&set)?;
+        let sids: Vec<String> = conn.zrange(&set, 0, -1)?;
         let mut ended = 0;
         for sid in sids.iter().filter(|s| Some(s.as_str()) != keep) {
             let _: () = self.end_session(conn, sid, account_id)?;
@@ -287,6 +333,24 @@ impl Store {
         Ok(ended)
     }
 }
+
+/// Adds session `ARGV[1]` to an account's sessions (a sorted set scored by
+/// sign-in time on Redis's clock, in microseconds), forgets those older
+/// than the session lifetime `ARGV[2]` (seconds), and removes the oldest
+/// beyond `ARGV[3]`; returns the IDs removed for being too many.
+const ADD_SESSION: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local ttl = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl * 1000000)
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('EXPIRE', KEYS[1], ttl)
+local over = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[3])
+if over <= 0 then return {} end
+local evicted = redis.call('ZRANGE', KEYS[1], 0, over - 1)
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, over - 1)
+return evicted
+";
 
 /// Six uniform random digits.
 fn random_code() -> Result<String, getrandom::Error> {

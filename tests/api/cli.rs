@@ -27,6 +27,12 @@ struct Served {
 
 impl Served {
     fn start(name: &str, toml: &str) -> Served {
+        Served::start_on(name, toml, "127.0.0.1")
+    }
+
+    /// As [`Served::start`], listening on `host` (the tests reach it on
+    /// 127.0.0.1 either way).
+    fn start_on(name: &str, toml: &str, host: &str) -> Served {
         let redis = RedisServer::start();
         let config = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("cli-{name}-{}.toml", std::process::id()));
@@ -36,7 +42,7 @@ impl Served {
             .arg("serve")
             .arg("--config")
             .arg(&config)
-            .env("FLOODGATE_BIND", format!("127.0.0.1:{port}"))
+            .env("FLOODGATE_BIND", format!("{host}:{port}"))
             .env("FLOODGATE_REDIS_URL", redis.url())
             .env("RUST_LOG", "info,floodgate=debug")
             .env_remove("FLOODGATE_CONFIG")
@@ -394,4 +400,17 @@ fn slow_but_complete_body_within_body_timeout_is_read() {
         field(&res, "ratelimit-policy").as_deref(),
         Some("\"sms\";q=100;w=60")
     );
+}
+
+/// With the outbox on, listening on an address other than loopback is
+/// warned about at startup; on loopback nothing is said about it.
+#[test]
+fn the_outbox_on_an_address_other_than_loopback_is_warned_about() {
+    let toml = "[server]\nworkers = 1\n\n[sms]\nprovider = \"outbox\"\n";
+    let open = Served::start_on("outbox-any", toml, "0.0.0.0");
+    let line = open.wait_for_log("the outbox warning", |l| l.contains("/dev/outbox"));
+    assert!(line.contains("WARN") && line.contains("0.0.0.0"), "{line}");
+    let quiet = Served::start("outbox-loopback", toml);
+    quiet.wait_for_log("the startup line", |l| l.contains(&quiet.redis.url()));
+    assert_eq!(quiet.log_lines(|l| l.contains("/dev/outbox")), 0);
 }

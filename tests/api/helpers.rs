@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use actix_web::dev::ServerHandle;
 use actix_web::{web, HttpResponse};
-use floodgate::site::Application;
+use floodgate::site::{Application, Reloader};
 use floodgate::Config;
 use floodgate::Filter;
 
@@ -250,6 +250,8 @@ pub struct TestApp {
     pub redis: RedisServer,
     /// The app's filter (rules in force).
     pub filter: Filter,
+    /// What SIGHUP does (reads the config's `path`).
+    pub reloader: Reloader,
     handle: ServerHandle,
 }
 
@@ -271,6 +273,7 @@ pub async fn spawn_app_with(toml: &str, edit: impl FnOnce(&mut Config)) -> TestA
     let app = Application::build_with(config, extra_routes).expect("the app starts");
     let port = app.port();
     let filter = app.filter();
+    let reloader = app.reloader();
     let handle = app.handle();
     // The server starts when this task is first polled: wait until it
     // answers, so that tests may then block on raw sockets.
@@ -281,6 +284,7 @@ pub async fn spawn_app_with(toml: &str, edit: impl FnOnce(&mut Config)) -> TestA
         client: client(),
         redis,
         filter,
+        reloader,
         handle,
     };
     // A deadline for a loaded machine, not a speed to meet.

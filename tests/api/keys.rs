@@ -482,6 +482,39 @@ async fn phone_formats_share_one_counter() {
     assert_eq!(app.redis.keys("floodgate:phone:form:*").len(), 1);
 }
 
+/// Numbers of other countries keep their own counters, written with `+`
+/// whatever the region: two German numbers a digit apart are two keys, a
+/// Paris number is a key, and a number that is no possible one is counted
+/// by address.
+#[actix_web::test]
+async fn numbers_of_other_countries_are_keyed_exactly() {
+    let app = spawn(FORM_RULE).await;
+    for (phone, key) in [
+        ("%2B49+160+1234567", "+491601234567"),
+        ("%2B49+60+1234567", "+49601234567"),
+        ("%2B49+151+12345678", "+4915112345678"),
+        ("%2B33+1+23+45+67+89", "+33123456789"),
+        ("%2B55+11+91234+5678", "+5511912345678"),
+        ("011+81+90+1234+5678", "+819012345678"),
+    ] {
+        let body = format!("phone={phone}").into_bytes();
+        assert_eq!(
+            app.post(URLENCODED, body, &[]).await.status(),
+            200,
+            "{phone}"
+        );
+        assert_eq!(
+            app.redis.llen(&format!("floodgate:phone:form:{key}")),
+            1,
+            "{phone}"
+        );
+    }
+    let body = b"phone=%2B33+1+23+45+67".to_vec();
+    assert_eq!(app.post(URLENCODED, body, &[]).await.status(), 200);
+    assert_eq!(app.redis.llen("floodgate:phone:ip:127.0.0.1"), 1);
+    assert_eq!(app.redis.keys("floodgate:phone:form:*").len(), 6);
+}
+
 /// `count = "failures"`: answers below 400 give their units back, answers
 /// of 400 and above keep them, for every algorithm.
 #[actix_web::test]

@@ -768,3 +768,280 @@ async fn concurrent_guesses_try_a_code_at_most_five_times() {
         .await;
     assert_eq!(res.status(), 400, "the code is gone");
 }
+
+/// Numbers of many countries, each sent a code through the site: every
+/// message goes to exactly that number in E.164, and two subscribers whose
+/// numbers differ by a digit are two accounts.
+#[actix_web::test]
+async fn numbers_of_every_country_get_their_own_codes() {
+    let app = spawn_app(&default_with_shadow("sms-per-ip")).await;
+    let user = User::new(&app);
+    for (typed, want) in [
+        ("+49 151 12345678", "+4915112345678"),
+        ("+49 160 1234567", "+491601234567"),
+        ("+49 60 1234567", "+49601234567"),
+        ("+49 (0)30 123456", "+4930123456"),
+        ("+33 1 23 45 67 89", "+33123456789"),
+        ("+44 7400 123456", "+447400123456"),
+        ("+55 11 91234 5678", "+5511912345678"),
+        ("+86 131 2345 6789", "+8613123456789"),
+        ("+82 10 2000 0000", "+821020000000"),
+        ("+20 100 123 4567", "+201001234567"),
+        ("+61 4 1234 5678", "+61412345678"),
+        ("+81 90 1234 5678", "+819012345678"),
+        ("+91 81234 56789", "+918123456789"),
+        ("+39 02 1234 5678", "+390212345678"),
+        ("+7 800 555 35 35", "+78005553535"),
+        ("+54 9 11 2345 6789", "+5491123456789"),
+        ("+234 802 123 4567", "+2348021234567"),
+        ("+1 (201) 555-0123", "+12015550123"),
+        ("011 52 222 123 4567", "+522221234567"),
+    ] {
+        let res = user.post("/sms/send", &[("phone", typed)]).await;
+        assert_eq!(res.status(), 200, "{typed}");
+        assert_eq!(outbox(&app).await[0]["phone"], want, "{typed}");
+    }
+    for bad in ["+33 1 23 45 67", "+999 123 456 789", "+44 20 7946 000"] {
+        let res = user.post("/sms/send", &[("phone", bad)]).await;
+        assert_eq!(res.status(), 400, "{bad}");
+    }
+    // The code texted to +49 60 1234567 does not sign in +49 160 1234567.
+    let other = latest_code(&app, "+49601234567").await;
+    if other != latest_code(&app, "+491601234567").await {
+        let res = user
+            .post(
+                "/login/sms",
+                &[("phone", "+49 160 1234567"), ("code", &other)],
+            )
+            .await;
+        assert_eq!(res.status(), 400);
+    }
+    let page = user.sign_in("+49 160 1234567").await;
+    assert!(page.contains("+491601234567"), "{page}");
+}
+
+/// A stranger's guesses at someone else's code, from their own session
+/// (many at once, each from another address): at most 5 are compared,
+/// after which the code refuses them even when it is right; the code stays
+/// good for the session that asked for it.
+#[actix_web::test]
+async fn a_strangers_guesses_never_void_someone_elses_code() {
+    let app = spawn_app(&default_behind_proxy(DEFAULT)).await;
+    let owner = User::new(&app);
+    let phone = "+15550100040";
+    assert_eq!(
+        owner.post("/sms/send", &[("phone", phone)]).await.status(),
+        200
+    );
+    let code = latest_code(&app, phone).await;
+    let wrong = if code == "000000" { "111111" } else { "000000" };
+    let stranger = User::new(&app);
+    let csrf = stranger.csrf().await;
+    let mut tasks = Vec::new();
+    for n in 0..20 {
+        let req = stranger
+            .http
+            .post(app.url("/login/sms"))
+            .header("x-forwarded-for", format!("203.0.113.{n}"))
+            .form(&[("phone", phone), ("code", wrong), ("csrf", &csrf)])
+            .send();
+        tasks.push(actix_web::rt::spawn(req));
+    }
+    let mut compared = 0;
+    for task in tasks {
+        let res = task.await.unwrap().unwrap();
+        assert_eq!(res.status(), 400);
+        if res.text().await.unwrap().contains("That code is not right") {
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 5, "strangers' guesses compared with the code");
+    // The right code, from the stranger's session or another one: refused.
+    for who in [&stranger, &User::new(&app)] {
+        let csrf = who.csrf().await;
+        let res = who
+            .http
+            .post(app.url("/login/sms"))
+            .header("x-forwarded-for", "203.0.113.99")
+            .form(&[("phone", phone), ("code", &code), ("csrf", &csrf)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 400, "a stranger signs in with the code");
+    }
+    // The owner signs in with it.
+    let res = owner
+        .post("/login/sms", &[("phone", phone), ("code", &code)])
+        .await;
+    assert_eq!(res.status(), 303);
+    assert_eq!(header(&res, "location").as_deref(), Some("/account"));
+}
+
+/// A reset code is bound to its session the same way.
+#[actix_web::test]
+async fn a_strangers_guesses_never_void_someone_elses_reset_code() {
+    let app = spawn_app(&default_with_shadow("verify-per-phone")).await;
+    let phone = "+15550100042";
+    let owner = User::new(&app);
+    owner.sign_in(phone).await;
+    assert_eq!(
+        owner
+            .post("/password/reset", &[("phone", phone)])
+            .await
+            .status(),
+        200
+    );
+    let code = latest_code(&app, phone).await;
+    let wrong = if code == "000000" { "111111" } else { "000000" };
+    let stranger = User::new(&app);
+    let new_password = "correct horse battery";
+    for _ in 0..6 {
+        let res = stranger
+            .post(
+                "/password/reset/confirm",
+                &[
+                    ("phone", phone),
+                    ("code", wrong),
+                    ("password", new_password),
+                ],
+            )
+            .await;
+        assert_eq!(res.status(), 400);
+    }
+    let res = stranger
+        .post(
+            "/password/reset/confirm",
+            &[
+                ("phone", phone),
+                ("code", &code),
+                ("password", new_password),
+            ],
+        )
+        .await;
+    assert_eq!(res.status(), 400, "a stranger resets with the code");
+    let res = owner
+        .post(
+            "/password/reset/confirm",
+            &[
+                ("phone", phone),
+                ("code", &code),
+                ("password", new_password),
+            ],
+        )
+        .await;
+    assert_eq!(res.status(), 303);
+}
+
+/// `/dev/outbox` answers loopback clients only (the address behind a
+/// trusted proxy counts, not the proxy's); `[site] public_outbox = true`
+/// opens it to everyone.
+#[actix_web::test]
+async fn the_outbox_is_for_loopback_clients_only() {
+    let config = default_behind_proxy(DEFAULT);
+    let app = spawn_app(&config).await;
+    let user = User::new(&app);
+    user.post("/sms/send", &[("phone", "+15550100043")]).await;
+    for from in ["203.0.113.7", "10.1.2.3", "2001:db8::1"] {
+        for accept in ["application/json", "text/html"] {
+            let res = app
+                .client
+                .get(app.url("/dev/outbox"))
+                .header("accept", accept)
+                .header("x-forwarded-for", from)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 404, "{from} {accept}");
+            let text = res.text().await.unwrap();
+            assert!(!text.contains("+15550100043"), "{text}");
+        }
+    }
+    // A client's own loopback claims: the proxy appended its address to
+    // X-Forwarded-For, or the headers disagree, or a hop is unreadable.
+    for headers in [
+        &[("x-forwarded-for", "127.0.0.1, 203.0.113.7")][..],
+        &[
+            ("forwarded", "for=127.0.0.1"),
+            ("x-forwarded-for", "203.0.113.7"),
+        ][..],
+        &[("x-forwarded-for", "unknown")][..],
+        &[("forwarded", "for=unknown")][..],
+    ] {
+        let mut req = app.client.get(app.url("/dev/outbox"));
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        assert_eq!(req.send().await.unwrap().status(), 404, "{headers:?}");
+    }
+    assert_eq!(outbox(&app).await.len(), 1, "loopback reads it");
+    assert_eq!(app.get("/dev/outbox").await.status(), 200);
+    drop(app);
+
+    let open = config.replace("public_outbox = false", "public_outbox = true");
+    assert_ne!(open, config);
+    let app = spawn_app(&open).await;
+    let res = app
+        .client
+        .get(app.url("/dev/outbox"))
+        .header("accept", "application/json")
+        .header("x-forwarded-for", "203.0.113.7")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+}
+
+/// Every sign-in adds a session, but an account keeps at most
+/// `MAX_SESSIONS`: the oldest are signed out, and Redis holds no more.
+#[actix_web::test]
+async fn an_account_keeps_a_bounded_number_of_sessions() {
+    use floodgate::site::store::MAX_SESSIONS;
+    let app = spawn_app(&default_with_shadow("sms-per-phone")).await;
+    let phone = "+15550100044";
+    let mut users = Vec::new();
+    for _ in 0..MAX_SESSIONS + 2 {
+        let user = User::new(&app);
+        user.sign_in(phone).await;
+        users.push(user);
+    }
+    for (n, user) in users.iter().enumerate() {
+        let res = user.get("/account").await;
+        if n < 2 {
+            assert_eq!(res.status(), 303, "session {n} is signed out");
+            assert_eq!(header(&res, "location").as_deref(), Some("/login"));
+        } else {
+            assert_eq!(res.status(), 200, "session {n} is signed in");
+        }
+    }
+    assert_eq!(
+        app.redis.keys("floodgate:@site:session:*").len(),
+        MAX_SESSIONS
+    );
+}
+
+/// A reload that changes `[defaults] region` changes how the site reads
+/// numbers written without `+`, as it changes the rules.
+#[actix_web::test]
+async fn a_reload_changes_how_the_site_reads_numbers() {
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("site-region-{}.toml", std::process::id()));
+    std::fs::write(&path, DEFAULT).unwrap();
+    let at = path.clone();
+    let app = crate::helpers::spawn_app_with(DEFAULT, move |c| c.path = at).await;
+    let user = User::new(&app);
+    let london = "020 7946 0000";
+    let res = user.post("/sms/send", &[("phone", london)]).await;
+    assert_eq!(res.status(), 400, "no US number");
+    std::fs::write(&path, DEFAULT.replace("region = \"US\"", "region = \"GB\"")).unwrap();
+    app.reloader.reload().unwrap();
+    let res = user.post("/sms/send", &[("phone", london)]).await;
+    assert_eq!(res.status(), 200, "a GB number now");
+    assert_eq!(outbox(&app).await[0]["phone"], "+442079460000");
+    // The rules read it the same way.
+    let keys = app.redis.keys("floodgate:sms-per-phone:*");
+    assert!(
+        keys.iter().any(|k| k.contains("+442079460000|")),
+        "{keys:?}"
+    );
+    let _ = std::fs::remove_file(&path);
+}
