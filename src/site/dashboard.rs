@@ -339,9 +339,9 @@ struct OutboxPage {
 
 /// Whether the client is on this machine: its address (behind trusted
 /// proxies) is loopback. Behind a proxy, that address must be one the
-/// forwarding headers name: when they cannot tell the client (they
-/// disagree, or a hop cannot be read) the answer falls back to a trusted
-/// proxy's own address, which says nothing about who is asking.
+/// forwarding header names: when it cannot tell the client (a hop cannot
+/// be read, or every hop is a trusted proxy) the answer falls back to a
+/// trusted proxy's own address, which says nothing about who is asking.
 fn loopback_client(site: &Site, req: &HttpRequest) -> bool {
     let client = site.filter.client_addr(req).to_canonical();
     if !client.is_loopback() {
