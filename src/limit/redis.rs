@@ -251,7 +251,7 @@ pub struct Limiter {
     queue: SyncSender<Job>,
     pool: Pool,
     timeout: Duration,
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     local: LocalLimiter,
     dispatch: Dispatch,
     /// Tells this limiter's worker lanes apart from other limiters'.

@@ -287,3 +287,60 @@ async fn an_unusable_in_code_limit_stops_the_app_from_starting() {
         .to_string();
     assert!(err.contains("window must be greater than 0"), "{err}");
 }
+
+#[actix_web::test]
+async fn a_handlers_give_back_frees_a_key_whose_denial_was_remembered() {
+    use std::sync::Arc;
+    use tokio::sync::Notify;
+
+    let redis = RedisServer::start();
+    let filter = Filter::builder()
+        .redis_url(&redis.url())
+        .rule("/r/*", Limit::per_minute(2).name("held"))
+        .build()
+        .unwrap();
+    let entered = Arc::new(Notify::new());
+    let release = Arc::new(Notify::new());
+    let (e, r) = (Arc::clone(&entered), Arc::clone(&release));
+    let app = test::init_service(
+        App::new()
+            .wrap(filter)
+            .route(
+                "/r/hold",
+                web::get().to(move |limits: Limits| {
+                    let (e, r) = (Arc::clone(&e), Arc::clone(&r));
+                    async move {
+                        e.notify_one();
+                        r.notified().await;
+                        let given = limits.give_back().await.unwrap();
+                        HttpResponse::Ok().body(format!("{given}"))
+                    }
+                }),
+            )
+            .route("/r/take", web::get().to(ok)),
+    )
+    .await;
+    let get = |uri: &'static str| test::TestRequest::get().uri(uri).to_request();
+    let hold = test::call_and_read_body(&app, get("/r/hold"));
+    let meanwhile = async {
+        entered.notified().await;
+        // The held request took one unit, this one the last: the third is
+        // denied by Redis, and the denial is remembered.
+        assert_eq!(test::call_service(&app, get("/r/take")).await.status(), 200);
+        for _ in 0..2 {
+            let res = test::call_service(&app, get("/r/take")).await;
+            assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        }
+        release.notify_one();
+    };
+    let (given, ()) = futures_util::future::join(hold, meanwhile).await;
+    assert_eq!(given, "1");
+    assert_eq!(redis.llen("floodgate:held:ip:0.0.0.0"), 1);
+    // The unit given back is there for the next request.
+    let res = test::call_service(&app, get("/r/take")).await;
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "the remembered denial outlived the give-back"
+    );
+}
