@@ -600,7 +600,11 @@ impl ClusterDispatcher {
             Ok(conn) => conn.req_command(cmd).and_then(|v| v.extract_error()),
             Err(e) => {
                 self.shared.errors.fetch_add(1, Ordering::Relaxed);
-                log::warn!("could not give back units: {e}");
+                crate::repeated!(
+                    &crate::logging::GIVE_BACK_FAILED,
+                    "could not give back units: {}",
+                    crate::logging::Escaped(&e.to_string())
+                );
                 return;
             }
         };
@@ -625,7 +629,11 @@ impl ClusterDispatcher {
         if let Err(e) = reply {
             self.note(&e);
             self.shared.errors.fetch_add(1, Ordering::Relaxed);
-            log::warn!("could not give back units: {e}");
+            crate::repeated!(
+                &crate::logging::GIVE_BACK_FAILED,
+                "could not give back units: {}",
+                crate::logging::Escaped(&e.to_string())
+            );
         }
     }
 }
