@@ -213,6 +213,13 @@ impl LocalLimiter {
         let before = match inner.slots.get(c.key.as_str()) {
             Some(slot) => slot.bytes(key_len),
             None => {
+                if inner.slots.capacity() == 0 {
+                    // Room for all the keys the bound holds, at once: the
+                    // table never grows (and rehashes) during an outage.
+                    let keys = self.max_bytes / SLOT_BYTES;
+                    inner.slots.reserve(keys);
+                    inner.queue.reserve(keys);
+                }
                 let key: Arc<str> = Arc::from(c.key.as_str());
                 inner.queue.push_back(Arc::clone(&key));
                 let slot = Slot {
