@@ -98,6 +98,7 @@
 mod config;
 mod filter;
 mod limit;
+pub mod logging;
 mod metrics;
 mod net;
 mod rule;

@@ -79,8 +79,42 @@ fn check_config(path: PathBuf) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// The log: one line per record, its message escaped (a control character
+/// that came from a request cannot start a line or reach the terminal), and
+/// the counts of repeated warnings written every period.
+fn init_logger() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .format(|buf, record| {
+            use std::fmt::Write as _;
+            use std::io::Write as _;
+            let mut message = String::new();
+            let _ = write!(
+                floodgate::logging::EscapingWriter(&mut message),
+                "{}",
+                record.args()
+            );
+            writeln!(
+                buf,
+                "[{} {:<5} {}] {message}",
+                buf.timestamp(),
+                record.level(),
+                record.target()
+            )
+        })
+        .init();
+    let ticker = std::thread::Builder::new()
+        .name("floodgate-log".into())
+        .spawn(|| loop {
+            std::thread::sleep(floodgate::logging::PERIOD);
+            floodgate::logging::flush();
+        });
+    if let Err(e) = ticker {
+        log::warn!("cannot start the log's counting thread ({e}); held-back warnings are counted on the next line of their kind");
+    }
+}
+
 fn serve(path: PathBuf) -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    init_logger();
     let config = match Config::load(&path) {
         Ok(c) => c,
         Err(e) => return unusable(&e),
@@ -121,6 +155,7 @@ fn serve(path: PathBuf) -> ExitCode {
             .await
             .map_err(|e| floodgate::site::StartError::Bind(bind.clone(), e))
     });
+    floodgate::logging::flush();
     match result {
         Ok(()) => {
             log::info!("stopped");

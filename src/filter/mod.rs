@@ -33,6 +33,7 @@ use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
 
 use crate::limit::{Check, Decision, Limiter, Outcome};
+use crate::logging::{self, Escaped};
 use crate::metrics::{Metrics, Outcome as Counted};
 use crate::net::{self, Cidr, ProxyHeader};
 use crate::rule::{self, Count, Deny, KeyKind, Mode, Rule};
@@ -449,6 +450,8 @@ where
         return service.call(req).await.map(|r| r.map_into_left_body());
     };
     let method = req.method().clone();
+    // The path as the log shows it: a decoded newline cannot forge a line.
+    let shown = Escaped(&path);
 
     // A form-keyed rule reads the urlencoded body, then hands it on intact.
     let mut form: Option<Bytes> = None;
@@ -508,7 +511,7 @@ where
         Verdict::Redis(decision) if decision.allowed => {
             count_allowed(metrics, &matched, &decision);
             log::debug!(
-                "{method} {path}: allowed ({})",
+                "{method} {shown}: allowed ({})",
                 summary(&matched, &decision)
             );
             let taken = Limits::record(
@@ -528,7 +531,11 @@ where
             {
                 // An inner filter denied the request: it takes nothing from us.
                 if let Err(e) = taken.withdraw(&filter).await {
-                    log::warn!("could not give units back ({e}); the request stays charged");
+                    crate::repeated!(
+                        &logging::GIVE_BACK_FAILED,
+                        "could not give units back ({}); the request stays charged",
+                        Escaped(&e.to_string())
+                    );
                 }
             }
             let mut decision = decision;
@@ -551,7 +558,7 @@ where
                 }
             }
             log::debug!(
-                "{method} {path}: denied by {} for {}s ({})",
+                "{method} {shown}: denied by {} for {}s ({})",
                 rule.name,
                 outcome.retry_after_secs(),
                 summary(&matched, &decision)
@@ -570,7 +577,7 @@ where
             }
             .retry_after_secs();
             log::debug!(
-                "{method} {path}: denied by {} for {retry}s (remembered denial)",
+                "{method} {shown}: denied by {} for {retry}s (remembered denial)",
                 rule.name
             );
             let response = denial(&filter, req.request(), rule, retry);
@@ -579,7 +586,11 @@ where
         }
         Verdict::Unavailable(e) => {
             Limits::deny_outer(req.request());
-            log::warn!("{method} {path}: no decision ({e}), error_denied");
+            crate::repeated!(
+                &logging::NO_DECISION,
+                "{method} {shown}: no decision ({}), error_denied",
+                Escaped(&e.to_string())
+            );
             let response = HttpResponse::ServiceUnavailable()
                 .insert_header((header::RETRY_AFTER, "1"))
                 .insert_header((header::CACHE_CONTROL, "no-store"))
@@ -600,8 +611,10 @@ where
                 let Some((rule, outcome)) = denying(&rules, &decision) else {
                     return service.call(req).await.map(|r| r.map_into_left_body());
                 };
-                log::warn!(
-                    "{method} {path}: no decision ({error}), denied here by {} for {}s",
+                crate::repeated!(
+                    &logging::NO_DECISION,
+                    "{method} {shown}: no decision ({}), denied here by {} for {}s",
+                    Escaped(&error.to_string()),
                     rule.name,
                     outcome.retry_after_secs()
                 );
@@ -609,8 +622,10 @@ where
                 Limits::deny_outer(req.request());
                 return Ok(req.into_response(response).map_into_right_body());
             }
-            log::warn!(
-                "{method} {path}: no decision ({error}), allowed{}",
+            crate::repeated!(
+                &logging::NO_DECISION,
+                "{method} {shown}: no decision ({}), allowed{}",
+                Escaped(&error.to_string()),
                 if rules.is_empty() { "" } else { " here" }
             );
             let mut res = service.call(req).await?;
@@ -674,7 +689,11 @@ async fn give_back(
                 }
             }
         }
-        Err(e) => log::warn!("could not give units back ({e}); the request stays charged"),
+        Err(e) => crate::repeated!(
+            &logging::GIVE_BACK_FAILED,
+            "could not give units back ({}); the request stays charged",
+            Escaped(&e.to_string())
+        ),
     }
 }
 

@@ -582,38 +582,58 @@ impl ClusterDispatcher {
                 cmd
             })
             .collect();
-        for cmd in &cmds {
-            let mut reply = match self.connect() {
-                Ok(conn) => conn.req_command(cmd).and_then(|v| v.extract_error()),
-                Err(e) => {
-                    self.shared.errors.fetch_add(1, Ordering::Relaxed);
-                    log::warn!("could not give back units: {e}");
-                    continue;
+        for (cmd, gs) in cmds.iter().zip(by_slot.values()) {
+            self.give_back_one(cmd);
+            // Given back (or maybe): a remembered denial of these keys may
+            // no longer hold.
+            if let Some(cache) = &self.shared.deny_cache {
+                for g in gs {
+                    cache.forget(&g.key);
                 }
-            };
-            for _ in 0..2 {
-                let Err(e) = &reply else { break };
-                match e.kind() {
-                    ErrorKind::Server(ServerErrorKind::NoScript) => {
-                        if let Err(e) = self.load_scripts() {
-                            self.note(&e);
-                            break;
-                        }
-                    }
-                    _ if e.is_cluster_error()
-                        || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) => {}
-                    _ => break,
-                }
-                reply = match self.connect() {
-                    Ok(conn) => conn.req_command(cmd).and_then(|v| v.extract_error()),
-                    Err(_) => break,
-                };
             }
-            if let Err(e) = reply {
-                self.note(&e);
+        }
+    }
+
+    /// One slot's give-back call, retried when it cannot have run.
+    fn give_back_one(&mut self, cmd: &redis::Cmd) {
+        let mut reply = match self.connect() {
+            Ok(conn) => conn.req_command(cmd).and_then(|v| v.extract_error()),
+            Err(e) => {
                 self.shared.errors.fetch_add(1, Ordering::Relaxed);
-                log::warn!("could not give back units: {e}");
+                crate::repeated!(
+                    &crate::logging::GIVE_BACK_FAILED,
+                    "could not give back units: {}",
+                    crate::logging::Escaped(&e.to_string())
+                );
+                return;
             }
+        };
+        for _ in 0..2 {
+            let Err(e) = &reply else { break };
+            match e.kind() {
+                ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    if let Err(e) = self.load_scripts() {
+                        self.note(&e);
+                        break;
+                    }
+                }
+                _ if e.is_cluster_error()
+                    || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) => {}
+                _ => break,
+            }
+            reply = match self.connect() {
+                Ok(conn) => conn.req_command(cmd).and_then(|v| v.extract_error()),
+                Err(_) => break,
+            };
+        }
+        if let Err(e) = reply {
+            self.note(&e);
+            self.shared.errors.fetch_add(1, Ordering::Relaxed);
+            crate::repeated!(
+                &crate::logging::GIVE_BACK_FAILED,
+                "could not give back units: {}",
+                crate::logging::Escaped(&e.to_string())
+            );
         }
     }
 }

@@ -10,6 +10,15 @@
 //! ARRIVED plus the wait (Redis decided no later than that), so the retry
 //! time it gives is never too early.
 //!
+//! A give-back does free units: every give-back (a handler's, a
+//! `count = "failures"` success, an outer filter's withdrawal, the cluster
+//! dispatcher's undoing of a partial admission) calls [`DenyCache::forget`]
+//! on its keys once Redis has run it, so the next request on such a key is
+//! decided by Redis again. A denial whose call was sent before a give-back
+//! on its key and whose answer arrives after it is not remembered either:
+//! each shard keeps, per group of keys, when one of them was last
+//! forgotten, and a denial sent before that is dropped.
+//!
 //! Memory is bounded: a fixed number of shards, each holding at most
 //! [`CAPACITY`] / shards keys; a full shard first drops its expired entries,
 //! then the one that frees soonest.
@@ -22,6 +31,8 @@ use std::time::{Duration, Instant};
 /// Most keys remembered at once (over all shards).
 pub const CAPACITY: usize = 32_768;
 const SHARDS: usize = 16;
+/// Groups of keys per shard that each remember their last give-back.
+const MARKS: usize = 64;
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -33,12 +44,21 @@ struct Entry {
     free_by: Instant,
 }
 
+#[derive(Debug)]
+struct Shard {
+    entries: HashMap<String, Entry>,
+    /// Per group of keys: µs after the cache's epoch when one of them was
+    /// last forgotten (given back).
+    forgotten: [u64; MARKS],
+}
+
 /// Denials remembered in-process, per Redis key.
 #[derive(Debug)]
 pub struct DenyCache {
-    shards: Vec<Mutex<HashMap<String, Entry>>>,
+    shards: Vec<Mutex<Shard>>,
     hasher: RandomState,
     per_shard: usize,
+    epoch: Instant,
 }
 
 impl Default for DenyCache {
@@ -51,27 +71,42 @@ impl DenyCache {
     /// A cache holding at most about `capacity` keys.
     pub fn with_capacity(capacity: usize) -> DenyCache {
         DenyCache {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        entries: HashMap::new(),
+                        forgotten: [0; MARKS],
+                    })
+                })
+                .collect(),
             hasher: RandomState::new(),
             per_shard: capacity.div_ceil(SHARDS).max(1),
+            epoch: Instant::now(),
         }
     }
 
-    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        let i = (self.hasher.hash_one(key) as usize) % self.shards.len();
-        match self.shards[i].lock() {
+    /// The shard of `key`, locked, and the index of its group there.
+    fn shard(&self, key: &str) -> (std::sync::MutexGuard<'_, Shard>, usize) {
+        let hash = self.hasher.hash_one(key) as usize;
+        let shard = match self.shards[hash % SHARDS].lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
-        }
+        };
+        (shard, (hash / SHARDS) % MARKS)
+    }
+
+    /// `at` in µs after the epoch, never 0 (0 means "never forgotten").
+    fn micros(&self, at: Instant) -> u64 {
+        (at.saturating_duration_since(self.epoch).as_micros() as u64).saturating_add(1)
     }
 
     /// If `cost` units on `key` are certainly denied at `now`: how long
     /// until they surely fit again.
     pub fn denied(&self, key: &str, cost: u32, now: Instant) -> Option<Duration> {
-        let mut shard = self.shard(key);
-        let entry = *shard.get(key)?;
+        let (mut shard, _) = self.shard(key);
+        let entry = *shard.entries.get(key)?;
         if entry.until <= now {
-            shard.remove(key);
+            shard.entries.remove(key);
             return None;
         }
         (entry.cost <= cost).then(|| entry.free_by.saturating_duration_since(now))
@@ -88,36 +123,55 @@ impl DenyCache {
         if entry.until <= Instant::now() {
             return;
         }
-        let mut shard = self.shard(key);
-        if let Some(old) = shard.get_mut(key) {
+        let sent_us = self.micros(sent);
+        let (mut shard, group) = self.shard(key);
+        if shard.forgotten[group] >= sent_us {
+            // Units of this key (or of one in its group) were given back
+            // after the call was sent: the denial may no longer hold.
+            return;
+        }
+        let shard = &mut *shard;
+        let map = &mut shard.entries;
+        if let Some(old) = map.get_mut(key) {
             // Keep the entry that covers more costs; for the same cost, the newer.
             if cost <= old.cost || old.until <= answered {
                 *old = entry;
             }
             return;
         }
-        if shard.len() >= self.per_shard {
+        if map.len() >= self.per_shard {
             let now = Instant::now();
-            shard.retain(|_, e| e.until > now);
-            if shard.len() >= self.per_shard {
-                let soonest = shard
+            map.retain(|_, e| e.until > now);
+            if map.len() >= self.per_shard {
+                let soonest = map
                     .iter()
                     .min_by_key(|(_, e)| e.until)
                     .map(|(k, _)| k.clone());
                 if let Some(k) = soonest {
-                    shard.remove(&k);
+                    map.remove(&k);
                 }
             }
         }
-        shard.insert(key.to_string(), entry);
+        map.insert(key.to_string(), entry);
+    }
+
+    /// Forgets the denial of `key`: units were given back to it (call this
+    /// once Redis has run the give-back, or may have). A denial of it whose
+    /// call was sent before now is not remembered later either.
+    pub fn forget(&self, key: &str) {
+        let now = self.micros(Instant::now());
+        let (mut shard, group) = self.shard(key);
+        shard.entries.remove(key);
+        let mark = &mut shard.forgotten[group];
+        *mark = (*mark).max(now);
     }
 
     /// Forgets everything (the rules changed).
     pub fn clear(&self) {
         for shard in &self.shards {
             match shard.lock() {
-                Ok(mut g) => g.clear(),
-                Err(p) => p.into_inner().clear(),
+                Ok(mut g) => g.entries.clear(),
+                Err(p) => p.into_inner().entries.clear(),
             }
         }
     }
@@ -127,8 +181,8 @@ impl DenyCache {
         self.shards
             .iter()
             .map(|s| match s.lock() {
-                Ok(g) => g.len(),
-                Err(p) => p.into_inner().len(),
+                Ok(g) => g.entries.len(),
+                Err(p) => p.into_inner().entries.len(),
             })
             .sum()
     }
@@ -160,6 +214,27 @@ mod tests {
         assert_eq!(cache.denied("other", 2, now), None);
         assert_eq!(cache.denied("k", 2, sent + Duration::from_secs(5)), None);
         assert!(cache.is_empty(), "an expired entry is dropped when met");
+    }
+
+    #[test]
+    fn a_give_back_forgets_the_denial_and_one_answered_after_it() {
+        let cache = DenyCache::default();
+        let sent = Instant::now();
+        cache.remember("k", 1, Duration::from_secs(60), sent, sent);
+        assert!(cache.denied("k", 1, Instant::now()).is_some());
+        cache.forget("k");
+        assert_eq!(cache.denied("k", 1, Instant::now()), None);
+        // A denial sent before the give-back, answered after it.
+        cache.remember("k", 1, Duration::from_secs(60), sent, Instant::now());
+        assert_eq!(cache.denied("k", 1, Instant::now()), None);
+        // One sent after it is remembered again.
+        let later = Instant::now() + Duration::from_millis(1);
+        cache.remember("k", 1, Duration::from_secs(60), later, later);
+        assert!(cache.denied("k", 1, Instant::now()).is_some());
+        // Other keys keep theirs.
+        cache.remember("other", 1, Duration::from_secs(60), later, later);
+        cache.forget("k");
+        assert!(cache.denied("other", 1, Instant::now()).is_some());
     }
 
     #[test]

@@ -64,6 +64,7 @@ impl Limiter {
             return Ok(0);
         }
         let pool = self.pool().clone();
+        let shared = std::sync::Arc::clone(&self.shared);
         let timeout = self.timeout();
         // Twice the Redis timeout: checkout plus the call itself.
         let margin = timeout * 2;
@@ -86,20 +87,25 @@ impl Limiter {
                     }
                     Algorithm::TokenBucket { rate, burst } => (3, rate, f64::from(burst.get())),
                 };
-                let n: i64 = script()
+                let result: redis::RedisResult<i64> = script()
                     .key(&r.key)
                     .arg(code)
                     .arg(p1)
                     .arg(p2)
                     .arg(r.cost)
-                    .invoke(&mut *conn)
-                    .map_err(|e| {
-                        if e.is_timeout() {
-                            LimiterError::Timeout
-                        } else {
-                            LimiterError::Redis(e)
-                        }
-                    })?;
+                    .invoke(&mut *conn);
+                // Given back (or maybe, when the reply was lost): a denial
+                // of this key remembered before may no longer hold.
+                if let Some(cache) = &shared.deny_cache {
+                    cache.forget(&r.key);
+                }
+                let n = result.map_err(|e| {
+                    if e.is_timeout() {
+                        LimiterError::Timeout
+                    } else {
+                        LimiterError::Redis(e)
+                    }
+                })?;
                 given += n.max(0) as u64;
             }
             Ok(given)

@@ -8,19 +8,40 @@
 //! The state stays after Redis returns (a later outage starts from it) until
 //! it expires, is pushed out, or the rules change.
 //!
-//! Memory is bounded by [`MAX_UNITS`] stored units (one per sliding-window
-//! unit, one per other key); when full, expired states go first, then the
-//! ones that would expire soonest. One lock for everything: a decision over
-//! several rules is all-or-nothing, exactly as in Redis.
+//! Memory is bounded by an estimate of the bytes held, [`MAX_BYTES`]
+//! (16 MiB): [`SLOT_BYTES`] per key (the map's entry, the key's own
+//! allocation, its place in the eviction queue) plus the key's length,
+//! plus 8 bytes per allocated place of a sliding-window log and its
+//! allocation's header. When a
+//! decision takes it over the bound, states are pushed out one at a time,
+//! oldest first, CLOCK style: a state that was used (allowed or denied)
+//! since its turn last came gets a second chance at the back of the queue,
+//! an expired or unused one goes. The work is bounded per decision (a few
+//! second chances, then the oldest goes whatever its bit), never a sweep
+//! of the whole table: a flood of new keys pushes out the keys nobody
+//! asks for again, while a key under attack, asked for again and again,
+//! keeps its count. One lock for everything: a decision over several rules
+//! is all-or-nothing, exactly as in Redis.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{Algorithm, Check, Decision, Outcome};
 
-/// Most units held at once.
-pub const MAX_UNITS: usize = 1_000_000;
+/// Most bytes held at once, by the estimate [`LocalLimiter::bytes`] keeps.
+pub const MAX_BYTES: usize = 16 << 20;
+
+/// What one key costs besides its name and its log, in the estimate: the
+/// map's entry and its share of empty buckets (a table is at most 7/8 full
+/// and grows by doubling), the key's allocation and its allocator header,
+/// and its place in the eviction queue. Set from a measurement of the
+/// process's resident memory (64-bit Linux, glibc), not from the sizes of
+/// the types alone, which come to about half of it.
+pub const SLOT_BYTES: usize = 320;
+
+/// Second chances given per decision before the oldest state goes anyway.
+const SECOND_CHANCES: usize = 32;
 
 #[derive(Debug)]
 enum State {
@@ -41,21 +62,31 @@ struct Slot {
     state: State,
     /// When the state holds nothing any more (ms).
     expires: u64,
+    /// Used since its turn in the eviction queue last came.
+    used: bool,
 }
 
 impl Slot {
-    fn units(&self) -> usize {
-        match &self.state {
-            State::Sliding(log) => log.len() + 1,
-            _ => 1,
-        }
+    /// The estimate of what this state holds, with its key of `key_len`.
+    fn bytes(&self, key_len: usize) -> usize {
+        SLOT_BYTES
+            + key_len
+            + match &self.state {
+                // The allocation, and its allocator header.
+                State::Sliding(log) if log.capacity() > 0 => {
+                    log.capacity() * std::mem::size_of::<u64>() + 16
+                }
+                _ => 0,
+            }
     }
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    slots: HashMap<String, Slot>,
-    units: usize,
+    slots: HashMap<Arc<str>, Slot>,
+    /// Every key of `slots`, once, in the order of its turn to be pushed out.
+    queue: VecDeque<Arc<str>>,
+    bytes: usize,
 }
 
 /// Rules enforced in memory while Redis is away.
@@ -63,12 +94,12 @@ struct Inner {
 pub struct LocalLimiter {
     inner: Mutex<Inner>,
     epoch: Instant,
-    max_units: usize,
+    max_bytes: usize,
 }
 
 impl Default for LocalLimiter {
     fn default() -> Self {
-        LocalLimiter::with_capacity(MAX_UNITS)
+        LocalLimiter::with_max_bytes(MAX_BYTES)
     }
 }
 
@@ -80,12 +111,12 @@ struct Peek {
 }
 
 impl LocalLimiter {
-    /// A limiter holding at most `max_units` units.
-    pub fn with_capacity(max_units: usize) -> LocalLimiter {
+    /// A limiter holding at most about `max_bytes` (by its estimate).
+    pub fn with_max_bytes(max_bytes: usize) -> LocalLimiter {
         LocalLimiter {
             inner: Mutex::new(Inner::default()),
             epoch: Instant::now(),
-            max_units: max_units.max(1),
+            max_bytes: max_bytes.max(SLOT_BYTES),
         }
     }
 
@@ -113,7 +144,14 @@ impl LocalLimiter {
         let mut inner = self.lock();
         let peeks: Vec<Peek> = checks
             .iter()
-            .map(|c| peek(inner.slots.get_mut(&c.key), c, now))
+            .map(|c| {
+                let slot = inner.slots.get_mut(c.key.as_str()).map(|s| {
+                    // Asked for again, allowed or not: keep it.
+                    s.used = true;
+                    &*s
+                });
+                peek(slot, c, now)
+            })
             .collect();
         let allowed = checks
             .iter()
@@ -143,18 +181,17 @@ impl LocalLimiter {
     /// state was pushed out) are not given back.
     pub fn give_back(&self, check: &Check, at: u64) {
         let mut inner = self.lock();
-        let Some(slot) = inner.slots.get_mut(&check.key) else {
+        let Some(slot) = inner.slots.get_mut(check.key.as_str()) else {
             return;
         };
-        let mut freed = 0;
         match (&mut slot.state, check.algorithm) {
             (State::Sliding(log), Algorithm::SlidingWindow { .. }) => {
-                // The request's own entries, pushed at its decision's time.
+                // The request's own entries, pushed at its decision's time
+                // (the log keeps its allocation: the estimate stays).
                 for _ in 0..check.cost {
                     match log.iter().rposition(|&t| t == at) {
                         Some(i) => {
                             log.remove(i);
-                            freed += 1;
                         }
                         None => break,
                     }
@@ -168,16 +205,36 @@ impl LocalLimiter {
             }
             _ => {}
         }
-        inner.units -= freed;
     }
 
     fn commit(&self, inner: &mut Inner, c: &Check, now: u64) {
         let cost = u64::from(c.cost);
-        let before = inner.slots.get(&c.key).map_or(0, Slot::units);
-        let slot = inner.slots.entry(c.key.clone()).or_insert_with(|| Slot {
-            state: fresh(c.algorithm, now),
-            expires: now,
-        });
+        let key_len = c.key.len();
+        let before = match inner.slots.get(c.key.as_str()) {
+            Some(slot) => slot.bytes(key_len),
+            None => {
+                if inner.slots.capacity() == 0 {
+                    // Room for all the keys the bound holds, at once: the
+                    // table never grows (and rehashes) during an outage.
+                    let keys = self.max_bytes / SLOT_BYTES;
+                    inner.slots.reserve(keys);
+                    inner.queue.reserve(keys);
+                }
+                let key: Arc<str> = Arc::from(c.key.as_str());
+                inner.queue.push_back(Arc::clone(&key));
+                let slot = Slot {
+                    state: fresh(c.algorithm, now),
+                    expires: now,
+                    used: true,
+                };
+                inner.slots.insert(key, slot);
+                0
+            }
+        };
+        let Some(slot) = inner.slots.get_mut(c.key.as_str()) else {
+            return;
+        };
+        slot.used = true;
         if !same_kind(&slot.state, c.algorithm) {
             slot.state = fresh(c.algorithm, now);
         }
@@ -189,6 +246,10 @@ impl LocalLimiter {
                 }
                 let t = log.back().map_or(now, |&b| b.max(now));
                 log.extend(std::iter::repeat_n(t, c.cost as usize));
+                // A log that emptied out gives its room back.
+                if log.capacity() > 64 && log.len() < log.capacity() / 4 {
+                    log.shrink_to(log.len() * 2);
+                }
                 slot.expires = t + window;
             }
             (State::Fixed { start, used }, Algorithm::FixedWindow { window, .. }) => {
@@ -208,36 +269,38 @@ impl LocalLimiter {
             }
             _ => {}
         }
-        let after = slot.units();
-        inner.units = (inner.units + after).saturating_sub(before);
-        if inner.units > self.max_units {
-            self.shrink(inner, now, &c.key);
+        let after = slot.bytes(key_len);
+        inner.bytes = (inner.bytes + after).saturating_sub(before);
+        if inner.bytes > self.max_bytes {
+            self.evict(inner, now, &c.key);
         }
     }
 
-    /// Drops expired states, then those that expire soonest, until the
-    /// units fit (never `keep`, the state just written).
-    fn shrink(&self, inner: &mut Inner, now: u64, keep: &str) {
-        inner.slots.retain(|k, s| s.expires > now || k == keep);
-        inner.units = inner.slots.values().map(Slot::units).sum();
-        if inner.units <= self.max_units {
-            return;
-        }
-        let mut by_expiry: Vec<(u64, String)> = inner
-            .slots
-            .iter()
-            .filter(|(k, _)| k.as_str() != keep)
-            .map(|(k, s)| (s.expires, k.clone()))
-            .collect();
-        by_expiry.sort_unstable();
-        // Free down to three quarters, so a full table is not swept per call.
-        let target = self.max_units / 4 * 3;
-        for (_, k) in by_expiry {
-            if inner.units <= target {
+    /// Pushes states out, oldest first, until the estimate fits again
+    /// (never `keep`, the state just written). A live state used since its
+    /// turn last came goes to the back instead, at most [`SECOND_CHANCES`]
+    /// times per call: the work per decision stays bounded.
+    fn evict(&self, inner: &mut Inner, now: u64, keep: &str) {
+        let mut chances = 0;
+        while inner.bytes > self.max_bytes && inner.slots.len() > 1 {
+            let Some(key) = inner.queue.pop_front() else {
                 break;
+            };
+            let Some(slot) = inner.slots.get_mut(&*key) else {
+                continue;
+            };
+            if &*key == keep {
+                inner.queue.push_back(key);
+                continue;
             }
-            if let Some(s) = inner.slots.remove(&k) {
-                inner.units -= s.units().min(inner.units);
+            if slot.used && slot.expires > now && chances < SECOND_CHANCES {
+                slot.used = false;
+                chances += 1;
+                inner.queue.push_back(key);
+                continue;
+            }
+            if let Some(slot) = inner.slots.remove(&*key) {
+                inner.bytes = inner.bytes.saturating_sub(slot.bytes(key.len()));
             }
         }
     }
@@ -246,12 +309,28 @@ impl LocalLimiter {
     pub fn clear(&self) {
         let mut inner = self.lock();
         inner.slots.clear();
-        inner.units = 0;
+        inner.queue.clear();
+        inner.bytes = 0;
     }
 
-    /// Units held now.
-    pub fn units(&self) -> usize {
-        self.lock().units
+    /// The estimate of the bytes held now.
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    /// The bound on [`LocalLimiter::bytes`].
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
+    /// Keys held now.
+    pub fn len(&self) -> usize {
+        self.lock().slots.len()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -283,25 +362,23 @@ fn refill(tokens: f64, at: u64, now: u64, rate: f64, burst: std::num::NonZeroU32
     (tokens + elapsed * rate / 1000.0).min(f64::from(burst.get()))
 }
 
-fn peek(slot: Option<&mut Slot>, c: &Check, now: u64) -> Peek {
+fn peek(slot: Option<&Slot>, c: &Check, now: u64) -> Peek {
     let cost = u64::from(c.cost);
     let state = slot.map(|s| &s.state).filter(|s| same_kind(s, c.algorithm));
     match c.algorithm {
         Algorithm::SlidingWindow { limit, window } => {
             let (limit, window) = (u64::from(limit.get()), window.as_millis() as u64);
-            let live: Vec<u64> = match state {
-                Some(State::Sliding(log)) => {
-                    let now_eff = log.back().map_or(now, |&b| b.max(now));
-                    log.iter()
-                        .copied()
-                        .filter(|&t| t + window > now_eff)
-                        .collect()
-                }
-                _ => Vec::new(),
+            // The log is oldest first: its live part is a suffix.
+            let empty = VecDeque::new();
+            let log = match state {
+                Some(State::Sliding(log)) => log,
+                _ => &empty,
             };
-            let used = live.len() as u64;
+            let now_eff = log.back().map_or(now, |&b| b.max(now));
+            let first = log.partition_point(|&t| t + window <= now_eff);
+            let used = (log.len() - first) as u64;
             if used + cost <= limit {
-                let oldest = live.first().copied().unwrap_or(now);
+                let oldest = log.get(first).copied().unwrap_or(now);
                 Peek {
                     allowed: true,
                     remaining: limit - used - cost,
@@ -310,7 +387,7 @@ fn peek(slot: Option<&mut Slot>, c: &Check, now: u64) -> Peek {
             } else {
                 // The entry that must leave last for the request to fit.
                 let must_leave = (used + cost - limit) as usize;
-                let freeing = live.get(must_leave - 1).copied().unwrap_or(now);
+                let freeing = log.get(first + must_leave - 1).copied().unwrap_or(now);
                 Peek {
                     allowed: false,
                     remaining: limit.saturating_sub(used),
@@ -439,12 +516,14 @@ mod tests {
 
     #[test]
     fn local_memory_is_bounded() {
-        let local = LocalLimiter::with_capacity(1000);
+        let local = LocalLimiter::with_max_bytes(100_000);
         for i in 0..10_000 {
             local.decide(&[check(&format!("k{i}"), sliding(10), true)]);
+            assert!(local.bytes() <= 100_000, "{}", local.bytes());
         }
-        assert!(local.units() <= 1000, "{}", local.units());
+        assert!(local.len() * SLOT_BYTES <= 100_000, "{}", local.len());
+        assert!(local.len() * SLOT_BYTES > 50_000, "{}", local.len());
         local.clear();
-        assert_eq!(local.units(), 0);
+        assert_eq!((local.bytes(), local.len()), (0, 0));
     }
 }

@@ -197,9 +197,11 @@ impl Breaker {
         let was = self.open_until.swap(until, Ordering::AcqRel);
         self.probing.store(false, Ordering::Release);
         if was == 0 {
-            log::warn!(
-                "breaker open for {:?}: {why}; rules apply on_redis_error meanwhile",
-                self.period
+            crate::repeated!(
+                &crate::logging::BREAKER,
+                "breaker open for {:?}: {}; rules apply on_redis_error meanwhile",
+                self.period,
+                crate::logging::Escaped(&why.to_string())
             );
         }
     }
@@ -251,7 +253,7 @@ pub struct Limiter {
     queue: SyncSender<Job>,
     pool: Pool,
     timeout: Duration,
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     local: LocalLimiter,
     dispatch: Dispatch,
     /// Tells this limiter's worker lanes apart from other limiters'.
@@ -915,7 +917,12 @@ impl Dispatcher {
                 }
                 Err(SendError::Unsent(e) | SendError::Failed(e)) => {
                     self.shared.errors.fetch_add(1, Ordering::Relaxed);
-                    log::warn!("redis error, {} decisions affected: {e}", batch.len());
+                    crate::repeated!(
+                        &crate::logging::REDIS_FAILED,
+                        "redis error, {} decisions affected: {}",
+                        batch.len(),
+                        crate::logging::Escaped(&e.to_string())
+                    );
                     for job in batch {
                         let _ = job.reply.send(Err(e.clone()));
                     }

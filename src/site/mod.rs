@@ -130,7 +130,11 @@ impl ResponseError for SiteError {
     }
 
     fn error_response(&self) -> HttpResponse {
-        log::error!("{self}");
+        crate::repeated!(
+            &crate::logging::SITE_ERROR,
+            "{}",
+            crate::logging::Escaped(&self.to_string())
+        );
         let mut res = HttpResponse::build(self.status);
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             res.insert_header((header::RETRY_AFTER, "1"));
@@ -216,7 +220,11 @@ impl Visitor {
     pub fn respond(&self, mut res: HttpResponse) -> HttpResponse {
         if let Some(c) = &self.set_cookie {
             if let Err(e) = res.add_cookie(c) {
-                log::error!("cannot set the session cookie: {e}");
+                crate::repeated!(
+                    &crate::logging::SITE_ERROR,
+                    "cannot set the session cookie: {}",
+                    crate::logging::Escaped(&e.to_string())
+                );
             }
         }
         res
@@ -268,13 +276,21 @@ async fn readyz(site: web::Data<Site>) -> HttpResponse {
             .content_type("text/plain; charset=utf-8")
             .body("ready\n"),
         Ok(Err(e)) => {
-            log::warn!("readyz: {e}");
+            crate::repeated!(
+                &crate::logging::READYZ,
+                "readyz: {}",
+                crate::logging::Escaped(&e.to_string())
+            );
             HttpResponse::ServiceUnavailable()
                 .content_type("text/plain; charset=utf-8")
                 .body("redis unavailable\n")
         }
         Err(e) => {
-            log::error!("readyz: {e}");
+            crate::repeated!(
+                &crate::logging::READYZ,
+                "readyz: {}",
+                crate::logging::Escaped(&e.to_string())
+            );
             HttpResponse::ServiceUnavailable().finish()
         }
     }

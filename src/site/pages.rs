@@ -85,7 +85,11 @@ pub fn render(t: &impl Template, status: StatusCode) -> HttpResponse {
             .content_type("text/html; charset=utf-8")
             .body(html),
         Err(e) => {
-            log::error!("template failed: {e}");
+            crate::repeated!(
+                &crate::logging::SITE_ERROR,
+                "template failed: {}",
+                crate::logging::Escaped(&e.to_string())
+            );
             HttpResponse::InternalServerError()
                 .content_type("text/plain; charset=utf-8")
                 .body("something went wrong\n")
@@ -170,7 +174,11 @@ pub fn denial_html(site_title: &str, rule: &Rule, retry_after: u64) -> String {
         back: "/".into(),
     };
     page.render().unwrap_or_else(|e| {
-        log::error!("template failed: {e}");
+        crate::repeated!(
+            &crate::logging::SITE_ERROR,
+            "template failed: {}",
+            crate::logging::Escaped(&e.to_string())
+        );
         format!("Too many requests; try again in {retry_after} seconds.")
     })
 }

@@ -414,3 +414,127 @@ fn the_outbox_on_an_address_other_than_loopback_is_warned_about() {
     quiet.wait_for_log("the startup line", |l| l.contains(&quiet.redis.url()));
     assert_eq!(quiet.log_lines(|l| l.contains("/dev/outbox")), 0);
 }
+
+/// The count a "held back" line stands for: "N more \"KIND\" lines" (the
+/// periodic count) or "(and N more like it" (on the next line of the kind).
+fn held_back(line: &str) -> u64 {
+    let number_before = |at: usize| -> u64 {
+        line[..at]
+            .split_whitespace()
+            .last()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    if let Some(at) = line.find(" more like it") {
+        return number_before(at);
+    }
+    if let Some(at) = line.find(" more \"") {
+        return number_before(at);
+    }
+    0
+}
+
+#[test]
+fn while_redis_is_down_a_repeated_warning_is_one_line_per_period_with_a_count() {
+    let mut served = Served::start(
+        "warnings",
+        r#"
+[server]
+workers = 1
+
+[redis]
+timeout = "200ms"
+
+[[rule]]
+name = "check"
+paths = ["/check"]
+limit = 1000
+window = "1m"
+on_redis_error = "allow"
+"#,
+    );
+    served.redis.stop();
+    let started = Instant::now();
+    for _ in 0..200 {
+        assert_eq!(
+            served.get("/check").status,
+            200,
+            "allowed by its error policy"
+        );
+    }
+    let periods = started.elapsed().as_secs() / 10 + 2;
+    // The counts still held back are written when the process stops.
+    served.signal("TERM");
+    assert_eq!(
+        served.wait_for_exit(Duration::from_secs(15)).code(),
+        Some(0)
+    );
+    let log = served.log.lock().unwrap().clone();
+    let warnings: Vec<&String> = log.iter().filter(|l| l.contains(" WARN ")).collect();
+    // A handful of kinds, each at most once per period, plus its count.
+    assert!(
+        warnings.len() as u64 <= 6 * periods,
+        "{} WARN lines: {warnings:#?}",
+        warnings.len()
+    );
+    // Every request is accounted for: written, or counted in a later line.
+    let no_decision: Vec<&&String> = warnings
+        .iter()
+        .filter(|l| l.contains("no decision"))
+        .collect();
+    let written = no_decision
+        .iter()
+        .filter(|l| l.contains("GET /check: no decision"))
+        .count() as u64;
+    let counted: u64 = no_decision.iter().map(|l| held_back(l)).sum();
+    assert!(counted > 0, "{no_decision:#?}");
+    assert_eq!(written + counted, 200, "{no_decision:#?}");
+}
+
+#[test]
+fn text_from_a_request_cannot_forge_a_log_line() {
+    let mut served = Served::start(
+        "forged",
+        r#"
+[redis]
+timeout = "200ms"
+
+[[rule]]
+name = "any"
+paths = ["/f/*"]
+limit = 1000
+window = "1m"
+"#,
+    );
+    let forged = |log: &[String]| {
+        log.iter()
+            .filter(|l| !l.starts_with('['))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    // Decided by Redis: the debug line of the decision.
+    for path in ["/f/%0Aforged", "/f/%0D%0Aforged", "/f/%1B[2Kforged"] {
+        assert_eq!(served.get(path).status, 404);
+    }
+    served.wait_for_log("the escaped path", |l| {
+        l.contains("GET /f/\\nforged: allowed")
+    });
+    served.wait_for_log("the escaped CR LF", |l| {
+        l.contains("GET /f/\\r\\nforged: allowed")
+    });
+    served.wait_for_log("the escaped ESC", |l| {
+        l.contains("GET /f/\\x1b[2Kforged: allowed")
+    });
+    // Not decided: the warning names the path too.
+    served.redis.stop();
+    assert_eq!(served.get("/f/%0Aforged").status, 404);
+    served.wait_for_log("the warning", |l| {
+        l.contains("GET /f/\\nforged: no decision")
+    });
+    let log = served.log.lock().unwrap().clone();
+    assert_eq!(forged(&log), Vec::<String>::new());
+    assert!(
+        !log.iter().any(|l| l.contains('\x1b') || l.contains('\r')),
+        "{log:#?}"
+    );
+}

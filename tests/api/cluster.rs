@@ -815,3 +815,55 @@ async fn sentinel_takes_the_demo_from_toml_to_the_error_page() {
         .query(redis::cmd("LLEN").arg("floodgate:check:ip:127.0.0.1"));
     assert_eq!(counted, Some(5));
 }
+
+#[actix_web::test]
+async fn cluster_give_back_forgets_the_remembered_denial_of_its_key() {
+    use floodgate::{Algorithm, Check, Config, Limiter, LimiterOptions};
+    use std::num::NonZeroU32;
+
+    let cluster = Cluster::start();
+    let mut config = Config::parse("", std::path::Path::new("test.toml")).unwrap();
+    config.redis.cluster = cluster.seeds();
+    config.redis.timeout = Duration::from_secs(2);
+    let limiter = Limiter::new(&config.redis, LimiterOptions::default()).unwrap();
+    let algorithm = Algorithm::SlidingWindow {
+        limit: NonZeroU32::new(1).unwrap(),
+        window: Duration::from_secs(60),
+    };
+    let check = |key: &str| Check {
+        key: key.to_string(),
+        algorithm,
+        cost: 1,
+        enforce: true,
+    };
+    let (user, team) = ("floodgate:u:header:{alice}", "floodgate:t:header:{red}");
+    let mut conn = cluster.connection();
+    let slot = |k: &str, conn: &mut redis::cluster::ClusterConnection| -> u16 {
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(k)
+            .query(conn)
+            .unwrap()
+    };
+    assert_ne!(slot(user, &mut conn), slot(team, &mut conn));
+    // The team's one unit is taken; a denial of the user's key is
+    // remembered (as one made while another request held its unit).
+    assert!(limiter.decide(vec![check(team)]).await.unwrap().allowed);
+    let cache = limiter.deny_cache().unwrap();
+    let now = std::time::Instant::now();
+    cache.remember(user, 1, Duration::from_secs(60), now, now);
+    assert!(cache.denied(user, 1, std::time::Instant::now()).is_some());
+    // The user's key admits, the team's denies: what the user's key took
+    // is given back, and its remembered denial goes with it.
+    let decision = limiter
+        .decide(vec![check(user), check(team)])
+        .await
+        .unwrap();
+    assert!(!decision.allowed);
+    wait_until(
+        Duration::from_secs(5),
+        "the remembered denial forgotten",
+        || cache.denied(user, 1, std::time::Instant::now()).is_none(),
+    );
+    assert_eq!(conn.llen::<_, u64>(user).unwrap(), 0);
+}

@@ -567,3 +567,144 @@ async fn an_in_code_redirect_limit_on_its_own_error_page_does_not_send_it_to_its
     let denied = test::call_service(&app, get()).await;
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
 }
+
+#[actix_web::test]
+async fn a_handlers_give_back_frees_a_key_whose_denial_was_remembered() {
+    use std::sync::Arc;
+    use tokio::sync::Notify;
+
+    let redis = RedisServer::start();
+    let filter = Filter::builder()
+        .redis_url(&redis.url())
+        .rule("/r/*", Limit::per_minute(2).name("held"))
+        .build()
+        .unwrap();
+    let entered = Arc::new(Notify::new());
+    let release = Arc::new(Notify::new());
+    let (e, r) = (Arc::clone(&entered), Arc::clone(&release));
+    let app = test::init_service(
+        App::new()
+            .wrap(filter)
+            .route(
+                "/r/hold",
+                web::get().to(move |limits: Limits| {
+                    let (e, r) = (Arc::clone(&e), Arc::clone(&r));
+                    async move {
+                        e.notify_one();
+                        r.notified().await;
+                        let given = limits.give_back().await.unwrap();
+                        HttpResponse::Ok().body(format!("{given}"))
+                    }
+                }),
+            )
+            .route("/r/take", web::get().to(ok)),
+    )
+    .await;
+    let get = |uri: &'static str| test::TestRequest::get().uri(uri).to_request();
+    let hold = test::call_and_read_body(&app, get("/r/hold"));
+    let meanwhile = async {
+        entered.notified().await;
+        // The held request took one unit, this one the last: the third is
+        // denied by Redis, and the denial is remembered.
+        assert_eq!(test::call_service(&app, get("/r/take")).await.status(), 200);
+        for _ in 0..2 {
+            let res = test::call_service(&app, get("/r/take")).await;
+            assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        }
+        release.notify_one();
+    };
+    let (given, ()) = futures_util::future::join(hold, meanwhile).await;
+    assert_eq!(given, "1");
+    assert_eq!(redis.llen("floodgate:held:ip:0.0.0.0"), 1);
+    // The unit given back is there for the next request.
+    let res = test::call_service(&app, get("/r/take")).await;
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "the remembered denial outlived the give-back"
+    );
+}
+
+#[actix_web::test]
+async fn units_an_outer_filter_takes_back_free_a_key_whose_denial_was_remembered() {
+    use actix_web::body::MessageBody;
+    use actix_web::middleware::from_fn;
+
+    let redis = RedisServer::start();
+    let filter = Filter::builder()
+        .redis_url(&redis.url())
+        .rule("/w/*", Limit::per_minute(3).name("outer"))
+        .build()
+        .unwrap();
+    let holds = web::Data::new(Holds::default());
+    let (entered, release) = (&holds.entered, &holds.release);
+    let app = test::init_service(
+        App::new()
+            .app_data(holds.clone())
+            .wrap(filter.clone())
+            .service(
+                web::resource("/w/inner")
+                    .wrap(filter.limit(Limit::per_minute(1).name("inner")))
+                    .wrap(from_fn(hold_marked))
+                    .route(web::get().to(ok)),
+            )
+            .route("/w/other", web::get().to(ok)),
+    )
+    .await;
+    let get = |uri: &'static str| test::TestRequest::get().uri(uri).to_request();
+    // The inner limit is used up (and one outer unit with it).
+    assert_eq!(
+        test::call_service(&app, get("/w/inner")).await.status(),
+        200
+    );
+    let held = test::TestRequest::get()
+        .uri("/w/inner")
+        .insert_header(("x-hold", "1"))
+        .to_request();
+    let held = test::call_service(&app, held);
+    let meanwhile = async {
+        entered.notified().await;
+        // The held request took the second outer unit, this one the last;
+        // the next is denied by Redis and the denial remembered.
+        assert_eq!(
+            test::call_service(&app, get("/w/other")).await.status(),
+            200
+        );
+        for _ in 0..2 {
+            let res = test::call_service(&app, get("/w/other")).await;
+            assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        }
+        release.notify_one();
+    };
+    let (held, ()) = futures_util::future::join(held, meanwhile).await;
+    // The inner filter denies the held request: the outer unit goes back.
+    assert_eq!(held.status(), StatusCode::TOO_MANY_REQUESTS);
+    let _ = held.into_body().try_into_bytes();
+    assert_eq!(redis.llen("floodgate:outer:ip:0.0.0.0"), 2);
+    let res = test::call_service(&app, get("/w/other")).await;
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "the remembered denial outlived the withdrawal"
+    );
+}
+
+/// A request marked `x-hold` waits in [`hold_marked`] until `release`.
+#[derive(Default)]
+struct Holds {
+    entered: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+async fn hold_marked(
+    req: actix_web::dev::ServiceRequest,
+    next: actix_web::middleware::Next<impl actix_web::body::MessageBody>,
+) -> Result<actix_web::dev::ServiceResponse<impl actix_web::body::MessageBody>, actix_web::Error> {
+    if req.headers().contains_key("x-hold") {
+        if let Some(holds) = req.app_data::<web::Data<Holds>>() {
+            holds.entered.notify_one();
+            holds.release.notified().await;
+        }
+    }
+    next.call(req).await
+}

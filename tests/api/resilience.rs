@@ -431,3 +431,41 @@ on_redis_error = "local"
         "{metrics}"
     );
 }
+
+#[actix_web::test]
+async fn a_flood_of_new_keys_stays_within_the_local_bound_and_a_hot_key_keeps_its_limit() {
+    let redis = RedisServer::start();
+    let limiter = crate::changes::pinned_limiter(&redis);
+    let local = limiter.local();
+    let hot = check("floodgate:local:ip:192.0.2.1", sliding(100, 3_600_000), 1);
+    let mut allowed = 0;
+    // Far more keys than the bound holds, each asked for once; the hot
+    // key is asked for between them, 300 times for a limit of 100.
+    for i in 0..200_000u32 {
+        let key = format!(
+            "floodgate:local:ip:10.{}.{}.{}",
+            i >> 16,
+            (i >> 8) & 255,
+            i & 255
+        );
+        local.decide(&[check(&key, sliding(100, 3_600_000), 1)]);
+        if i % 666 == 0 && local.decide(std::slice::from_ref(&hot)).allowed {
+            allowed += 1;
+        }
+        if i % 10_000 == 0 {
+            assert!(
+                local.bytes() <= local.max_bytes(),
+                "{} bytes",
+                local.bytes()
+            );
+        }
+    }
+    assert_eq!(allowed, 100, "the hot key's limit held exactly");
+    assert!(local.bytes() <= local.max_bytes());
+    assert!(local.max_bytes() <= 16 << 20, "the bound the README states");
+    // Each key costs a few hundred bytes in the estimate: the count of keys
+    // stays far below the 200 000 asked for, and the bound is used.
+    let keys = local.len();
+    assert!(keys * 300 <= local.max_bytes(), "{keys} keys");
+    assert!(keys * 1000 > local.max_bytes(), "{keys} keys");
+}
