@@ -3,7 +3,8 @@
 //! give-back), a resharding of thousands of slots under traffic, a
 //! Sentinel failover under traffic, for the limits and for the demo site's
 //! own accounts, codes and sessions, a switchover (the old master still up)
-//! and Sentinels that stop answering.
+//! and Sentinels that stop answering; a stalled master fails only its own
+//! keys, and a master emptied forgets the denials remembered from it.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -750,4 +751,149 @@ async fn sentinel_takes_the_demo_from_toml_to_the_error_page() {
         .master
         .query(redis::cmd("LLEN").arg("floodgate:check:ip:127.0.0.1"));
     assert_eq!(counted, Some(5));
+}
+
+/// A value of `x-user` whose key lives on master `node` (found by asking
+/// that master: it answers `MOVED` for a key of another master's slots).
+fn user_on(cluster: &Cluster, node: usize, prefix: &str) -> String {
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|user| {
+            cluster.nodes[node]
+                .query::<i64>(redis::cmd("EXISTS").arg(format!("{{{user}}}")))
+                .is_some()
+        })
+        .unwrap()
+}
+
+/// `GET path` as `user`: the status, and whether Redis decided it (its
+/// `RateLimit` field is there, or it was denied: the error policies answer
+/// 200 or 503).
+async fn decided_at(app: &TestApp, path: &str, user: &str) -> (u16, bool) {
+    let res = app
+        .client
+        .get(app.url(path))
+        .header("x-user", user)
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    (
+        status,
+        status == 429 || res.headers().contains_key("ratelimit"),
+    )
+}
+
+/// [`decided_at`] `/check`.
+async fn decided(app: &TestApp, user: &str) -> (u16, bool) {
+    decided_at(app, "/check", user).await
+}
+
+const PER_MASTER: &str = r#"
+[redis]
+timeout = "300ms"
+
+[limiter]
+breaker = "1m"
+
+[[rule]]
+name = "per_user"
+paths = ["/check"]
+key = "header:x-user"
+limit = 3
+window = "1m"
+deny = "status"
+on_redis_error = "allow"
+
+[[rule]]
+name = "hard"
+paths = ["/api/*"]
+key = "header:x-user"
+limit = 3
+window = "1m"
+deny = "status"
+on_redis_error = "deny"
+"#;
+
+#[actix_web::test]
+async fn cluster_a_stalled_master_fails_only_its_own_keys() {
+    let cluster = Cluster::start();
+    let app = cluster_app(PER_MASTER, &cluster).await;
+    let stalled = user_on(&cluster, 0, "stalled");
+    let healthy = [
+        user_on(&cluster, 1, "healthy"),
+        user_on(&cluster, 2, "healthy"),
+    ];
+    // Every master has been used once.
+    for node in 0..3 {
+        assert_eq!(
+            decided(&app, &user_on(&cluster, node, "warm")).await,
+            (200, true)
+        );
+    }
+    let _: String = cluster.nodes[0]
+        .query(redis::cmd("CLIENT").arg("PAUSE").arg(2000).arg("ALL"))
+        .unwrap();
+    // The stalled master's key times out: its rule's error policy. Its
+    // breaker then holds for a minute, however long the pause lasts.
+    assert_eq!(decided(&app, &stalled).await, (200, false));
+    // The other masters' keys keep their exact limits, under either policy.
+    let exact = [
+        (200, true),
+        (200, true),
+        (200, true),
+        (429, true),
+        (429, true),
+    ];
+    for path in ["/check", "/api/ping"] {
+        for user in &healthy {
+            let mut statuses = Vec::new();
+            for _ in 0..5 {
+                statuses.push(decided_at(&app, path, user).await);
+            }
+            assert_eq!(statuses, exact, "{path} {user}");
+        }
+    }
+    // The stalled master's keys still get their error policies.
+    assert_eq!(decided(&app, &stalled).await, (200, false));
+    assert_eq!(decided_at(&app, "/api/ping", &stalled).await, (503, false));
+    assert_eq!(
+        crate::helpers::metric(&app.metrics().await, "floodgate_breaker_open"),
+        Some(1)
+    );
+    // Once the master answers and /readyz says ready, its keys are decided
+    // by Redis again.
+    wait_until(Duration::from_secs(10), "the master to resume", || {
+        cluster.nodes[0]
+            .query::<String>(&redis::cmd("PING"))
+            .is_some()
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.get("/readyz").await.status() != 200 {
+        assert!(Instant::now() < deadline, "/readyz never said ready");
+        actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(decided(&app, &stalled).await, (200, true));
+}
+
+#[actix_web::test]
+async fn cluster_a_master_emptied_forgets_its_cached_denials() {
+    let cluster = Cluster::start();
+    let app = cluster_app(&PER_MASTER.replace("limit = 3", "limit = 1"), &cluster).await;
+    let denied = user_on(&cluster, 1, "denied");
+    let other = user_on(&cluster, 1, "other");
+    assert_eq!(decided(&app, &denied).await, (200, true));
+    assert_eq!(decided(&app, &denied).await, (429, true));
+    // The master loses every key and its scripts (as one restarted empty).
+    for cmd in [
+        redis::cmd("FLUSHALL"),
+        redis::cmd("SCRIPT").arg("FLUSH").clone(),
+    ] {
+        let _: String = cluster.nodes[1].query(&cmd).unwrap();
+    }
+    // The next call to it finds the scripts gone; the denial remembered
+    // from before is forgotten with them.
+    assert_eq!(decided(&app, &other).await, (200, true));
+    assert_eq!(decided(&app, &denied).await, (200, true));
 }

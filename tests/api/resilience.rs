@@ -2,7 +2,9 @@
 //! up decides nothing; a denied key is answered from memory without a Redis
 //! call until its retry time; after a failure the breaker answers at once
 //! without calling Redis; `on_redis_error = "local"` enforces the limit in
-//! the process while Redis is away, and Redis decides again once it answers.
+//! the process while Redis is away, and Redis decides again once it answers;
+//! a probe whose caller gives up does not keep the breaker open; once
+//! `/readyz` says ready, Redis decides the next request.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -420,5 +422,103 @@ on_redis_error = "local"
         ),
         Some(7),
         "{metrics}"
+    );
+}
+
+#[actix_web::test]
+async fn a_probe_whose_caller_gives_up_does_not_leave_the_breaker_open() {
+    let redis = RedisServer::start();
+    let mut config = Config::parse("", Path::new("test.toml")).unwrap();
+    config.redis.url = redis.url();
+    config.redis.timeout = Duration::from_millis(300);
+    let options = LimiterOptions {
+        breaker: Duration::from_millis(100),
+        ..LimiterOptions::default()
+    };
+    let limiter = Limiter::new(&config.redis, options).unwrap();
+    let checks = || {
+        vec![check(
+            "floodgate:probe:ip:127.0.0.1",
+            sliding(1000, 60_000),
+            1,
+        )]
+    };
+    assert!(limiter.decide(checks()).await.is_ok());
+
+    pause(&redis, 5000);
+    assert_eq!(limiter.decide(checks()).await, Err(LimiterError::Timeout));
+    // While the breaker holds, the answer comes at once; once its period
+    // is over, the next call probes the paused Redis, and its caller gives
+    // up on it (the future is dropped while it waits).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = tokio::time::timeout(Duration::from_millis(100), limiter.decide(checks()));
+        match answer.await {
+            Err(_) => break,
+            Ok(Err(LimiterError::BreakerOpen)) => {}
+            Ok(other) => panic!("while Redis is paused: {other:?}"),
+        }
+        assert!(Instant::now() < deadline, "no call probed Redis");
+        actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    wait_until(Duration::from_secs(10), "Redis to resume", || {
+        redis.ping(Duration::from_millis(100))
+    });
+    // Redis answers again: the breaker lets the next probe through.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match limiter.decide(checks()).await {
+            Ok(_) => break,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "Redis answers, yet decisions still fail: {e:?}"
+            ),
+        }
+        actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!limiter.breaker_open());
+}
+
+#[actix_web::test]
+async fn once_readyz_says_ready_the_next_request_is_decided_by_redis() {
+    let app = spawn_app(
+        r#"
+[redis]
+timeout = "300ms"
+
+[limiter]
+breaker = "1m"
+
+[[rule]]
+name = "soft"
+paths = ["/check"]
+limit = 1000
+window = "1m"
+on_redis_error = "allow"
+"#,
+    )
+    .await;
+    assert!(remaining(&app.get("/check").await, "soft").is_some());
+    pause(&app.redis, 1000);
+    // The call times out and opens the breaker for a minute.
+    let res = app.get("/check").await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(header(&res, "ratelimit"), None);
+    wait_until(Duration::from_secs(10), "Redis to resume", || {
+        app.redis.ping(Duration::from_millis(100))
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.get("/readyz").await.status() != 200 {
+        assert!(Instant::now() < deadline, "/readyz never said ready");
+        actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    let res = app.get("/check").await;
+    assert!(
+        remaining(&res, "soft").is_some(),
+        "/readyz said ready, but the next request was not decided by Redis"
+    );
+    assert_eq!(
+        metric(&app.metrics().await, "floodgate_breaker_open"),
+        Some(0)
     );
 }
