@@ -265,8 +265,33 @@ impl ClusterDispatcher {
             if batch.is_empty() {
                 continue;
             }
-            self.decide(batch);
+            // The jobs that would probe a master held as failed go last,
+            // in a batch of their own: if that master still stalls, the
+            // others are not held behind its timeout.
+            let (mut probing, batch): (Vec<Job>, Vec<Job>) = if self.masters.probe_due() {
+                batch.into_iter().partition(|j| self.probes(j))
+            } else {
+                (Vec::new(), batch)
+            };
+            if !batch.is_empty() {
+                self.decide(batch);
+            }
+            retain_waiting(&mut probing);
+            if !probing.is_empty() {
+                self.decide(probing);
+            }
         }
+    }
+
+    /// Whether one of `job`'s keys is on a master whose breaker would let
+    /// the next call probe it.
+    fn probes(&self, job: &Job) -> bool {
+        job.checks.iter().any(|c| {
+            self.masters
+                .of(key_slot(c.key.as_bytes()))
+                .and_then(|m| self.masters.health(m))
+                .is_some_and(|h| h.breaker.probe_due())
+        })
     }
 
     fn connect(&mut self) -> Result<&mut ClusterConnection, LimiterError> {

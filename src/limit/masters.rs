@@ -215,6 +215,11 @@ impl Masters {
         self.health.get(i)
     }
 
+    /// Whether any master's breaker would let the next call probe it.
+    pub(super) fn probe_due(&self) -> bool {
+        self.health.iter().any(|h| h.breaker.probe_due())
+    }
+
     /// Notes that the map may be out of date.
     pub(super) fn stale(&mut self) {
         self.stale = true;
@@ -388,6 +393,12 @@ impl Masters {
             let opened = open_master(base, host, *port, self.timeout);
             let mut conn = match opened {
                 Ok(c) => Conn::single(c),
+                // A master that does not answer in time would hold the
+                // crate's connection as long: its groups fail.
+                Err(e) if e.is_timeout() => {
+                    self.stale = true;
+                    return Err(Unwritten::Failed(e));
+                }
                 Err(e) => {
                     self.stale = true;
                     return Err(not_sent(e));

@@ -206,6 +206,13 @@ impl Breaker {
         until != 0 && self.now_us() < until
     }
 
+    /// Whether the next call would probe: open, its period over, and no
+    /// probe on its way.
+    pub(super) fn probe_due(&self) -> bool {
+        let until = self.open_until.load(Ordering::Acquire);
+        until != 0 && self.now_us() >= until && !self.probing.load(Ordering::Acquire)
+    }
+
     pub(super) fn is_open(&self) -> bool {
         self.open_until.load(Ordering::Acquire) != 0
     }

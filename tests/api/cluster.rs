@@ -897,3 +897,113 @@ async fn cluster_a_master_emptied_forgets_its_cached_denials() {
     assert_eq!(decided(&app, &other).await, (200, true));
     assert_eq!(decided(&app, &denied).await, (200, true));
 }
+
+#[actix_web::test]
+async fn cluster_a_request_answered_without_its_decision_keeps_no_quota() {
+    let cluster = Cluster::start();
+    let app = cluster_app(PER_MASTER, &cluster).await;
+    // The master of the last slots: its pipeline is written after the
+    // others', so the others' replies wait behind its timeout.
+    let stalled = user_on(&cluster, 2, "stalled");
+    let healthy: Vec<String> = (0..40)
+        .map(|i| user_on(&cluster, i % 2, &format!("healthy{i}")))
+        .collect();
+    for node in 0..3 {
+        assert_eq!(
+            decided(&app, &user_on(&cluster, node, "warm")).await,
+            (200, true)
+        );
+    }
+    let _: String = cluster.nodes[2]
+        .query(redis::cmd("CLIENT").arg("PAUSE").arg(2000).arg("ALL"))
+        .unwrap();
+    // All at once: some batches hold groups for the stalled master and
+    // for the others.
+    let requests = healthy.iter().enumerate().flat_map(|(i, user)| {
+        let app = &app;
+        let stalled = &stalled;
+        [
+            Box::pin(async move { (user.clone(), decided(app, user).await) })
+                as std::pin::Pin<Box<dyn Future<Output = (String, (u16, bool))>>>,
+            Box::pin(async move {
+                // Every fourth request also goes to the stalled master.
+                if i % 4 == 0 {
+                    decided(app, stalled).await;
+                }
+                (String::new(), (0, false))
+            }),
+        ]
+    });
+    let answers = join_all(requests).await;
+    let mut conn = cluster.connection();
+    for (user, (status, by_redis)) in answers.into_iter().filter(|(u, _)| !u.is_empty()) {
+        assert_eq!(status, 200, "{user}");
+        let key = format!("floodgate:per_user:header:{{{user}}}");
+        // Taken once if Redis decided it, else not at all (a give-back may
+        // be on its way for a moment).
+        let expected = u64::from(by_redis);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while conn.llen::<_, u64>(&key).unwrap() != expected {
+            assert!(
+                Instant::now() < deadline,
+                "{user}: decided by Redis: {by_redis}, entries: {}",
+                conn.llen::<_, u64>(&key).unwrap()
+            );
+            actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[actix_web::test]
+async fn cluster_probes_of_a_stalled_master_do_not_hold_the_others() {
+    let cluster = Cluster::start();
+    // A short breaker: the stalled master is probed again and again.
+    let app = cluster_app(
+        &PER_MASTER
+            .replace("breaker = \"1m\"", "breaker = \"50ms\"")
+            .replace("limit = 3", "limit = 100000"),
+        &cluster,
+    )
+    .await;
+    let stalled = user_on(&cluster, 2, "stalled");
+    let healthy = [
+        user_on(&cluster, 0, "healthy"),
+        user_on(&cluster, 1, "healthy"),
+    ];
+    for node in 0..3 {
+        assert_eq!(
+            decided(&app, &user_on(&cluster, node, "warm")).await,
+            (200, true)
+        );
+    }
+    let _: String = cluster.nodes[2]
+        .query(redis::cmd("CLIENT").arg("PAUSE").arg(60_000).arg("ALL"))
+        .unwrap();
+    assert_eq!(decided(&app, &stalled).await, (200, false));
+    // While requests keep probing the stalled master (each probe waits out
+    // the timeout), the other masters' requests are all decided by Redis.
+    let done = Arc::new(AtomicBool::new(false));
+    let probed = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let probes = {
+        let (app, stalled) = (&app, &stalled);
+        let (done, probed) = (Arc::clone(&done), Arc::clone(&probed));
+        async move {
+            while !done.load(Ordering::SeqCst) {
+                let _ = join_all((0..8).map(|_| decided(app, stalled))).await;
+                probed.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    };
+    let others = async {
+        let mut answers = Vec::new();
+        while probed.load(Ordering::SeqCst) < 5 {
+            let round = (0..6).map(|i| decided(&app, &healthy[i % 2]));
+            answers.extend(join_all(round).await);
+        }
+        done.store(true, Ordering::SeqCst);
+        answers
+    };
+    let ((), answers) = futures_util::future::join(probes, others).await;
+    let undecided = answers.iter().filter(|&&(_, by_redis)| !by_redis).count();
+    assert_eq!(undecided, 0, "of {}", answers.len());
+}
