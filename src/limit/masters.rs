@@ -470,6 +470,22 @@ mod tests {
     }
 
     #[test]
+    fn each_master_has_a_breaker_and_a_clock_of_its_own() {
+        let config = crate::config::Config::parse("", std::path::Path::new("t.toml")).unwrap();
+        let healths = MasterHealths::new(&config.redis, Duration::from_secs(60));
+        let a = healths.of("127.0.0.1", 7000);
+        let b = healths.of("127.0.0.1", 7001);
+        // Every dispatcher that looks a master up gets the same one.
+        assert!(Arc::ptr_eq(&a, &healths.of("127.0.0.1", 7000)));
+        a.breaker.trip(&LimiterError::Timeout);
+        assert!(a.breaker.is_open() && !b.breaker.is_open());
+        assert!(healths.any_open());
+        a.clock.sample(1_700_000_000_000_000, Instant::now());
+        assert!(a.clock.redis_ms(Instant::now()).is_some());
+        assert_eq!(b.clock.redis_ms(Instant::now()), None);
+    }
+
+    #[test]
     fn cluster_slots_replies_become_ranges_and_unknown_hosts_are_left_out() {
         let reply = Value::Array(vec![
             Value::Array(vec![

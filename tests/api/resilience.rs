@@ -522,3 +522,69 @@ on_redis_error = "allow"
         Some(0)
     );
 }
+
+#[actix_web::test]
+async fn a_probe_whose_client_resets_does_not_leave_the_breaker_open() {
+    let app = spawn_app(
+        r#"
+[redis]
+timeout = "300ms"
+
+[limiter]
+breaker = "100ms"
+
+[[rule]]
+name = "soft"
+paths = ["/check"]
+limit = 100000
+window = "1m"
+on_redis_error = "allow"
+"#,
+    )
+    .await;
+    assert!(remaining(&app.get("/check").await, "soft").is_some());
+    pause(&app.redis, 5000);
+    assert_eq!(header(&app.get("/check").await, "ratelimit"), None);
+    // A client that resets its connection before Redis could answer: once
+    // the breaker's period is over, its request is the probe.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        use actix_web::rt::net::TcpStream;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = TcpStream::connect(("127.0.0.1", app.port)).await.unwrap();
+        stream
+            .write_all(b"GET /check HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 1024];
+        let answer = tokio::time::timeout(Duration::from_millis(100), stream.read(&mut buf));
+        if answer.await.is_err() {
+            // No answer yet: the request waits on Redis. Reset (RST).
+            // (Deprecated because a linger blocks the close; zero does not.)
+            #[allow(deprecated)]
+            stream.set_linger(Some(Duration::ZERO)).unwrap();
+            drop(stream);
+            break;
+        }
+        assert!(Instant::now() < deadline, "no request probed Redis");
+        actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    wait_until(Duration::from_secs(10), "Redis to resume", || {
+        app.redis.ping(Duration::from_millis(100))
+    });
+    // (A new client: the server may have closed the old one's idle
+    // connections meanwhile.)
+    let client = crate::helpers::client();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let res = client.get(app.url("/check")).send().await.unwrap();
+        if remaining(&res, "soft").is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Redis answers, yet requests are not decided by it"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+    }
+}
