@@ -29,6 +29,12 @@
 //! is sent again only for the callers still waiting; a group that may have
 //! run (its reply was lost, or its pipeline failed part way) is never sent
 //! again: its requests get their `on_redis_error` answer.
+//!
+//! Each master has a breaker of its own (see [`super::masters`]): after a
+//! master failed, its groups get `on_redis_error` at once for the breaker's
+//! period while the other masters' groups are sent as usual. A decision
+//! that can no longer be handed over (its caller gave up while the replies
+//! of a slower master were read) gives back what it took.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -41,7 +47,7 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInf
 use redis::{ConnectionLike as _, ErrorKind, RedisResult, ServerErrorKind, Value};
 
 use super::masters::{Masters, Unwritten};
-use super::redis::{next_batch, retain_waiting, spoils, Job, RedisClock, Shared};
+use super::redis::{next_batch, retain_waiting, spoils, Breaker, Gate, Job, RedisClock, Shared};
 use super::source::{cluster_client, key_slot};
 use super::LimiterError;
 use super::{Algorithm, Check, Decision, Outcome};
@@ -75,7 +81,7 @@ pub(super) fn start(
             give_back: Arc::clone(&give_back),
             shared: Arc::clone(shared),
             margin,
-            masters: Masters::new(config),
+            masters: Masters::new(config, shared),
             cmd: redis::Cmd::new(),
             packed: Vec::new(),
         };
@@ -96,7 +102,8 @@ struct ClusterDispatcher {
     conn: Option<ClusterConnection>,
     batch: Arc<redis::Script>,
     give_back: Arc<redis::Script>,
-    /// The errors counter, the estimate of Redis's clock, the denial cache.
+    /// The error and late counters, the denial cache, each master's
+    /// breaker and clock.
     shared: Arc<Shared>,
     /// How long before its caller gives up a job must reach Redis.
     margin: Duration,
@@ -155,17 +162,21 @@ enum Reply {
     NoScript(redis::RedisError),
     /// Failed; it may or may not have run.
     Failed(LimiterError),
+    /// Not sent: every caller in it had given up.
+    Abandoned,
     /// Not sent yet.
     Unsent,
 }
 
-/// Sorts one group's reply. A reply that decided gives `clock` its last
-/// value, Redis's clock in microseconds, and keeps the three per check.
-fn classify(reply: RedisResult<Value>, expected: usize, clock: &RedisClock) -> Reply {
+/// Sorts one group's reply. A reply that decided gives `clock` (the
+/// estimate of the clock of the master that answered, when it is known for
+/// sure) its last value, Redis's clock in microseconds, and keeps the three
+/// per check.
+fn classify(reply: RedisResult<Value>, expected: usize, clock: Option<&RedisClock>) -> Reply {
     match reply.and_then(|v| v.extract_error()) {
         Ok(value) => match redis::from_redis_value::<Vec<i64>>(value) {
             Ok(mut values) if values.len() == expected => {
-                if let Some(redis_us) = values.pop() {
+                if let (Some(redis_us), Some(clock)) = (values.pop(), clock) {
                     clock.sample(redis_us, Instant::now());
                 }
                 Reply::Done(values)
@@ -208,6 +219,32 @@ struct Taken {
     slot: u16,
 }
 
+/// A job's checks, once its reply has been taken apart from it.
+struct JobChecks<'a> {
+    checks: &'a [Check],
+    now_ms: Option<u64>,
+}
+
+impl JobChecks<'_> {
+    /// Adds to `give_backs` what the job's groups recorded, and notes
+    /// it given back.
+    fn give_back(&self, taken: &mut [Option<Taken>], give_backs: &mut Vec<GiveBack>) {
+        for (check, t) in self.checks.iter().zip(taken.iter_mut()) {
+            if let Some(t) = t.as_mut().filter(|t| t.committed) {
+                give_backs.push(GiveBack {
+                    slot: t.slot,
+                    key: check.key.clone(),
+                    algorithm: check.algorithm,
+                    cost: check.cost,
+                    now_ms: self.now_ms,
+                });
+                t.committed = false;
+                t.outcome.remaining += u64::from(check.cost);
+            }
+        }
+    }
+}
+
 /// Units to give back on one key.
 struct GiveBack {
     slot: u16,
@@ -228,8 +265,33 @@ impl ClusterDispatcher {
             if batch.is_empty() {
                 continue;
             }
-            self.decide(batch);
+            // The jobs that would probe a master held as failed go last,
+            // in a batch of their own: if that master still stalls, the
+            // others are not held behind its timeout.
+            let (mut probing, batch): (Vec<Job>, Vec<Job>) = if self.masters.probe_due() {
+                batch.into_iter().partition(|j| self.probes(j))
+            } else {
+                (Vec::new(), batch)
+            };
+            if !batch.is_empty() {
+                self.decide(batch);
+            }
+            retain_waiting(&mut probing);
+            if !probing.is_empty() {
+                self.decide(probing);
+            }
         }
+    }
+
+    /// Whether one of `job`'s keys is on a master whose breaker would let
+    /// the next call probe it.
+    fn probes(&self, job: &Job) -> bool {
+        job.checks.iter().any(|c| {
+            self.masters
+                .of(key_slot(c.key.as_bytes()))
+                .and_then(|m| self.masters.health(m))
+                .is_some_and(|h| h.breaker.probe_due())
+        })
     }
 
     fn connect(&mut self) -> Result<&mut ClusterConnection, LimiterError> {
@@ -346,6 +408,16 @@ impl ClusterDispatcher {
         }
         let mut give_backs = Vec::new();
         for ((job, mut taken), failed) in batch.into_iter().zip(taken).zip(failed) {
+            let Job {
+                checks,
+                now_ms,
+                reply,
+                ..
+            } = job;
+            let job = JobChecks {
+                checks: &checks,
+                now_ms,
+            };
             let allowed = failed.is_none()
                 && job
                     .checks
@@ -354,23 +426,18 @@ impl ClusterDispatcher {
                     .all(|(c, t)| !c.enforce || t.is_some_and(|t| t.outcome.allowed));
             if !allowed {
                 // Nothing stays recorded for a request that is not allowed.
-                for (check, t) in job.checks.iter().zip(taken.iter_mut()) {
-                    if let Some(t) = t.as_mut().filter(|t| t.committed) {
-                        give_backs.push(GiveBack {
-                            slot: t.slot,
-                            key: check.key.clone(),
-                            algorithm: check.algorithm,
-                            cost: check.cost,
-                            now_ms: job.now_ms,
-                        });
-                        t.committed = false;
-                        t.outcome.remaining += u64::from(check.cost);
-                    }
-                }
+                job.give_back(&mut taken, &mut give_backs);
             }
             let answer = match failed {
                 Some(e) => {
-                    self.shared.errors.fetch_add(1, Ordering::Relaxed);
+                    match e {
+                        // Redis answered: it skipped the call, which came
+                        // after its caller's deadline.
+                        LimiterError::Late => self.shared.late.fetch_add(1, Ordering::Relaxed),
+                        // No call was made.
+                        LimiterError::BreakerOpen => 0,
+                        _ => self.shared.errors.fetch_add(1, Ordering::Relaxed),
+                    };
                     Err(e)
                 }
                 None => Ok(Decision {
@@ -381,7 +448,15 @@ impl ClusterDispatcher {
                     allowed,
                 }),
             };
-            let _ = job.reply.send(answer);
+            if let Err(Ok(decision)) = reply.send(answer) {
+                // The caller gave up before its answer came (the reply of
+                // another master was slow, and this one was read after
+                // it): it was answered without Redis's decision, so what
+                // this decision took goes back.
+                if decision.allowed {
+                    job.give_back(&mut taken, &mut give_backs);
+                }
+            }
         }
         if !give_backs.is_empty() {
             self.give_back(give_backs);
@@ -406,14 +481,14 @@ impl ClusterDispatcher {
             .zip(replies)
             .map(|(group, reply)| {
                 let reply = match reply {
-                    Reply::Done(_) | Reply::Failed(_) => reply,
+                    Reply::Done(_) | Reply::Failed(_) | Reply::Abandoned => reply,
                     not_run => self.resend(batch, group, &sha, not_run),
                 };
                 match reply {
                     Reply::Done(values) => Ok(values),
                     Reply::Failed(e) => Err(e),
                     Reply::Redirected(e) | Reply::NoScript(e) => Err(limiter_error(&e)),
-                    Reply::Unsent => Err(LimiterError::Timeout),
+                    Reply::Unsent | Reply::Abandoned => Err(LimiterError::Timeout),
                 }
             })
             .collect()
@@ -423,6 +498,13 @@ impl ClusterDispatcher {
     /// pipeline per master, then reads the replies. Groups of no known
     /// master, or whose master could not be written to without risk, come
     /// back [`Reply::Unsent`].
+    ///
+    /// Each master's breaker is asked first: the groups of a master held as
+    /// failed get [`LimiterError::BreakerOpen`] at once, unless this batch
+    /// is that master's probe. What the master's pipeline comes to moves
+    /// its breaker: an answer closes it, a timeout or a lost connection
+    /// opens it. Each master's calls carry deadlines on that master's own
+    /// clock, and its replies tell that clock alone.
     fn pipeline(&mut self, batch: &[Job], groups: &mut [Group], sha: &str) -> Vec<Reply> {
         let mut replies: Vec<Reply> = groups.iter().map(|_| Reply::Unsent).collect();
         if self.masters.wants_reading() && self.connect().is_ok() {
@@ -438,7 +520,7 @@ impl ClusterDispatcher {
                 .parts
                 .retain(|p| batch[p.job].deadline > now && !batch[p.job].reply.is_closed());
             if group.parts.is_empty() {
-                replies[g] = Reply::Failed(LimiterError::Timeout);
+                replies[g] = Reply::Abandoned;
             } else if let Some(m) = self.masters.of(group.slot) {
                 by_master.entry(m).or_default().push(g);
             }
@@ -446,48 +528,70 @@ impl ClusterDispatcher {
 
         // Write every master's pipeline first, then read: the masters work
         // on their shares at the same time.
-        let (clock, margin) = (&self.shared.clock, self.margin);
-        let mut sent: Vec<(usize, Vec<(usize, usize)>)> = Vec::with_capacity(by_master.len());
+        let margin = self.margin;
+        let mut sent = Vec::with_capacity(by_master.len());
+        // The probes of this batch: given back when this returns, however
+        // it returns.
+        let mut probing = Vec::new();
         for (m, gs) in by_master {
+            let Some(health) = self.masters.health(m).map(Arc::clone) else {
+                continue;
+            };
+            match Breaker::gate(Arc::clone(&health.breaker)) {
+                Gate::Closed => {}
+                Gate::Probe(probe) => probing.push(probe),
+                Gate::Open => {
+                    for &g in &gs {
+                        replies[g] = Reply::Failed(LimiterError::BreakerOpen);
+                    }
+                    continue;
+                }
+            }
             self.packed.clear();
             let mut expected = Vec::with_capacity(gs.len());
             for &g in &gs {
                 let n = write_group(&mut self.cmd, sha, batch, &groups[g].parts, |job| {
-                    clock.redis_ms(job.deadline - margin)
+                    health.clock.redis_ms(job.deadline - margin)
                 });
                 self.cmd.write_packed_command(&mut self.packed);
                 expected.push((g, n));
             }
-            match self.masters.send(m, &self.packed, clock) {
-                Ok(()) => sent.push((m, expected)),
-                // Nothing was written: the crate's connection may try.
+            match self.masters.send(m, &self.packed) {
+                Ok(()) => sent.push((m, health, expected)),
+                // Nothing was written: the crate's connection may try (the
+                // slot may have moved), but this master is held as failed.
                 Err(Unwritten::NotSent(e)) => {
+                    health.breaker.trip(&limiter_error(&e));
                     log::debug!("cluster master unreachable, its groups go another way: {e}")
                 }
                 // A write that failed part way may have delivered some of
                 // the pipeline's calls whole; none is sent again.
                 Err(Unwritten::Failed(e)) if gs.len() > 1 || e.is_timeout() => {
+                    health.breaker.trip(&limiter_error(&e));
                     for &g in &gs {
                         replies[g] = Reply::Failed(limiter_error(&e));
                     }
                 }
                 // One call that was not written whole did not run.
-                Err(Unwritten::Failed(_)) => {}
+                Err(Unwritten::Failed(e)) => health.breaker.trip(&limiter_error(&e)),
             }
         }
-        for (m, expected) in sent {
+        for (m, health, expected) in sent {
+            let mut answered = true;
             for (k, &(g, n)) in expected.iter().enumerate() {
                 let value = match self.masters.recv(m) {
                     Ok(value) => value,
                     Err(e) => {
                         // This call and the ones after it may have run.
+                        health.breaker.trip(&limiter_error(&e));
+                        answered = false;
                         for &(g, _) in &expected[k..] {
                             replies[g] = Reply::Failed(limiter_error(&e));
                         }
                         break;
                     }
                 };
-                replies[g] = match classify(Ok(value), n, &self.shared.clock) {
+                replies[g] = match classify(Ok(value), n, Some(&health.clock)) {
                     Reply::Redirected(e) => {
                         match e.redirect_node() {
                             Some((addr, slot))
@@ -502,7 +606,11 @@ impl ClusterDispatcher {
                     other => other,
                 };
             }
+            if answered {
+                health.breaker.close();
+            }
         }
+        drop(probing);
         replies
     }
 
@@ -516,12 +624,18 @@ impl ClusterDispatcher {
                 Reply::Unsent => {}
                 Reply::Redirected(e) => log::debug!("slot {} sent again: {e}", group.slot),
                 Reply::NoScript(_) => {
+                    // A master without the scripts may be a new or
+                    // restarted one that lost every key: the denials
+                    // remembered from before are forgotten.
+                    if let Some(cache) = &self.shared.deny_cache {
+                        cache.clear();
+                    }
                     if let Err(e) = self.load_scripts() {
                         self.note(&e);
                         return Reply::Failed(limiter_error(&e));
                     }
                 }
-                Reply::Done(_) | Reply::Failed(_) => break,
+                Reply::Done(_) | Reply::Failed(_) | Reply::Abandoned => break,
             }
             reply = self.call_group(batch, group, sha);
         }
@@ -538,12 +652,21 @@ impl ClusterDispatcher {
             .parts
             .retain(|p| batch[p.job].deadline > now && !batch[p.job].reply.is_closed());
         if group.parts.is_empty() {
-            return Reply::Failed(LimiterError::Timeout);
+            return Reply::Abandoned;
         }
         let mut cmd = redis::Cmd::new();
-        let (clock, margin) = (&self.shared.clock, self.margin);
+        // The deadline on the clock of the master the map names for the
+        // slot (after a MOVED, the new one); none when no master is known.
+        let health = self
+            .masters
+            .of(group.slot)
+            .and_then(|m| self.masters.health(m))
+            .map(Arc::clone);
+        let margin = self.margin;
         let expected = write_group(&mut cmd, sha, batch, &group.parts, |job| {
-            clock.redis_ms(job.deadline - margin)
+            health
+                .as_ref()
+                .and_then(|h| h.clock.redis_ms(job.deadline - margin))
         });
         let conn = match self.connect() {
             Ok(conn) => conn,
@@ -553,7 +676,9 @@ impl ClusterDispatcher {
         if let Err(e) = &reply {
             self.note(e);
         }
-        classify(reply, expected, &self.shared.clock)
+        // The crate may have followed a redirection to another node than
+        // the map names: its clock is not told.
+        classify(reply, expected, None)
     }
 
     /// Gives back units, one script call per slot.

@@ -15,17 +15,138 @@
 //! connection whose server went away while it sat idle fails only after the
 //! next write, when nobody can tell whether that write ran), and one that
 //! saw an I/O error is never used again.
+//!
+//! Each master has a breaker and an estimate of its clock of its own
+//! ([`MasterHealth`], kept by address and shared by the dispatchers): a
+//! master that stalls or dies holds back only the calls to its own slots,
+//! and a master whose clock is off from the others' puts no wrong deadline
+//! on the calls to the others.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::cluster::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
 
-use super::redis::{Conn, RedisClock};
+use super::redis::{Breaker, Conn, RedisClock, Shared};
 use super::source::SLOTS;
-use super::RedisConfig;
+use super::{LimiterError, RedisConfig};
+
+/// What the dispatchers know of one master: its breaker, and the estimate
+/// of its clock taken from its own replies.
+#[derive(Debug)]
+pub(super) struct MasterHealth {
+    pub(super) breaker: Arc<Breaker>,
+    pub(super) clock: RedisClock,
+}
+
+/// Every master's [`MasterHealth`], by address: one per master for the
+/// whole process (the dispatchers share them), made when a master is first
+/// seen in the slot map or a redirection.
+#[derive(Debug)]
+pub(super) struct MasterHealths {
+    period: Duration,
+    /// How to reach a master by address (user, password, database of the
+    /// first seed), for the readiness PING of a master held as failed.
+    base: Option<ConnectionInfo>,
+    by_addr: Mutex<HashMap<(String, u16), Arc<MasterHealth>>>,
+}
+
+impl MasterHealths {
+    /// `period`: the breaker's (`[limiter] breaker`).
+    pub(super) fn new(config: &RedisConfig, period: Duration) -> MasterHealths {
+        MasterHealths {
+            period,
+            base: base_info(config),
+            by_addr: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u16), Arc<MasterHealth>>> {
+        match self.by_addr.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// The health of the master at `host:port` (made on first use).
+    fn of(&self, host: &str, port: u16) -> Arc<MasterHealth> {
+        let mut map = self.map();
+        let made = map.entry((host.to_string(), port)).or_insert_with(|| {
+            Arc::new(MasterHealth {
+                breaker: Arc::new(Breaker::new(self.period)),
+                clock: RedisClock::new(),
+            })
+        });
+        Arc::clone(made)
+    }
+
+    /// Whether any master's breaker is open.
+    pub(super) fn any_open(&self) -> bool {
+        self.map().values().any(|h| h.breaker.is_open())
+    }
+
+    /// Sends a PING to every master whose breaker is open, each bounded by
+    /// `timeout`; a master that answers has its breaker closed (the next
+    /// call to it is made). An error while any breaker stays open.
+    /// Blocking.
+    pub(super) fn ping_open(&self, timeout: Duration) -> Result<(), LimiterError> {
+        let open: Vec<((String, u16), Arc<MasterHealth>)> = self
+            .map()
+            .iter()
+            .filter(|(_, h)| h.breaker.is_open())
+            .map(|(a, h)| (a.clone(), Arc::clone(h)))
+            .collect();
+        let mut failed = None;
+        for ((host, port), health) in open {
+            let answered = match &self.base {
+                Some(base) => open_master(base, &host, port, timeout)
+                    .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c).map(|_| ())),
+                None => Err(no_master()),
+            };
+            match answered {
+                Ok(()) => health.breaker.close(),
+                Err(e) => failed = Some(format!("cluster master {host}:{port}: {e}")),
+            }
+        }
+        match failed {
+            Some(why) => Err(LimiterError::Other(why)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// User, password and database of the first seed, when the seeds are plain
+/// TCP.
+fn base_info(config: &RedisConfig) -> Option<ConnectionInfo> {
+    config
+        .cluster
+        .first()
+        .and_then(|seed| seed.as_str().into_connection_info().ok())
+        .filter(|info| matches!(info.addr(), ConnectionAddr::Tcp(..)))
+}
+
+/// A plain connection to the master at `host:port`, opened and bounded by
+/// `timeout`.
+fn open_master(
+    base: &ConnectionInfo,
+    host: &str,
+    port: u16,
+    timeout: Duration,
+) -> redis::RedisResult<redis::Connection> {
+    let info = base
+        .clone()
+        .set_addr(ConnectionAddr::Tcp(host.to_string(), port));
+    redis::Client::open(info)
+        .and_then(|c| c.get_connection_with_timeout(timeout))
+        .and_then(|c| {
+            c.set_read_timeout(Some(timeout))?;
+            c.set_write_timeout(Some(timeout))?;
+            Ok(c)
+        })
+}
 
 /// How often, at most, the slot map is read again while it is known to be
 /// out of date (a failover or a resharding in progress).
@@ -42,6 +163,10 @@ pub(super) struct Masters {
     addrs: Vec<(String, u16)>,
     /// This dispatcher's connection to each master, by index in `addrs`.
     conns: Vec<Option<Conn>>,
+    /// Each master's breaker and clock, by index in `addrs`.
+    health: Vec<Arc<MasterHealth>>,
+    /// Where the healths are kept.
+    shared: Arc<Shared>,
     /// User, password and database of the first seed; `None` when the seeds
     /// are not plain TCP, and then nothing is pipelined.
     base: Option<ConnectionInfo>,
@@ -63,17 +188,14 @@ pub(super) enum Unwritten {
 }
 
 impl Masters {
-    pub(super) fn new(config: &RedisConfig) -> Masters {
-        let base = config
-            .cluster
-            .first()
-            .and_then(|seed| seed.as_str().into_connection_info().ok())
-            .filter(|info| matches!(info.addr(), ConnectionAddr::Tcp(..)));
+    pub(super) fn new(config: &RedisConfig, shared: &Arc<Shared>) -> Masters {
         Masters {
             slots: vec![UNKNOWN; usize::from(SLOTS)],
             addrs: Vec::new(),
             conns: Vec::new(),
-            base,
+            health: Vec::new(),
+            shared: Arc::clone(shared),
+            base: base_info(config),
             timeout: config.timeout,
             stale: true,
             read_at: None,
@@ -86,6 +208,16 @@ impl Masters {
             Some(&i) if i != UNKNOWN && self.base.is_some() => Some(usize::from(i)),
             _ => None,
         }
+    }
+
+    /// Master `i`'s breaker and clock.
+    pub(super) fn health(&self, i: usize) -> Option<&Arc<MasterHealth>> {
+        self.health.get(i)
+    }
+
+    /// Whether any master's breaker would let the next call probe it.
+    pub(super) fn probe_due(&self) -> bool {
+        self.health.iter().any(|h| h.breaker.probe_due())
     }
 
     /// Notes that the map may be out of date.
@@ -116,6 +248,7 @@ impl Masters {
         }
         self.addrs.push((host.to_string(), port));
         self.conns.push(None);
+        self.health.push(self.shared.masters.of(host, port));
         (self.addrs.len() - 1) as u16
     }
 
@@ -127,13 +260,26 @@ impl Masters {
             && self.read_at.is_none_or(|at| at.elapsed() >= REFRESH_EVERY)
     }
 
-    /// Reads the map again through `cluster`. On failure the old map stays.
+    /// Reads the map again through `cluster`, from a master whose breaker
+    /// is closed (one that stalls would hold the batch for the timeout;
+    /// any node, when no master is known yet). On failure the old map stays.
     pub(super) fn read(&mut self, cluster: &mut ClusterConnection) {
         self.read_at = Some(Instant::now());
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SLOTS");
-        let reply =
-            cluster.route_command(&cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random));
+        let healthy = self
+            .addrs
+            .iter()
+            .zip(&self.health)
+            .find(|(_, h)| !h.breaker.is_open());
+        let node = match healthy {
+            Some(((host, port), _)) => SingleNodeRoutingInfo::ByAddress {
+                host: host.clone(),
+                port: *port,
+            },
+            None => SingleNodeRoutingInfo::Random,
+        };
+        let reply = cluster.route_command(&cmd, RoutingInfo::SingleNode(node));
         match reply.map(|v| parse_slots(&v)) {
             Ok(Some(ranges)) => {
                 let mut slots = vec![UNKNOWN; usize::from(SLOTS)];
@@ -158,6 +304,10 @@ impl Masters {
                     .filter_map(|(a, c)| Some((a, c?)))
                     .collect();
                 self.conns = addrs.iter().map(|a| old.remove(a)).collect();
+                self.health = addrs
+                    .iter()
+                    .map(|(h, p)| self.shared.masters.of(h, *p))
+                    .collect();
                 self.addrs = addrs;
                 self.slots = slots;
                 self.stale = false;
@@ -169,14 +319,9 @@ impl Masters {
 
     /// Writes `packed` (one or more commands) to master `i`, on a
     /// connection Redis answered on a moment ago or that answers a `TIME`
-    /// now (which also tells `clock` Redis's time).
-    pub(super) fn send(
-        &mut self,
-        i: usize,
-        packed: &[u8],
-        clock: &RedisClock,
-    ) -> Result<(), Unwritten> {
-        let conn = self.connect(i, clock)?;
+    /// now (which also tells that master's clock estimate its time).
+    pub(super) fn send(&mut self, i: usize, packed: &[u8]) -> Result<(), Unwritten> {
+        let conn = self.connect(i)?;
         if let Err(e) = conn.send_packed_command(packed) {
             conn.spoil();
             self.drop_conn(i);
@@ -216,8 +361,13 @@ impl Masters {
         self.stale = true;
     }
 
-    fn connect(&mut self, i: usize, clock: &RedisClock) -> Result<&mut Conn, Unwritten> {
+    fn connect(&mut self, i: usize) -> Result<&mut Conn, Unwritten> {
         let not_sent = |e| Unwritten::NotSent(e);
+        let clock = &self
+            .health
+            .get(i)
+            .ok_or_else(|| not_sent(no_master()))?
+            .clock;
         let slot = self.conns.get_mut(i).ok_or_else(|| not_sent(no_master()))?;
         if let Some(conn) = slot.as_mut() {
             if !conn.recently_answered() {
@@ -240,18 +390,15 @@ impl Masters {
             let (Some(base), Some((host, port))) = (&self.base, self.addrs.get(i)) else {
                 return Err(not_sent(no_master()));
             };
-            let info = base
-                .clone()
-                .set_addr(ConnectionAddr::Tcp(host.clone(), *port));
-            let opened = redis::Client::open(info)
-                .and_then(|c| c.get_connection_with_timeout(self.timeout))
-                .and_then(|c| {
-                    c.set_read_timeout(Some(self.timeout))?;
-                    c.set_write_timeout(Some(self.timeout))?;
-                    Ok(c)
-                });
+            let opened = open_master(base, host, *port, self.timeout);
             let mut conn = match opened {
                 Ok(c) => Conn::single(c),
+                // A master that does not answer in time would hold the
+                // crate's connection as long: its groups fail.
+                Err(e) if e.is_timeout() => {
+                    self.stale = true;
+                    return Err(Unwritten::Failed(e));
+                }
                 Err(e) => {
                     self.stale = true;
                     return Err(not_sent(e));
@@ -320,6 +467,22 @@ mod tests {
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn each_master_has_a_breaker_and_a_clock_of_its_own() {
+        let config = crate::config::Config::parse("", std::path::Path::new("t.toml")).unwrap();
+        let healths = MasterHealths::new(&config.redis, Duration::from_secs(60));
+        let a = healths.of("127.0.0.1", 7000);
+        let b = healths.of("127.0.0.1", 7001);
+        // Every dispatcher that looks a master up gets the same one.
+        assert!(Arc::ptr_eq(&a, &healths.of("127.0.0.1", 7000)));
+        a.breaker.trip(&LimiterError::Timeout);
+        assert!(a.breaker.is_open() && !b.breaker.is_open());
+        assert!(healths.any_open());
+        a.clock.sample(1_700_000_000_000_000, Instant::now());
+        assert!(a.clock.redis_ms(Instant::now()).is_some());
+        assert_eq!(b.clock.redis_ms(Instant::now()), None);
     }
 
     #[test]

@@ -39,6 +39,7 @@ use tokio::sync::oneshot;
 
 use super::deny_cache::DenyCache;
 use super::local::LocalLimiter;
+use super::masters::MasterHealths;
 use super::source::{Master, RedisConn, Source};
 use super::{
     Algorithm, Check, Decision, Dispatch, LimiterError, LimiterOptions, Outcome, RedisConfig,
@@ -97,7 +98,7 @@ pub(super) struct RedisClock {
 }
 
 impl RedisClock {
-    fn new() -> RedisClock {
+    pub(super) fn new() -> RedisClock {
         RedisClock {
             epoch: Instant::now(),
             offset_us: AtomicI64::new(0),
@@ -131,8 +132,13 @@ impl RedisClock {
 /// The breaker: after a call failed (timeout, refused, broken), no call is
 /// made for `period`; then one request's call probes Redis, and its answer
 /// closes the breaker (or its failure opens it for another period).
+///
+/// The right to probe is a [`Probing`] guard: it is given back when the
+/// guard is dropped, whatever became of the call (answered, failed, or its
+/// caller gone while it waited), so a probe can never keep the breaker
+/// from probing again.
 #[derive(Debug)]
-struct Breaker {
+pub(super) struct Breaker {
     period: Duration,
     epoch: Instant,
     /// µs after `epoch` until which no call is made; 0 = closed.
@@ -142,17 +148,28 @@ struct Breaker {
 }
 
 /// What the breaker lets a request do.
-enum Gate {
+pub(super) enum Gate<B: Deref<Target = Breaker>> {
     /// Ask Redis.
     Closed,
-    /// Ask Redis, as the probe.
-    Probe,
+    /// Ask Redis, as the probe: keep the guard until the call has come to
+    /// something (no one else probes meanwhile).
+    Probe(Probing<B>),
     /// Do not ask.
     Open,
 }
 
+/// The right to probe an open breaker, held while the probe is on its way;
+/// dropping it (however the probe ended) lets the next one probe.
+pub(super) struct Probing<B: Deref<Target = Breaker>>(B);
+
+impl<B: Deref<Target = Breaker>> Drop for Probing<B> {
+    fn drop(&mut self) {
+        self.0.probing.store(false, Ordering::Release);
+    }
+}
+
 impl Breaker {
-    fn new(period: Duration) -> Breaker {
+    pub(super) fn new(period: Duration) -> Breaker {
         Breaker {
             period,
             epoch: Instant::now(),
@@ -165,19 +182,20 @@ impl Breaker {
         self.epoch.elapsed().as_micros() as u64
     }
 
-    fn gate(&self) -> Gate {
-        let until = self.open_until.load(Ordering::Acquire);
+    /// What `breaker` lets a call do now.
+    pub(super) fn gate<B: Deref<Target = Breaker>>(breaker: B) -> Gate<B> {
+        let until = breaker.open_until.load(Ordering::Acquire);
         if until == 0 {
             return Gate::Closed;
         }
-        if self.now_us() < until {
+        if breaker.now_us() < until {
             return Gate::Open;
         }
-        match self
+        match breaker
             .probing
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
         {
-            Ok(_) => Gate::Probe,
+            Ok(_) => Gate::Probe(Probing(breaker)),
             Err(_) => Gate::Open,
         }
     }
@@ -188,14 +206,20 @@ impl Breaker {
         until != 0 && self.now_us() < until
     }
 
-    fn is_open(&self) -> bool {
+    /// Whether the next call would probe: open, its period over, and no
+    /// probe on its way.
+    pub(super) fn probe_due(&self) -> bool {
+        let until = self.open_until.load(Ordering::Acquire);
+        until != 0 && self.now_us() >= until && !self.probing.load(Ordering::Acquire)
+    }
+
+    pub(super) fn is_open(&self) -> bool {
         self.open_until.load(Ordering::Acquire) != 0
     }
 
-    fn trip(&self, why: &LimiterError) {
+    pub(super) fn trip(&self, why: &LimiterError) {
         let until = (self.now_us() + self.period.as_micros() as u64).max(1);
         let was = self.open_until.swap(until, Ordering::AcqRel);
-        self.probing.store(false, Ordering::Release);
         if was == 0 {
             crate::repeated!(
                 &crate::logging::BREAKER,
@@ -206,11 +230,10 @@ impl Breaker {
         }
     }
 
-    fn close(&self) {
+    pub(super) fn close(&self) {
         if self.open_until.swap(0, Ordering::AcqRel) != 0 {
             log::info!("redis answers again; breaker closed");
         }
-        self.probing.store(false, Ordering::Release);
     }
 
     /// Moves the breaker on what a call came to.
@@ -226,12 +249,9 @@ impl Breaker {
             Err(e @ (LimiterError::Timeout | LimiterError::Redis(_) | LimiterError::Other(_))) => {
                 self.trip(e)
             }
-            // No call was made: let the next request probe.
-            Err(LimiterError::Overloaded | LimiterError::Stopped | LimiterError::BreakerOpen) => {
-                if probe {
-                    self.probing.store(false, Ordering::Release);
-                }
-            }
+            // No call was made: the probe's guard lets the next request
+            // probe.
+            Err(LimiterError::Overloaded | LimiterError::Stopped | LimiterError::BreakerOpen) => {}
         }
     }
 }
@@ -245,6 +265,8 @@ pub(super) struct Shared {
     pub(super) clock: RedisClock,
     breaker: Breaker,
     pub(super) deny_cache: Option<DenyCache>,
+    /// Redis Cluster: each master's breaker and clock, by address.
+    pub(super) masters: MasterHealths,
 }
 
 /// Decides checks against Redis. Cheap to share (`Arc`); dropping the last
@@ -560,6 +582,7 @@ impl Limiter {
             clock: RedisClock::new(),
             breaker: Breaker::new(options.breaker),
             deny_cache: options.deny_cache.then(DenyCache::default),
+            masters: MasterHealths::new(config, options.breaker),
         });
         let cluster = !config.cluster.is_empty();
         if cluster {
@@ -627,9 +650,10 @@ impl Limiter {
         self.local.clear();
     }
 
-    /// Whether the breaker is open (Redis failed and has not answered since).
+    /// Whether the breaker is open (Redis failed and has not answered
+    /// since); on a cluster, whether any master's is.
     pub fn breaker_open(&self) -> bool {
-        self.shared.breaker.is_open()
+        self.shared.breaker.is_open() || self.shared.masters.any_open()
     }
 
     /// Decisions the script skipped because their caller had given up.
@@ -666,13 +690,22 @@ impl Limiter {
                 allowed: true,
             });
         }
-        let probe = match self.shared.breaker.gate() {
-            Gate::Closed => false,
-            Gate::Probe => true,
+        if self.cluster {
+            // A cluster's breakers are per master, and only the
+            // dispatchers know which master a key is on.
+            return self.call(checks, now_ms, false).await;
+        }
+        let breaker = &self.shared.breaker;
+        // Held across the call: if this future is dropped while it waits
+        // (its client went away), the guard still lets the next one probe.
+        let probing = match Breaker::gate(breaker) {
+            Gate::Closed => None,
+            Gate::Probe(probing) => Some(probing),
             Gate::Open => return Err(LimiterError::BreakerOpen),
         };
-        let result = self.call(checks, now_ms, probe).await;
-        self.shared.breaker.observe(&result, probe);
+        let result = self.call(checks, now_ms, probing.is_some()).await;
+        breaker.observe(&result, probing.is_some());
+        drop(probing);
         result
     }
 
@@ -768,6 +801,23 @@ impl Limiter {
         self.timeout
     }
 
+    /// Whether Redis is ready for decisions: PING through the pool, bounded
+    /// by the timeout. Blocking.
+    ///
+    /// It agrees with the breaker: a PING answered while the breaker is
+    /// open closes it, so that once this answers `Ok` the next decision is
+    /// asked of Redis; and while the breaker stays open this is an error.
+    /// On a cluster, each master whose breaker is open is sent a PING of
+    /// its own too (see [`MasterHealths::ping_open`]).
+    pub fn ping(&self) -> Result<(), LimiterError> {
+        self.ping_pool()?;
+        if self.cluster {
+            return self.shared.masters.ping_open(self.timeout);
+        }
+        self.shared.breaker.close();
+        Ok(())
+    }
+
     /// PING through the pool, bounded by the timeout. Blocking.
     ///
     /// The checkout already replaces a pooled connection that died while
@@ -775,7 +825,7 @@ impl Limiter {
     /// moment ago), it is sent once more on another connection: a PING can
     /// be repeated safely. A checkout that timed out is not retried (Redis
     /// is away, and the answer must come within the timeout).
-    pub fn ping(&self) -> Result<(), LimiterError> {
+    fn ping_pool(&self) -> Result<(), LimiterError> {
         let deadline = Instant::now() + self.timeout;
         let mut retried = false;
         loop {

@@ -3,7 +3,8 @@
 //! give-back), a resharding of thousands of slots under traffic, a
 //! Sentinel failover under traffic, for the limits and for the demo site's
 //! own accounts, codes and sessions, a switchover (the old master still up)
-//! and Sentinels that stop answering.
+//! and Sentinels that stop answering; a stalled master fails only its own
+//! keys, and a master emptied forgets the denials remembered from it.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -866,4 +867,259 @@ async fn cluster_give_back_forgets_the_remembered_denial_of_its_key() {
         || cache.denied(user, 1, std::time::Instant::now()).is_none(),
     );
     assert_eq!(conn.llen::<_, u64>(user).unwrap(), 0);
+}
+
+/// A value of `x-user` whose key lives on master `node` (found by asking
+/// that master: it answers `MOVED` for a key of another master's slots).
+fn user_on(cluster: &Cluster, node: usize, prefix: &str) -> String {
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|user| {
+            cluster.nodes[node]
+                .query::<i64>(redis::cmd("EXISTS").arg(format!("{{{user}}}")))
+                .is_some()
+        })
+        .unwrap()
+}
+
+/// `GET path` as `user`: the status, and whether Redis decided it (its
+/// `RateLimit` field is there, or it was denied: the error policies answer
+/// 200 or 503).
+async fn decided_at(app: &TestApp, path: &str, user: &str) -> (u16, bool) {
+    let res = app
+        .client
+        .get(app.url(path))
+        .header("x-user", user)
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    (
+        status,
+        status == 429 || res.headers().contains_key("ratelimit"),
+    )
+}
+
+/// [`decided_at`] `/check`.
+async fn decided(app: &TestApp, user: &str) -> (u16, bool) {
+    decided_at(app, "/check", user).await
+}
+
+const PER_MASTER: &str = r#"
+[redis]
+timeout = "300ms"
+
+[limiter]
+breaker = "1m"
+
+[[rule]]
+name = "per_user"
+paths = ["/check"]
+key = "header:x-user"
+limit = 3
+window = "1m"
+deny = "status"
+on_redis_error = "allow"
+
+[[rule]]
+name = "hard"
+paths = ["/api/*"]
+key = "header:x-user"
+limit = 3
+window = "1m"
+deny = "status"
+on_redis_error = "deny"
+"#;
+
+#[actix_web::test]
+async fn cluster_a_stalled_master_fails_only_its_own_keys() {
+    let cluster = Cluster::start();
+    let app = cluster_app(PER_MASTER, &cluster).await;
+    let stalled = user_on(&cluster, 0, "stalled");
+    let healthy = [
+        user_on(&cluster, 1, "healthy"),
+        user_on(&cluster, 2, "healthy"),
+    ];
+    // Every master has been used once.
+    for node in 0..3 {
+        assert_eq!(
+            decided(&app, &user_on(&cluster, node, "warm")).await,
+            (200, true)
+        );
+    }
+    let _: String = cluster.nodes[0]
+        .query(redis::cmd("CLIENT").arg("PAUSE").arg(2000).arg("ALL"))
+        .unwrap();
+    // The stalled master's key times out: its rule's error policy. Its
+    // breaker then holds for a minute, however long the pause lasts.
+    assert_eq!(decided(&app, &stalled).await, (200, false));
+    // The other masters' keys keep their exact limits, under either policy.
+    let exact = [
+        (200, true),
+        (200, true),
+        (200, true),
+        (429, true),
+        (429, true),
+    ];
+    for path in ["/check", "/api/ping"] {
+        for user in &healthy {
+            let mut statuses = Vec::new();
+            for _ in 0..5 {
+                statuses.push(decided_at(&app, path, user).await);
+            }
+            assert_eq!(statuses, exact, "{path} {user}");
+        }
+    }
+    // The stalled master's keys still get their error policies.
+    assert_eq!(decided(&app, &stalled).await, (200, false));
+    assert_eq!(decided_at(&app, "/api/ping", &stalled).await, (503, false));
+    assert_eq!(
+        crate::helpers::metric(&app.metrics().await, "floodgate_breaker_open"),
+        Some(1)
+    );
+    // Once the master answers and /readyz says ready, its keys are decided
+    // by Redis again.
+    wait_until(Duration::from_secs(10), "the master to resume", || {
+        cluster.nodes[0]
+            .query::<String>(&redis::cmd("PING"))
+            .is_some()
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.get("/readyz").await.status() != 200 {
+        assert!(Instant::now() < deadline, "/readyz never said ready");
+        actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(decided(&app, &stalled).await, (200, true));
+}
+
+#[actix_web::test]
+async fn cluster_a_master_emptied_forgets_its_cached_denials() {
+    let cluster = Cluster::start();
+    let app = cluster_app(&PER_MASTER.replace("limit = 3", "limit = 1"), &cluster).await;
+    let denied = user_on(&cluster, 1, "denied");
+    let other = user_on(&cluster, 1, "other");
+    assert_eq!(decided(&app, &denied).await, (200, true));
+    assert_eq!(decided(&app, &denied).await, (429, true));
+    // The master loses every key and its scripts (as one restarted empty).
+    for cmd in [
+        redis::cmd("FLUSHALL"),
+        redis::cmd("SCRIPT").arg("FLUSH").clone(),
+    ] {
+        let _: String = cluster.nodes[1].query(&cmd).unwrap();
+    }
+    // The next call to it finds the scripts gone; the denial remembered
+    // from before is forgotten with them.
+    assert_eq!(decided(&app, &other).await, (200, true));
+    assert_eq!(decided(&app, &denied).await, (200, true));
+}
+
+#[actix_web::test]
+async fn cluster_a_request_answered_without_its_decision_keeps_no_quota() {
+    let cluster = Cluster::start();
+    let app = cluster_app(PER_MASTER, &cluster).await;
+    // The master of the last slots: its pipeline is written after the
+    // others', so the others' replies wait behind its timeout.
+    let stalled = user_on(&cluster, 2, "stalled");
+    let healthy: Vec<String> = (0..40)
+        .map(|i| user_on(&cluster, i % 2, &format!("healthy{i}")))
+        .collect();
+    for node in 0..3 {
+        assert_eq!(
+            decided(&app, &user_on(&cluster, node, "warm")).await,
+            (200, true)
+        );
+    }
+    let _: String = cluster.nodes[2]
+        .query(redis::cmd("CLIENT").arg("PAUSE").arg(2000).arg("ALL"))
+        .unwrap();
+    // All at once: some batches hold groups for the stalled master and
+    // for the others.
+    let requests = healthy.iter().enumerate().flat_map(|(i, user)| {
+        let app = &app;
+        let stalled = &stalled;
+        [
+            Box::pin(async move { (user.clone(), decided(app, user).await) })
+                as std::pin::Pin<Box<dyn Future<Output = (String, (u16, bool))>>>,
+            Box::pin(async move {
+                // Every fourth request also goes to the stalled master.
+                if i % 4 == 0 {
+                    decided(app, stalled).await;
+                }
+                (String::new(), (0, false))
+            }),
+        ]
+    });
+    let answers = join_all(requests).await;
+    let mut conn = cluster.connection();
+    for (user, (status, by_redis)) in answers.into_iter().filter(|(u, _)| !u.is_empty()) {
+        assert_eq!(status, 200, "{user}");
+        let key = format!("floodgate:per_user:header:{{{user}}}");
+        // Taken once if Redis decided it, else not at all (a give-back may
+        // be on its way for a moment).
+        let expected = u64::from(by_redis);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while conn.llen::<_, u64>(&key).unwrap() != expected {
+            assert!(
+                Instant::now() < deadline,
+                "{user}: decided by Redis: {by_redis}, entries: {}",
+                conn.llen::<_, u64>(&key).unwrap()
+            );
+            actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[actix_web::test]
+async fn cluster_probes_of_a_stalled_master_do_not_hold_the_others() {
+    let cluster = Cluster::start();
+    // A short breaker: the stalled master is probed again and again.
+    let app = cluster_app(
+        &PER_MASTER
+            .replace("breaker = \"1m\"", "breaker = \"50ms\"")
+            .replace("limit = 3", "limit = 100000"),
+        &cluster,
+    )
+    .await;
+    let stalled = user_on(&cluster, 2, "stalled");
+    let healthy = [
+        user_on(&cluster, 0, "healthy"),
+        user_on(&cluster, 1, "healthy"),
+    ];
+    for node in 0..3 {
+        assert_eq!(
+            decided(&app, &user_on(&cluster, node, "warm")).await,
+            (200, true)
+        );
+    }
+    let _: String = cluster.nodes[2]
+        .query(redis::cmd("CLIENT").arg("PAUSE").arg(60_000).arg("ALL"))
+        .unwrap();
+    assert_eq!(decided(&app, &stalled).await, (200, false));
+    // While requests keep probing the stalled master (each probe waits out
+    // the timeout), the other masters' requests are all decided by Redis.
+    let done = Arc::new(AtomicBool::new(false));
+    let probed = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let probes = {
+        let (app, stalled) = (&app, &stalled);
+        let (done, probed) = (Arc::clone(&done), Arc::clone(&probed));
+        async move {
+            while !done.load(Ordering::SeqCst) {
+                let _ = join_all((0..8).map(|_| decided(app, stalled))).await;
+                probed.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    };
+    let others = async {
+        let mut answers = Vec::new();
+        while probed.load(Ordering::SeqCst) < 5 {
+            let round = (0..6).map(|i| decided(&app, &healthy[i % 2]));
+            answers.extend(join_all(round).await);
+        }
+        done.store(true, Ordering::SeqCst);
+        answers
+    };
+    let ((), answers) = futures_util::future::join(probes, others).await;
+    let undecided = answers.iter().filter(|&&(_, by_redis)| !by_redis).count();
+    assert_eq!(undecided, 0, "of {}", answers.len());
 }

@@ -2,7 +2,9 @@
 //! up decides nothing; a denied key is answered from memory without a Redis
 //! call until its retry time; after a failure the breaker answers at once
 //! without calling Redis; `on_redis_error = "local"` enforces the limit in
-//! the process while Redis is away, and Redis decides again once it answers.
+//! the process while Redis is away, and Redis decides again once it answers;
+//! a probe whose caller gives up does not keep the breaker open; once
+//! `/readyz` says ready, Redis decides the next request.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -468,4 +470,168 @@ async fn a_flood_of_new_keys_stays_within_the_local_bound_and_a_hot_key_keeps_it
     let keys = local.len();
     assert!(keys * 300 <= local.max_bytes(), "{keys} keys");
     assert!(keys * 1000 > local.max_bytes(), "{keys} keys");
+}
+
+#[actix_web::test]
+async fn a_probe_whose_caller_gives_up_does_not_leave_the_breaker_open() {
+    let redis = RedisServer::start();
+    let mut config = Config::parse("", Path::new("test.toml")).unwrap();
+    config.redis.url = redis.url();
+    config.redis.timeout = Duration::from_millis(300);
+    let options = LimiterOptions {
+        breaker: Duration::from_millis(100),
+        ..LimiterOptions::default()
+    };
+    let limiter = Limiter::new(&config.redis, options).unwrap();
+    let checks = || {
+        vec![check(
+            "floodgate:probe:ip:127.0.0.1",
+            sliding(1000, 60_000),
+            1,
+        )]
+    };
+    assert!(limiter.decide(checks()).await.is_ok());
+
+    pause(&redis, 5000);
+    assert_eq!(limiter.decide(checks()).await, Err(LimiterError::Timeout));
+    // While the breaker holds, the answer comes at once; once its period
+    // is over, the next call probes the paused Redis, and its caller gives
+    // up on it (the future is dropped while it waits).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = tokio::time::timeout(Duration::from_millis(100), limiter.decide(checks()));
+        match answer.await {
+            Err(_) => break,
+            Ok(Err(LimiterError::BreakerOpen)) => {}
+            Ok(other) => panic!("while Redis is paused: {other:?}"),
+        }
+        assert!(Instant::now() < deadline, "no call probed Redis");
+        actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    wait_until(Duration::from_secs(10), "Redis to resume", || {
+        redis.ping(Duration::from_millis(100))
+    });
+    // Redis answers again: the breaker lets the next probe through.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match limiter.decide(checks()).await {
+            Ok(_) => break,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "Redis answers, yet decisions still fail: {e:?}"
+            ),
+        }
+        actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!limiter.breaker_open());
+}
+
+#[actix_web::test]
+async fn once_readyz_says_ready_the_next_request_is_decided_by_redis() {
+    let app = spawn_app(
+        r#"
+[redis]
+timeout = "300ms"
+
+[limiter]
+breaker = "1m"
+
+[[rule]]
+name = "soft"
+paths = ["/check"]
+limit = 1000
+window = "1m"
+on_redis_error = "allow"
+"#,
+    )
+    .await;
+    assert!(remaining(&app.get("/check").await, "soft").is_some());
+    pause(&app.redis, 1000);
+    // The call times out and opens the breaker for a minute.
+    let res = app.get("/check").await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(header(&res, "ratelimit"), None);
+    wait_until(Duration::from_secs(10), "Redis to resume", || {
+        app.redis.ping(Duration::from_millis(100))
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.get("/readyz").await.status() != 200 {
+        assert!(Instant::now() < deadline, "/readyz never said ready");
+        actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    let res = app.get("/check").await;
+    assert!(
+        remaining(&res, "soft").is_some(),
+        "/readyz said ready, but the next request was not decided by Redis"
+    );
+    assert_eq!(
+        metric(&app.metrics().await, "floodgate_breaker_open"),
+        Some(0)
+    );
+}
+
+#[actix_web::test]
+async fn a_probe_whose_client_resets_does_not_leave_the_breaker_open() {
+    let app = spawn_app(
+        r#"
+[redis]
+timeout = "300ms"
+
+[limiter]
+breaker = "100ms"
+
+[[rule]]
+name = "soft"
+paths = ["/check"]
+limit = 100000
+window = "1m"
+on_redis_error = "allow"
+"#,
+    )
+    .await;
+    assert!(remaining(&app.get("/check").await, "soft").is_some());
+    pause(&app.redis, 5000);
+    assert_eq!(header(&app.get("/check").await, "ratelimit"), None);
+    // A client that resets its connection before Redis could answer: once
+    // the breaker's period is over, its request is the probe.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        use actix_web::rt::net::TcpStream;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = TcpStream::connect(("127.0.0.1", app.port)).await.unwrap();
+        stream
+            .write_all(b"GET /check HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 1024];
+        let answer = tokio::time::timeout(Duration::from_millis(100), stream.read(&mut buf));
+        if answer.await.is_err() {
+            // No answer yet: the request waits on Redis. Reset (RST).
+            // (Deprecated because a linger blocks the close; zero does not.)
+            #[allow(deprecated)]
+            stream.set_linger(Some(Duration::ZERO)).unwrap();
+            drop(stream);
+            break;
+        }
+        assert!(Instant::now() < deadline, "no request probed Redis");
+        actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    wait_until(Duration::from_secs(10), "Redis to resume", || {
+        app.redis.ping(Duration::from_millis(100))
+    });
+    // (A new client: the server may have closed the old one's idle
+    // connections meanwhile.)
+    let client = crate::helpers::client();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let res = client.get(app.url("/check")).send().await.unwrap();
+        if remaining(&res, "soft").is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Redis answers, yet requests are not decided by it"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+    }
 }
