@@ -121,8 +121,8 @@ pub use crate::limit::{
 pub use crate::metrics::Metrics;
 pub use crate::net::{Cidr, ProxyHeader};
 pub use crate::rule::{
-    e164, Count, CustomKey, Deny, Key, KeyFn, KeyKind, Mode, Normalize, OnRedisError, PathPattern,
-    Region, Rule,
+    e164, Count, CustomKey, Deny, HeaderDialect, Key, KeyFn, KeyKind, Mode, Normalize,
+    OnRedisError, PathPattern, Region, Rule,
 };
 
 /// Items the benchmarks and tests reach; not part of the supported API.

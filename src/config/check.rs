@@ -9,8 +9,10 @@ pub(super) use super::units::duration_setting;
 use super::units::{amount_of_time, invalid_duration, number, parse_duration_ms, DurationError};
 use super::{ConfigError, MAX_ERROR_PAGE, MAX_LIMIT, MAX_RATE, MAX_WINDOW};
 use crate::limit::Algorithm;
+use crate::net::Cidr;
 use crate::rule::{
-    Count, Deny, Key, KeyKind, Mode, Normalize, OnRedisError, PathPattern, Region, Rule,
+    Count, Deny, HeaderDialect, Key, KeyKind, Mode, Normalize, OnRedisError, PathPattern, Region,
+    Rule,
 };
 
 /// Checks `[defaults]` and every `[[rule]]`; used at start and on SIGHUP.
@@ -48,6 +50,8 @@ pub(super) struct Policy {
     mode: Mode,
     pub(super) region: Region,
     pub(super) count: Count,
+    headers: HeaderDialect,
+    exempt: Vec<String>,
 }
 
 impl Policy {
@@ -60,6 +64,8 @@ impl Policy {
             mode: Mode::Enforce,
             region: Region::us(),
             count: Count::All,
+            headers: HeaderDialect::Ietf,
+            exempt: Vec::new(),
         }
     }
 }
@@ -87,7 +93,25 @@ pub(super) fn check_policy(
         })?;
     }
     p.count = raw.count.unwrap_or(p.count);
+    p.headers = raw.headers.unwrap_or(p.headers);
+    if let Some(list) = &raw.exempt {
+        check_exempt(list).map_err(|what| ("exempt", what))?;
+        p.exempt = list.clone();
+    }
     Ok(p)
+}
+
+/// `exempt`: addresses or networks of clients (`10.0.0.0/8`, `::1`).
+fn check_exempt(list: &[String]) -> Result<Vec<Cidr>, String> {
+    list.iter()
+        .map(|text| {
+            Cidr::parse(text).ok_or_else(|| {
+                format!(
+                    "exempt lists {text:?}, which is not an IP address or CIDR (such as \"10.0.0.0/8\" or \"2001:db8::/32\")"
+                )
+            })
+        })
+        .collect()
 }
 
 /// `error_page` is a plain absolute path on this site: it starts with one
@@ -184,6 +208,10 @@ pub(crate) struct RuleSpec {
     pub mode: Mode,
     /// Whether answers below 400 give their units back.
     pub count: Count,
+    /// Which response fields show the rule.
+    pub headers: HeaderDialect,
+    /// Client addresses or networks the rule leaves alone, unchecked.
+    pub exempt: Vec<String>,
     /// The limit in words; `None` or blank = generated.
     pub description: Option<String>,
     /// Whether the paths are the requests the rule guards (a file's or a
@@ -286,6 +314,7 @@ pub(crate) fn check_spec(r: RuleSpec, earlier: &[Rule]) -> Result<Rule, String> 
     }
 
     check_key(&r.key)?;
+    let exempt = check_exempt(&r.exempt)?;
 
     let algorithm = match r.amount {
         Amount::Bucket { rate, burst } => {
@@ -373,6 +402,8 @@ pub(crate) fn check_spec(r: RuleSpec, earlier: &[Rule]) -> Result<Rule, String> 
         on_redis_error: r.on_redis_error,
         mode: r.mode,
         count: r.count,
+        headers: r.headers,
+        exempt,
     };
     // A browser sent to the error page would be sent there again, forever.
     if r.paths_are_known && rule.deny == Deny::Redirect && rule.matches("GET", &rule.error_page) {
@@ -403,6 +434,8 @@ pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Res
         mode: r.mode,
         region: r.region.clone(),
         count: r.count,
+        headers: r.headers,
+        exempt: r.exempt.clone(),
     };
     let policy = check_policy(&own, defaults).map_err(|(_, what)| what)?;
 
@@ -503,6 +536,8 @@ pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Res
             on_redis_error: policy.on_redis_error,
             mode: policy.mode,
             count: policy.count,
+            headers: policy.headers,
+            exempt: policy.exempt,
             description: r.description,
             paths_are_known: true,
         },

@@ -5,7 +5,7 @@ use serde::Deserialize;
 
 use super::SmsProvider;
 use crate::net::ProxyHeader;
-use crate::rule::{Count, Deny, Mode, OnRedisError};
+use crate::rule::{Count, Deny, HeaderDialect, Mode, OnRedisError};
 
 /// `algorithm` as written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -121,6 +121,10 @@ pub struct RawPolicy {
     pub region: Option<String>,
     /// `all` | `failures`
     pub count: Option<Count>,
+    /// `ietf` | `draft-6` | `draft-7` | `x-ratelimit` | `none`
+    pub headers: Option<HeaderDialect>,
+    /// Client addresses or networks never counted nor denied.
+    pub exempt: Option<Vec<String>>,
 }
 
 /// A rule's `key` as written: one kind, or a list of kinds (one counter
@@ -179,6 +183,10 @@ pub struct RawRule {
     pub region: Option<String>,
     /// Overrides `[defaults]` count.
     pub count: Option<Count>,
+    /// Overrides `[defaults]` headers.
+    pub headers: Option<HeaderDialect>,
+    /// Overrides `[defaults]` exempt.
+    pub exempt: Option<Vec<String>>,
 }
 
 /// `[sms]` as written.

@@ -16,7 +16,7 @@ use crate::config::{
 use crate::limit::{Limiter, LimiterError, LimiterOptions, RedisConfig};
 use crate::metrics::Metrics;
 use crate::net::{Cidr, ProxyHeader};
-use crate::rule::{Count, Deny, Key, KeyKind, Mode, Normalize, OnRedisError, Rule};
+use crate::rule::{Count, Deny, HeaderDialect, Key, KeyKind, Mode, Normalize, OnRedisError, Rule};
 
 /// Why a filter could not be built.
 #[derive(Debug)]
@@ -466,6 +466,8 @@ pub struct Limit {
     count: Count,
     normalize: Normalize,
     description: Option<String>,
+    headers: HeaderDialect,
+    exempt: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -500,6 +502,8 @@ impl Limit {
             count: Count::All,
             normalize: Normalize::None,
             description: None,
+            headers: HeaderDialect::Ietf,
+            exempt: Vec::new(),
         }
     }
 
@@ -593,6 +597,27 @@ impl Limit {
         self
     }
 
+    /// Which response fields show the limit to clients (default
+    /// [`HeaderDialect::Ietf`]; [`HeaderDialect::None`] keeps it hidden).
+    pub fn headers(mut self, dialect: HeaderDialect) -> Limit {
+        self.headers = dialect;
+        self
+    }
+
+    /// Requests from this client address or network (`"10.0.0.0/8"`,
+    /// `"::1"`; the client address behind trusted proxies) are neither
+    /// counted nor denied by the limit. Call it once per network; a text
+    /// that is not an address or CIDR makes the limit unusable.
+    ///
+    /// ```
+    /// let limit = floodgate::Limit::per_minute(60).exempt("10.0.0.0/8").exempt("::1");
+    /// # let _ = limit;
+    /// ```
+    pub fn exempt(mut self, network: &str) -> Limit {
+        self.exempt.push(network.to_string());
+        self
+    }
+
     /// The checked rule: with `path`, a builder's rule guarding that
     /// pattern; without, a limit wrapped on a resource or scope (every
     /// request it sees). The same checks, bounds and messages as a file's
@@ -631,6 +656,8 @@ impl Limit {
             on_redis_error: self.on_redis_error,
             mode: self.mode,
             count: self.count,
+            headers: self.headers,
+            exempt: self.exempt,
             description: self.description,
             paths_are_known: path.is_some(),
         };

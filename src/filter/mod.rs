@@ -8,6 +8,7 @@
 //! the denial cache, and `on_redis_error`).
 
 mod builder;
+mod fields;
 pub(crate) mod key;
 mod limits;
 mod policy;
@@ -26,7 +27,7 @@ use std::time::Instant;
 use actix_service::{Service, Transform};
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
-use actix_web::http::header::{self, HeaderName, HeaderValue};
+use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::web::{Bytes, BytesMut};
 use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse};
@@ -47,7 +48,8 @@ pub type SessionLookup = dyn Fn(&HttpRequest) -> Option<String> + Send + Sync;
 
 /// Answers a denied request in place of the filter's own 303 / 429: given
 /// the denial and the request, the whole response. The filter still adds
-/// `Retry-After` and `Cache-Control: no-store` when the response lacks them.
+/// `Retry-After` and `Cache-Control: no-store` when the response lacks them,
+/// and the rate-limit fields of the matching rules (as on every denial).
 pub type DenialResponder = dyn Fn(&Denial, &HttpRequest) -> HttpResponse + Send + Sync;
 
 /// A denied request, as a [`DenialResponder`] sees it.
@@ -439,10 +441,15 @@ where
             return Ok(plain(req, StatusCode::BAD_REQUEST, "bad request path\n"));
         };
         let method = req.method().as_str();
-        let matched: Vec<&Rule> = rules
+        let mut matched: Vec<&Rule> = rules
             .iter()
             .filter(|r| r.matches(method, &decoded))
             .collect();
+        // A rule's exempt clients are neither counted nor denied by it.
+        if matched.iter().any(|r| !r.exempt.is_empty()) {
+            let client = filter.client_addr(req.request());
+            matched.retain(|r| !r.exempts(client));
+        }
         let path = (!matched.is_empty()).then(|| decoded.into_owned());
         (matched, path)
     };
@@ -542,7 +549,14 @@ where
             if charged && res.status().as_u16() < 400 {
                 give_back(&filter, &matched, &taken, &mut decision).await;
             }
-            add_ratelimit_fields(res.headers_mut(), &matched, &decision);
+            let shown = res.request().clone();
+            fields::write(
+                res.headers_mut(),
+                &shown,
+                &matched,
+                &decision.outcomes,
+                false,
+            );
             Ok(res.map_into_left_body())
         }
         Verdict::Redis(decision) => {
@@ -563,24 +577,40 @@ where
                 outcome.retry_after_secs(),
                 summary(&matched, &decision)
             );
-            let response = denial(&filter, req.request(), rule, outcome.retry_after_secs());
+            let mut response = denial(&filter, req.request(), rule, outcome.retry_after_secs());
+            let outcomes = &decision.outcomes;
+            fields::write(
+                response.headers_mut(),
+                req.request(),
+                &matched,
+                outcomes,
+                true,
+            );
             // Limits an outer filter already took for this request go back.
             Limits::deny_outer(req.request());
             Ok(req.into_response(response).map_into_right_body())
         }
         Verdict::Cached { rule, wait } => {
             let rule = matched[rule];
-            let retry = Outcome {
+            let remembered = Outcome {
                 allowed: false,
                 remaining: 0,
                 wait,
-            }
-            .retry_after_secs();
+            };
+            let retry = remembered.retry_after_secs();
             log::debug!(
                 "{method} {shown}: denied by {} for {retry}s (remembered denial)",
                 rule.name
             );
-            let response = denial(&filter, req.request(), rule, retry);
+            let mut response = denial(&filter, req.request(), rule, retry);
+            // Only the denying rule's state is known without Redis.
+            fields::write(
+                response.headers_mut(),
+                req.request(),
+                &[rule],
+                &[remembered],
+                true,
+            );
             Limits::deny_outer(req.request());
             Ok(req.into_response(response).map_into_right_body())
         }
@@ -618,7 +648,15 @@ where
                     rule.name,
                     outcome.retry_after_secs()
                 );
-                let response = denial(&filter, req.request(), rule, outcome.retry_after_secs());
+                let mut response = denial(&filter, req.request(), rule, outcome.retry_after_secs());
+                let outcomes = &decision.outcomes;
+                fields::write(
+                    response.headers_mut(),
+                    req.request(),
+                    &rules,
+                    outcomes,
+                    true,
+                );
                 Limits::deny_outer(req.request());
                 return Ok(req.into_response(response).map_into_right_body());
             }
@@ -640,7 +678,8 @@ where
                     }
                 }
             }
-            add_ratelimit_fields(res.headers_mut(), &rules, &decision);
+            let shown = res.request().clone();
+            fields::write(res.headers_mut(), &shown, &rules, &decision.outcomes, false);
             Ok(res.map_into_left_body())
         }
     }
@@ -769,51 +808,6 @@ fn summary(matched: &[&Rule], decision: &Decision) -> String {
         .map(|(r, o)| format!("{}={}", r.name, if o.allowed { "ok" } else { "over" }))
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// `RateLimit-Policy` and `RateLimit` for every matching enforce rule.
-fn add_ratelimit_fields(headers: &mut header::HeaderMap, matched: &[&Rule], decision: &Decision) {
-    use std::fmt::Write as _;
-    let mut policy = String::new();
-    let mut state = String::new();
-    for (r, o) in matched.iter().zip(&decision.outcomes) {
-        if r.mode != Mode::Enforce {
-            continue;
-        }
-        if !policy.is_empty() {
-            policy.push_str(", ");
-            state.push_str(", ");
-        }
-        // Writing to a String cannot fail.
-        let _ = write!(
-            policy,
-            "\"{}\";q={};w={}",
-            r.name,
-            r.algorithm.quota(),
-            r.algorithm.window_seconds()
-        );
-        let _ = write!(
-            state,
-            "\"{}\";r={};t={}",
-            r.name,
-            o.remaining,
-            o.reset_secs()
-        );
-    }
-    if policy.is_empty() {
-        return;
-    }
-    // An inner filter (limits declared on a resource) may have written its
-    // own rules already: ours go first, theirs follow.
-    for (name, mut ours) in [("ratelimit-policy", policy), ("ratelimit", state)] {
-        let name = HeaderName::from_static(name);
-        if let Some(inner) = headers.get(&name).and_then(|v| v.to_str().ok()) {
-            ours = format!("{ours}, {inner}");
-        }
-        if let Ok(v) = HeaderValue::try_from(ours) {
-            headers.insert(name, v);
-        }
-    }
 }
 
 /// Whether `req` asks for `page` (as the rules read paths, decoded).

@@ -12,6 +12,7 @@ pub use self::key::{compose, redis_key, redis_key_for, CustomKey, Key, KeyFn, Ke
 pub use self::normalize::{e164, normalize, Region};
 pub use self::path::PathPattern;
 use crate::limit::Algorithm;
+use crate::net::Cidr;
 
 /// How a header/query/form value is normalized before it becomes a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +76,31 @@ pub enum Mode {
     Shadow,
 }
 
+/// Which response fields announce a rule's state to clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[non_exhaustive]
+pub enum HeaderDialect {
+    /// `RateLimit-Policy` and `RateLimit` as lists, one item per rule.
+    #[default]
+    #[serde(rename = "ietf")]
+    Ietf,
+    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (seconds)
+    /// and `RateLimit-Policy: L;w=W`, for the most restrictive such rule.
+    #[serde(rename = "draft-6")]
+    Draft6,
+    /// `RateLimit: limit=L, remaining=R, reset=T` and `RateLimit-Policy:
+    /// L;w=W`, for the most restrictive such rule.
+    #[serde(rename = "draft-7")]
+    Draft7,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`
+    /// (Unix seconds), for the most restrictive such rule.
+    #[serde(rename = "x-ratelimit")]
+    XRateLimit,
+    /// No field: the rule's numbers stay hidden.
+    #[serde(rename = "none")]
+    None,
+}
+
 /// One checked rule with `[defaults]` applied.
 #[derive(Debug, Clone)]
 pub struct Rule {
@@ -104,6 +130,10 @@ pub struct Rule {
     pub mode: Mode,
     /// Whether answers below 400 give their units back.
     pub count: Count,
+    /// Which response fields show the rule.
+    pub headers: HeaderDialect,
+    /// Client addresses the rule neither counts nor denies.
+    pub exempt: Vec<Cidr>,
     /// The limit in human words.
     pub description: String,
 }
@@ -113,6 +143,11 @@ impl Rule {
     pub fn matches(&self, method: &str, path: &str) -> bool {
         (self.methods.is_empty() || self.methods.iter().any(|m| m == method))
             && self.paths.iter().any(|p| p.matches(path))
+    }
+
+    /// Whether the rule leaves requests from `client` alone (its `exempt`).
+    pub fn exempts(&self, client: std::net::IpAddr) -> bool {
+        self.exempt.iter().any(|c| c.contains(client))
     }
 }
 
@@ -200,4 +235,11 @@ config_names! {
     Deny { Redirect => "redirect", Status => "status" }
     OnRedisError { Allow => "allow", Deny => "deny", Local => "local" }
     Mode { Enforce => "enforce", Shadow => "shadow" }
+    HeaderDialect {
+        Ietf => "ietf",
+        Draft6 => "draft-6",
+        Draft7 => "draft-7",
+        XRateLimit => "x-ratelimit",
+        None => "none",
+    }
 }

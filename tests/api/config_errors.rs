@@ -87,7 +87,7 @@ fn unknown_key() {
         "line 6, column 1: unknown field \"windw\", expected one of \"name\", \"paths\", \
          \"methods\", \"key\", \"normalize\", \"limit\", \"window\", \"rate\", \"burst\", \
          \"cost\", \"description\", \"algorithm\", \"deny\", \"error_page\", \
-         \"on_redis_error\", \"mode\", \"region\", \"count\"",
+         \"on_redis_error\", \"mode\", \"region\", \"count\", \"headers\", \"exempt\"",
     );
 }
 
@@ -188,6 +188,24 @@ fn bad_cidr_in_trusted_proxies() {
     assert_refused(
         "bad_cidr.toml",
         "[server] trusted_proxies: \"10.0.0.0/33\" is not an IP address or CIDR",
+    );
+}
+
+#[test]
+fn bad_cidr_in_a_rules_exempt() {
+    assert_refused(
+        "bad_exempt.toml",
+        "rule \"check\" (rule 1): exempt lists \"10.0.0.0/33\", which is not an IP address \
+         or CIDR (such as \"10.0.0.0/8\" or \"2001:db8::/32\")",
+    );
+}
+
+#[test]
+fn unknown_header_dialect() {
+    assert_refused(
+        "bad_headers.toml",
+        "line 2, column 11: unknown variant \"draft-8\", expected one of \"ietf\", \
+         \"draft-6\", \"draft-7\", \"x-ratelimit\", \"none\"",
     );
 }
 

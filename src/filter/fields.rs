@@ -1,0 +1,354 @@
+//! The response fields that show clients the state of the rules that
+//! matched, each rule in its own dialect (its `headers`).
+//!
+//! `ietf` rules are listed one item each in `RateLimit-Policy` and
+//! `RateLimit`. The other dialects carry one rule each: the most
+//! restrictive matching rule of that dialect (least remaining, then
+//! soonest reset). `none` rules and shadow rules never show.
+//!
+//! Several dialects want the same field names (`ietf` and `draft-7` both
+//! write `RateLimit` and `RateLimit-Policy`; `draft-6` writes
+//! `RateLimit-Policy` too). One response never mixes two meanings in one
+//! field: the dialects are served in the order `ietf`, `draft-7`,
+//! `draft-6`, `x-ratelimit`, and a dialect that needs a field name already
+//! in the response is left out of that response entirely (its other fields
+//! too, so a client never reads half of one rule and half of another).
+//! `x-ratelimit` shares no name with the others, so it always shows.
+//!
+//! Filters nest (limits wrapped on a resource inside the app's filter):
+//! the inner one writes first, the outer one merges. `ietf` lists are
+//! merged as text (ours first, then the inner's items); the one-rule
+//! dialects are merged from what the inner filter noted in the request's
+//! extensions, so that the pick is the most restrictive over both filters.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
+use actix_web::{HttpMessage, HttpRequest};
+
+use crate::limit::Outcome;
+use crate::rule::{HeaderDialect, Mode, Rule};
+
+/// One rule's numbers, as a one-rule dialect shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pick {
+    limit: u32,
+    window: u64,
+    remaining: u64,
+    /// Seconds until the quota resets (denied: until the request fits).
+    reset: u64,
+}
+
+impl Pick {
+    /// The more restrictive of two: less remaining, then the sooner reset.
+    fn tighter(self, other: Option<Pick>) -> Pick {
+        match other {
+            Some(o) if (o.remaining, o.reset) < (self.remaining, self.reset) => o,
+            _ => self,
+        }
+    }
+}
+
+/// The one-rule dialects, in the order they get field names.
+const SINGLE: [HeaderDialect; 3] = [
+    HeaderDialect::Draft7,
+    HeaderDialect::Draft6,
+    HeaderDialect::XRateLimit,
+];
+
+/// The field names a one-rule dialect writes.
+fn names(dialect: HeaderDialect) -> &'static [&'static str] {
+    match dialect {
+        HeaderDialect::Draft7 => &["ratelimit", "ratelimit-policy"],
+        HeaderDialect::Draft6 => &[
+            "ratelimit-limit",
+            "ratelimit-remaining",
+            "ratelimit-reset",
+            "ratelimit-policy",
+        ],
+        HeaderDialect::XRateLimit => &[
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+        ],
+        _ => &[],
+    }
+}
+
+fn slot(dialect: HeaderDialect) -> Option<usize> {
+    SINGLE.iter().position(|d| *d == dialect)
+}
+
+/// What a filter showed in the one-rule dialects of a response, noted in
+/// the request's extensions for the filter around it. Only requests with a
+/// rule of such a dialect carry one.
+#[derive(Debug, Clone, Copy, Default)]
+struct Shown {
+    /// The pick of each dialect of [`SINGLE`], written or not.
+    picks: [Option<Pick>; 3],
+    /// Which of them are in the response (and so must go before a merge).
+    written: [bool; 3],
+}
+
+/// Writes the fields of `rules` (with their `outcomes`, one each) into a
+/// response's `headers`. `denied`: the response is a denial, which took
+/// nothing from any rule: a rule that denied shows 0 remaining, one that
+/// would have admitted the request shows its units as still there.
+pub(super) fn write(
+    headers: &mut HeaderMap,
+    req: &HttpRequest,
+    rules: &[&Rule],
+    outcomes: &[Outcome],
+    denied: bool,
+) {
+    use std::fmt::Write as _;
+    // An inner filter's one-rule fields are rewritten from its notes.
+    let inner = req.extensions_mut().remove::<Shown>();
+    let mut shown = Shown::default();
+    if let Some(inner) = inner {
+        for (i, dialect) in SINGLE.iter().enumerate() {
+            if inner.written[i] {
+                for name in names(*dialect) {
+                    headers.remove(*name);
+                }
+            }
+        }
+        shown.picks = inner.picks;
+    }
+
+    let mut policy = String::new();
+    let mut state = String::new();
+    for (r, o) in rules.iter().zip(outcomes) {
+        if r.mode != Mode::Enforce || r.headers == HeaderDialect::None {
+            continue;
+        }
+        let quota = r.algorithm.quota();
+        let remaining = if !o.allowed {
+            0
+        } else if denied {
+            (o.remaining + u64::from(r.cost)).min(u64::from(quota))
+        } else {
+            o.remaining
+        };
+        if r.headers == HeaderDialect::Ietf {
+            if !policy.is_empty() {
+                policy.push_str(", ");
+                state.push_str(", ");
+            }
+            // Writing to a String cannot fail.
+            let _ = write!(
+                policy,
+                "\"{}\";q={};w={}",
+                r.name,
+                quota,
+                r.algorithm.window_seconds()
+            );
+            let _ = write!(state, "\"{}\";r={};t={}", r.name, remaining, o.reset_secs());
+        } else if let Some(i) = slot(r.headers) {
+            let pick = Pick {
+                limit: quota,
+                window: r.algorithm.window_seconds(),
+                remaining,
+                reset: o.reset_secs(),
+            };
+            shown.picks[i] = Some(pick.tighter(shown.picks[i]));
+        }
+    }
+
+    if !policy.is_empty() {
+        // An inner filter (limits declared on a resource) may have written
+        // its own rules already: ours go first, theirs follow.
+        for (name, mut ours) in [("ratelimit-policy", policy), ("ratelimit", state)] {
+            let name = HeaderName::from_static(name);
+            if let Some(inner) = headers.get(&name).and_then(|v| v.to_str().ok()) {
+                ours = format!("{ours}, {inner}");
+            }
+            if let Ok(v) = HeaderValue::try_from(ours) {
+                headers.insert(name, v);
+            }
+        }
+    }
+
+    if shown.picks.iter().all(Option::is_none) {
+        return;
+    }
+    for (i, dialect) in SINGLE.iter().enumerate() {
+        let Some(pick) = shown.picks[i] else {
+            continue;
+        };
+        // A name already there belongs to a dialect served before this one.
+        if names(*dialect).iter().any(|n| headers.contains_key(*n)) {
+            continue;
+        }
+        for (name, value) in fields(*dialect, pick) {
+            if let Ok(v) = HeaderValue::try_from(value) {
+                headers.insert(HeaderName::from_static(name), v);
+            }
+        }
+        shown.written[i] = true;
+    }
+    req.extensions_mut().insert(shown);
+}
+
+/// The fields of a one-rule dialect for `pick`.
+fn fields(dialect: HeaderDialect, pick: Pick) -> Vec<(&'static str, String)> {
+    let Pick {
+        limit,
+        window,
+        remaining,
+        reset,
+    } = pick;
+    match dialect {
+        HeaderDialect::Draft7 => vec![
+            (
+                "ratelimit",
+                format!("limit={limit}, remaining={remaining}, reset={reset}"),
+            ),
+            ("ratelimit-policy", format!("{limit};w={window}")),
+        ],
+        HeaderDialect::Draft6 => vec![
+            ("ratelimit-limit", limit.to_string()),
+            ("ratelimit-remaining", remaining.to_string()),
+            ("ratelimit-reset", reset.to_string()),
+            ("ratelimit-policy", format!("{limit};w={window}")),
+        ],
+        HeaderDialect::XRateLimit => {
+            // A moment in Unix seconds, rounded up like the relative reset.
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis().div_ceil(1000) as u64);
+            vec![
+                ("x-ratelimit-limit", limit.to_string()),
+                ("x-ratelimit-remaining", remaining.to_string()),
+                ("x-ratelimit-reset", (now + reset).to_string()),
+            ]
+        }
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn rule(name: &str, headers: HeaderDialect, limit: u32) -> Rule {
+        let toml = format!(
+            "[[rule]]\nname = \"{name}\"\npaths = [\"/x\"]\nlimit = {limit}\nwindow = \"1m\"\nheaders = \"{headers}\"\n"
+        );
+        crate::config::Config::parse(&toml, std::path::Path::new("t.toml"))
+            .unwrap()
+            .rules
+            .remove(0)
+    }
+
+    fn ok(remaining: u64, secs: u64) -> Outcome {
+        Outcome {
+            allowed: true,
+            remaining,
+            wait: Duration::from_secs(secs),
+        }
+    }
+
+    fn text(h: &HeaderMap, name: &str) -> Option<String> {
+        h.get(name).map(|v| v.to_str().unwrap().to_string())
+    }
+
+    fn written(rules: &[&Rule], outcomes: &[Outcome]) -> HeaderMap {
+        let req = actix_web::test::TestRequest::default().to_http_request();
+        let mut h = HeaderMap::new();
+        write(&mut h, &req, rules, outcomes, false);
+        h
+    }
+
+    #[test]
+    fn each_one_rule_dialect_shows_its_tightest_rule() {
+        let a = rule("a", HeaderDialect::Draft6, 10);
+        let b = rule("b", HeaderDialect::Draft6, 5);
+        let c = rule("c", HeaderDialect::Draft6, 5);
+        let h = written(&[&a, &b, &c], &[ok(9, 60), ok(4, 60), ok(4, 30)]);
+        assert_eq!(text(&h, "ratelimit-limit").as_deref(), Some("5"));
+        assert_eq!(text(&h, "ratelimit-remaining").as_deref(), Some("4"));
+        assert_eq!(text(&h, "ratelimit-reset").as_deref(), Some("30"));
+        assert_eq!(text(&h, "ratelimit-policy").as_deref(), Some("5;w=60"));
+        assert_eq!(text(&h, "ratelimit"), None);
+    }
+
+    #[test]
+    fn ietf_keeps_its_names_and_draft_7_is_left_out() {
+        let a = rule("a", HeaderDialect::Ietf, 10);
+        let b = rule("b", HeaderDialect::Draft7, 5);
+        let x = rule("x", HeaderDialect::XRateLimit, 5);
+        let h = written(&[&a, &b, &x], &[ok(9, 60), ok(1, 60), ok(2, 60)]);
+        assert_eq!(text(&h, "ratelimit").as_deref(), Some("\"a\";r=9;t=60"));
+        assert_eq!(
+            text(&h, "ratelimit-policy").as_deref(),
+            Some("\"a\";q=10;w=60")
+        );
+        assert_eq!(text(&h, "x-ratelimit-remaining").as_deref(), Some("2"));
+    }
+
+    #[test]
+    fn draft_7_comes_before_draft_6() {
+        let six = rule("six", HeaderDialect::Draft6, 10);
+        let seven = rule("seven", HeaderDialect::Draft7, 5);
+        let h = written(&[&six, &seven], &[ok(1, 60), ok(3, 60)]);
+        assert_eq!(
+            text(&h, "ratelimit").as_deref(),
+            Some("limit=5, remaining=3, reset=60")
+        );
+        assert_eq!(text(&h, "ratelimit-policy").as_deref(), Some("5;w=60"));
+        assert_eq!(text(&h, "ratelimit-remaining"), None);
+        assert_eq!(text(&h, "ratelimit-limit"), None);
+    }
+
+    #[test]
+    fn hidden_and_shadow_rules_never_show() {
+        let hidden = rule("hidden", HeaderDialect::None, 3);
+        let mut shadow = rule("shadow", HeaderDialect::XRateLimit, 3);
+        shadow.mode = Mode::Shadow;
+        let h = written(&[&hidden, &shadow], &[ok(0, 60), ok(0, 60)]);
+        assert!(h.is_empty(), "{h:?}");
+    }
+
+    #[test]
+    fn an_outer_filter_merges_with_the_inner_ones_pick() {
+        let req = actix_web::test::TestRequest::default().to_http_request();
+        let mut h = HeaderMap::new();
+        let inner = rule("inner", HeaderDialect::XRateLimit, 5);
+        write(&mut h, &req, &[&inner], &[ok(1, 60)], false);
+        let outer = rule("outer", HeaderDialect::XRateLimit, 100);
+        write(&mut h, &req, &[&outer], &[ok(50, 60)], false);
+        assert_eq!(text(&h, "x-ratelimit-limit").as_deref(), Some("5"));
+        assert_eq!(text(&h, "x-ratelimit-remaining").as_deref(), Some("1"));
+        // An outer ietf rule takes RateLimit from an inner draft-7 rule.
+        let req = actix_web::test::TestRequest::default().to_http_request();
+        let mut h = HeaderMap::new();
+        let inner = rule("inner", HeaderDialect::Draft7, 5);
+        write(&mut h, &req, &[&inner], &[ok(1, 60)], false);
+        let outer = rule("outer", HeaderDialect::Ietf, 100);
+        write(&mut h, &req, &[&outer], &[ok(50, 60)], false);
+        assert_eq!(
+            text(&h, "ratelimit").as_deref(),
+            Some("\"outer\";r=50;t=60")
+        );
+    }
+
+    #[test]
+    fn a_denial_shows_zero_for_the_denier_and_untaken_units_for_the_rest() {
+        let req = actix_web::test::TestRequest::default().to_http_request();
+        let mut h = HeaderMap::new();
+        let a = rule("a", HeaderDialect::Ietf, 10);
+        let b = rule("b", HeaderDialect::Ietf, 3);
+        let denied = Outcome {
+            allowed: false,
+            remaining: 2,
+            wait: Duration::from_millis(1500),
+        };
+        write(&mut h, &req, &[&a, &b], &[ok(4, 60), denied], true);
+        assert_eq!(
+            text(&h, "ratelimit").as_deref(),
+            Some("\"a\";r=5;t=60, \"b\";r=0;t=2")
+        );
+    }
+}
