@@ -8,6 +8,7 @@ mod cluster;
 mod cluster_helpers;
 mod config_errors;
 mod faults;
+mod fields;
 mod filter;
 mod helpers;
 mod isolation;
