@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use floodgate::site::Application;
-use floodgate::Algorithm;
 use floodgate::{format_duration, Config, ConfigError, DEFAULT_PATH};
+use floodgate::{Algorithm, HeaderDialect};
 
 const USAGE: &str = "usage: floodgate [serve [--config FILE]] | check-config [FILE]";
 
@@ -64,8 +64,16 @@ fn check_config(path: PathBuf) -> ExitCode {
             }
             Algorithm::TokenBucket { rate, burst } => format!("rate={rate}/s burst={burst}"),
         };
+        // Only what differs from the usual is shown of these two.
+        let mut extra = String::new();
+        if r.headers != HeaderDialect::Ietf {
+            extra.push_str(&format!(" headers={}", r.headers));
+        }
+        if !r.exempt.is_empty() {
+            extra.push_str(&format!(" exempt={}", r.exempt.len()));
+        }
         println!(
-            "{}: {methods} {} key={} {} {limit} cost={} deny={} on_redis_error={} mode={}",
+            "{}: {methods} {} key={} {} {limit} cost={} deny={} on_redis_error={} mode={}{extra}",
             r.name,
             r.path_text.join(" "),
             r.key,

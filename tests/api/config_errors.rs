@@ -617,3 +617,19 @@ fn every_new_key_at_its_limits_is_accepted() {
          on_redis_error=allow mode=enforce\n"
     );
 }
+
+#[test]
+fn check_config_names_a_rules_dialect_and_exempt_networks_when_set() {
+    let file = "tests/fixtures/config/dialects_and_exempt.toml";
+    let output = check_config(file);
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        "seven: * /a key=ip sliding_window limit=5 window=10s cost=1 deny=redirect \
+         on_redis_error=allow mode=enforce headers=draft-7\n\
+         quiet: * /b key=ip sliding_window limit=5 window=10s cost=1 deny=redirect \
+         on_redis_error=allow mode=enforce headers=none exempt=2\n\
+         std: * /c key=ip sliding_window limit=5 window=10s cost=1 deny=redirect \
+         on_redis_error=allow mode=enforce\n"
+    );
+}
