@@ -23,8 +23,9 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use actix_web::dev::ServiceResponse;
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
-use actix_web::{HttpMessage, HttpRequest};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse};
 
 use crate::limit::Outcome;
 use crate::rule::{HeaderDialect, Mode, Rule};
@@ -90,10 +91,33 @@ struct Shown {
     written: [bool; 3],
 }
 
+/// Adds the fields of `rules` (with their `outcomes`) to a response the
+/// filter passed on. `nothing_taken`: an inner filter denied the request
+/// and this filter's units went back.
+pub(super) fn on_response<B>(
+    res: &mut ServiceResponse<B>,
+    rules: &[&Rule],
+    outcomes: &[Outcome],
+    nothing_taken: bool,
+) {
+    let req = res.request().clone();
+    write(res.headers_mut(), &req, rules, outcomes, nothing_taken);
+}
+
+/// Adds the fields of `rules` (with their `outcomes`) to a denial of `req`.
+pub(super) fn on_denial(
+    res: &mut HttpResponse,
+    req: &HttpRequest,
+    rules: &[&Rule],
+    outcomes: &[Outcome],
+) {
+    write(res.headers_mut(), req, rules, outcomes, true);
+}
+
 /// Writes the fields of `rules` (with their `outcomes`, one each) into a
-/// response's `headers`. `denied`: the response is a denial, which took
-/// nothing from any rule: a rule that denied shows 0 remaining, one that
-/// would have admitted the request shows its units as still there.
+/// response's `headers`. `denied`: the request took nothing from any of
+/// these rules (it was denied): a rule that denied shows 0 remaining, one
+/// that would have admitted it shows its units as still there.
 pub(super) fn write(
     headers: &mut HeaderMap,
     req: &HttpRequest,

@@ -530,6 +530,8 @@ where
                 started,
             );
             let mut res = service.call(req).await?;
+            // Whether an inner filter's denial gave our units back.
+            let mut withdrawn = false;
             if res
                 .request()
                 .extensions()
@@ -537,26 +539,20 @@ where
                 .is_some()
             {
                 // An inner filter denied the request: it takes nothing from us.
-                if let Err(e) = taken.withdraw(&filter).await {
-                    crate::repeated!(
+                match taken.withdraw(&filter).await {
+                    Ok(_) => withdrawn = true,
+                    Err(e) => crate::repeated!(
                         &logging::GIVE_BACK_FAILED,
                         "could not give units back ({}); the request stays charged",
                         Escaped(&e.to_string())
-                    );
+                    ),
                 }
             }
             let mut decision = decision;
             if charged && res.status().as_u16() < 400 {
                 give_back(&filter, &matched, &taken, &mut decision).await;
             }
-            let shown = res.request().clone();
-            fields::write(
-                res.headers_mut(),
-                &shown,
-                &matched,
-                &decision.outcomes,
-                false,
-            );
+            fields::on_response(&mut res, &matched, &decision.outcomes, withdrawn);
             Ok(res.map_into_left_body())
         }
         Verdict::Redis(decision) => {
@@ -578,14 +574,7 @@ where
                 summary(&matched, &decision)
             );
             let mut response = denial(&filter, req.request(), rule, outcome.retry_after_secs());
-            let outcomes = &decision.outcomes;
-            fields::write(
-                response.headers_mut(),
-                req.request(),
-                &matched,
-                outcomes,
-                true,
-            );
+            fields::on_denial(&mut response, req.request(), &matched, &decision.outcomes);
             // Limits an outer filter already took for this request go back.
             Limits::deny_outer(req.request());
             Ok(req.into_response(response).map_into_right_body())
@@ -604,13 +593,7 @@ where
             );
             let mut response = denial(&filter, req.request(), rule, retry);
             // Only the denying rule's state is known without Redis.
-            fields::write(
-                response.headers_mut(),
-                req.request(),
-                &[rule],
-                &[remembered],
-                true,
-            );
+            fields::on_denial(&mut response, req.request(), &[rule], &[remembered]);
             Limits::deny_outer(req.request());
             Ok(req.into_response(response).map_into_right_body())
         }
@@ -649,14 +632,7 @@ where
                     outcome.retry_after_secs()
                 );
                 let mut response = denial(&filter, req.request(), rule, outcome.retry_after_secs());
-                let outcomes = &decision.outcomes;
-                fields::write(
-                    response.headers_mut(),
-                    req.request(),
-                    &rules,
-                    outcomes,
-                    true,
-                );
+                fields::on_denial(&mut response, req.request(), &rules, &decision.outcomes);
                 Limits::deny_outer(req.request());
                 return Ok(req.into_response(response).map_into_right_body());
             }
@@ -678,8 +654,7 @@ where
                     }
                 }
             }
-            let shown = res.request().clone();
-            fields::write(res.headers_mut(), &shown, &rules, &decision.outcomes, false);
+            fields::on_response(&mut res, &rules, &decision.outcomes, false);
             Ok(res.map_into_left_body())
         }
     }

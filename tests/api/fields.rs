@@ -467,6 +467,43 @@ async fn in_code_limits_take_a_dialect_and_exempt_networks() {
 }
 
 #[actix_web::test]
+async fn an_inner_limits_denial_shows_the_outer_rules_with_nothing_taken() {
+    let redis = RedisServer::start();
+    let filter = Filter::from_toml_str(
+        &format!(
+            "[redis]\nurl = \"{}\"\n[[rule]]\nname = \"outer\"\npaths = [\"/*\"]\nlimit = 10\nwindow = \"1m\"\ndeny = \"status\"\n",
+            redis.url()
+        ),
+        "app.toml",
+    )
+    .unwrap();
+    let inner = filter.limit(Limit::per_minute(1).name("inner"));
+    let app = actix_test::init_service(
+        App::new()
+            .wrap(filter.clone())
+            .service(web::resource("/one").wrap(inner).route(web::get().to(ok))),
+    )
+    .await;
+    let get = || actix_test::TestRequest::get().uri("/one").to_request();
+    let res = actix_test::call_service(&app, get()).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let first = sf_items(&text(&res, "ratelimit").unwrap());
+    assert_eq!((first[0].0.as_str(), first[0].1["r"]), ("outer", 9));
+    assert_eq!((first[1].0.as_str(), first[1].1["r"]), ("inner", 0));
+    // Denied by the inner limit: the outer rule gave its unit back and says so.
+    let res = actix_test::call_service(&app, get()).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let denied = sf_items(&text(&res, "ratelimit").unwrap());
+    assert_eq!((denied[0].0.as_str(), denied[0].1["r"]), ("outer", 9));
+    assert_eq!((denied[1].0.as_str(), denied[1].1["r"]), ("inner", 0));
+    assert_eq!(
+        text(&res, "ratelimit-policy").as_deref(),
+        Some("\"outer\";q=10;w=60, \"inner\";q=1;w=60")
+    );
+    assert_eq!(redis.llen("floodgate:outer:ip:0.0.0.0"), 1);
+}
+
+#[actix_web::test]
 async fn a_denial_responders_answer_carries_the_fields() {
     let redis = RedisServer::start();
     let filter = Filter::builder()
