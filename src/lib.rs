@@ -70,10 +70,13 @@
 //! # What a guarded request gets
 //!
 //! Allowed responses carry `RateLimit-Policy` and `RateLimit` fields for
-//! every enforce rule. A denial is a `429` with `Retry-After` (JSON for a
-//! client that accepts only JSON), or, for rules with `deny = "redirect"`,
-//! a `303` to the error page; [`FilterBuilder::denial_responder`] replaces
-//! both. When Redis cannot answer within the timeout, each rule's
+//! every enforce rule, or the fields of the rule's [`HeaderDialect`]
+//! (`draft-6`, `draft-7`, `x-ratelimit`, or none at all). A denial is a
+//! `429` with `Retry-After` (JSON for a client that accepts only JSON), or,
+//! for rules with `deny = "redirect"`, a `303` to the error page;
+//! [`FilterBuilder::denial_responder`] replaces both; every denial carries
+//! the same rate-limit fields. A rule's `exempt` client networks are
+//! neither counted nor denied by it ([`Limit::exempt`] in code). When Redis cannot answer within the timeout, each rule's
 //! `on_redis_error` applies: let the request through, or `503`.
 //!
 //! # Pieces
