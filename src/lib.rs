@@ -119,10 +119,10 @@ pub use crate::limit::{
     Outcome, RedisConfig,
 };
 pub use crate::metrics::Metrics;
-pub use crate::net::{Cidr, ProxyHeader};
+pub use crate::net::{Cidr, CidrError, ProxyHeader};
 pub use crate::rule::{
-    e164, Count, CustomKey, Deny, Key, KeyFn, KeyKind, Mode, Normalize, OnRedisError, PathPattern,
-    Region, Rule,
+    e164, Count, CustomKey, Deny, Identity, Key, KeyFn, KeyKind, LookupFn, LookupFuture, Mode,
+    Normalize, OnMissingKey, OnRedisError, PathPattern, Region, Rule, Skip,
 };
 
 /// Items the benchmarks and tests reach; not part of the supported API.
