@@ -2,15 +2,20 @@
 //!
 //! Counts live in Redis, so every server behind a load balancer shares them;
 //! every rule that matches a request is decided in one atomic Lua call
-//! (a denied request takes nothing from any rule), and no worker thread ever
-//! waits on Redis.
+//! (a denied request takes nothing from any rule). By default each actix
+//! worker sends the decisions of one scheduler tick as one call and blocks
+//! for that round trip (bounded by `[redis] timeout`, and skipped while the
+//! breaker is open); `Dispatch::Threads` hands them to dispatcher threads
+//! instead, so that no worker waits on Redis, at the cost of a thread
+//! hand-off per request.
 //!
 //! # Five minutes: a guarded route
 //!
 //! ```toml
 //! # Cargo.toml
 //! [dependencies]
-//! floodgate = { version = "0.1", default-features = false }   # the filter alone
+//! # a clone of this repository (not on crates.io); the filter alone
+//! floodgate = { path = "../floodgate", default-features = false }
 //! ```
 //!
 //! With rules in TOML (the same file format the `floodgate` command reads):
