@@ -10,7 +10,8 @@ use super::units::{amount_of_time, invalid_duration, number, parse_duration_ms, 
 use super::{ConfigError, MAX_ERROR_PAGE, MAX_LIMIT, MAX_RATE, MAX_WINDOW};
 use crate::limit::Algorithm;
 use crate::rule::{
-    Count, Deny, Key, KeyKind, Mode, Normalize, OnRedisError, PathPattern, Region, Rule,
+    Count, Deny, Key, KeyKind, Mode, Normalize, OnMissingKey, OnRedisError, PathPattern, Region,
+    Rule, Skip,
 };
 
 /// Checks `[defaults]` and every `[[rule]]`; used at start and on SIGHUP.
@@ -48,6 +49,7 @@ pub(super) struct Policy {
     mode: Mode,
     pub(super) region: Region,
     pub(super) count: Count,
+    on_missing_key: OnMissingKey,
 }
 
 impl Policy {
@@ -60,6 +62,7 @@ impl Policy {
             mode: Mode::Enforce,
             region: Region::us(),
             count: Count::All,
+            on_missing_key: OnMissingKey::Ip,
         }
     }
 }
@@ -87,6 +90,7 @@ pub(super) fn check_policy(
         })?;
     }
     p.count = raw.count.unwrap_or(p.count);
+    p.on_missing_key = raw.on_missing_key.unwrap_or(p.on_missing_key);
     Ok(p)
 }
 
@@ -186,6 +190,12 @@ pub(crate) struct RuleSpec {
     pub count: Count,
     /// The limit in words; `None` or blank = generated.
     pub description: Option<String>,
+    /// What a request without its key value gets.
+    pub on_missing_key: OnMissingKey,
+    /// Whether key values are hashed in Redis key names.
+    pub hash_key: bool,
+    /// A predicate that lets a request skip the rule.
+    pub skip: Option<Skip>,
     /// Whether the paths are the requests the rule guards (a file's or a
     /// builder's rule), so that a redirect to a page they cover is a loop.
     /// A limit wrapped on a resource guards only what the resource serves,
@@ -373,6 +383,9 @@ pub(crate) fn check_spec(r: RuleSpec, earlier: &[Rule]) -> Result<Rule, String> 
         on_redis_error: r.on_redis_error,
         mode: r.mode,
         count: r.count,
+        on_missing_key: r.on_missing_key,
+        hash_key: r.hash_key,
+        skip: r.skip,
     };
     // A browser sent to the error page would be sent there again, forever.
     if r.paths_are_known && rule.deny == Deny::Redirect && rule.matches("GET", &rule.error_page) {
@@ -403,6 +416,7 @@ pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Res
         mode: r.mode,
         region: r.region.clone(),
         count: r.count,
+        on_missing_key: r.on_missing_key,
     };
     let policy = check_policy(&own, defaults).map_err(|(_, what)| what)?;
 
@@ -504,6 +518,9 @@ pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Res
             mode: policy.mode,
             count: policy.count,
             description: r.description,
+            on_missing_key: policy.on_missing_key,
+            hash_key: r.hash_key.unwrap_or(false),
+            skip: None,
             paths_are_known: true,
         },
         earlier,

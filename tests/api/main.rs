@@ -11,6 +11,7 @@ mod faults;
 mod filter;
 mod helpers;
 mod isolation;
+mod json_api;
 mod keys;
 mod library;
 
