@@ -2,15 +2,20 @@
 //!
 //! Counts live in Redis, so every server behind a load balancer shares them;
 //! every rule that matches a request is decided in one atomic Lua call
-//! (a denied request takes nothing from any rule), and no worker thread ever
-//! waits on Redis.
+//! (a denied request takes nothing from any rule). By default each actix
+//! worker sends the decisions of one scheduler tick as one call and blocks
+//! for that round trip (bounded by `[redis] timeout`, and skipped while the
+//! breaker is open); `Dispatch::Threads` hands them to dispatcher threads
+//! instead, so that no worker waits on Redis, at the cost of a thread
+//! hand-off per request.
 //!
 //! # Five minutes: a guarded route
 //!
 //! ```toml
 //! # Cargo.toml
 //! [dependencies]
-//! floodgate = { version = "0.1", default-features = false }   # the filter alone
+//! # a clone of this repository (not on crates.io); the filter alone
+//! floodgate = { path = "../floodgate", default-features = false }
 //! ```
 //!
 //! With rules in TOML (the same file format the `floodgate` command reads):
@@ -122,10 +127,10 @@ pub use crate::limit::{
     Outcome, RedisConfig,
 };
 pub use crate::metrics::Metrics;
-pub use crate::net::{Cidr, ProxyHeader};
+pub use crate::net::{Cidr, CidrError, ProxyHeader};
 pub use crate::rule::{
-    e164, Count, CustomKey, Deny, HeaderDialect, Key, KeyFn, KeyKind, Mode, Normalize,
-    OnRedisError, PathPattern, Region, Rule,
+    e164, Count, CustomKey, Deny, HeaderDialect, Identity, Key, KeyFn, KeyKind, LookupFn,
+    LookupFuture, Mode, Normalize, OnMissingKey, OnRedisError, PathPattern, Region, Rule, Skip,
 };
 
 /// Items the benchmarks and tests reach; not part of the supported API.

@@ -214,14 +214,17 @@ pub static GIVE_BACK_FAILED: Repeats = Repeats::new("could not give back units",
 pub static READYZ: Repeats = Repeats::new("readyz", log::Level::Warn);
 /// The site answered an error.
 pub static SITE_ERROR: Repeats = Repeats::new("site error", log::Level::Error);
+/// A key function chose a quota its rule cannot have.
+pub static BAD_QUOTA: Repeats = Repeats::new("unusable quota", log::Level::Warn);
 
-const ALL: [&Repeats; 6] = [
+const ALL: [&Repeats; 7] = [
     &REDIS_FAILED,
     &BREAKER,
     &NO_DECISION,
     &GIVE_BACK_FAILED,
     &READYZ,
     &SITE_ERROR,
+    &BAD_QUOTA,
 ];
 
 /// Writes the counts of repeated warnings held back so far: call it now and

@@ -157,27 +157,71 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
 /// assert!(net.contains("10.1.2.3".parse().unwrap()));
 /// assert!(net.contains("::ffff:10.1.2.3".parse().unwrap()));
 /// assert!(!net.contains("11.0.0.1".parse().unwrap()));
-/// assert!(Cidr::parse("10.0.0.0/33").is_none());
+/// assert_eq!(
+///     Cidr::parse("10.0.0.0/33").unwrap_err().to_string(),
+///     "\"10.0.0.0/33\" is not an IP address or CIDR: the prefix length must be at most 32 for IPv4"
+/// );
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cidr(ipnet::IpNet);
 
+/// Why a text is not a [`Cidr`]; `Display` says which text and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CidrError {
+    text: String,
+    why: &'static str,
+}
+
+impl std::fmt::Display for CidrError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:?} is not an IP address or CIDR: {}",
+            self.text, self.why
+        )
+    }
+}
+
+impl std::error::Error for CidrError {}
+
+impl std::str::FromStr for Cidr {
+    type Err = CidrError;
+    fn from_str(text: &str) -> Result<Cidr, CidrError> {
+        Cidr::parse(text)
+    }
+}
+
 impl Cidr {
     /// Parses `10.0.0.1`, `10.0.0.0/8`, `::1` or `fd00::/8` (a prefix of
     /// digits only, within the address's length).
-    pub fn parse(text: &str) -> Option<Cidr> {
+    pub fn parse(text: &str) -> Result<Cidr, CidrError> {
+        let fail = |why| CidrError {
+            text: text.to_string(),
+            why,
+        };
         let (addr, prefix) = match text.split_once('/') {
             Some((a, p)) => (a, Some(p)),
             None => (text, None),
         };
-        let addr = canonical_ip(addr.trim().parse().ok()?);
-        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let addr = canonical_ip(addr.trim().parse().map_err(|_| {
+            fail("the address must be IPv4 (10.0.0.1) or IPv6 (fd00::1), without a port")
+        })?);
+        let max: u8 = if addr.is_ipv4() { 32 } else { 128 };
+        let too_long = if addr.is_ipv4() {
+            "the prefix length must be at most 32 for IPv4"
+        } else {
+            "the prefix length must be at most 128 for IPv6"
+        };
         let prefix = match prefix {
-            Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => p.parse().ok()?,
-            Some(_) => return None,
+            Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
+                p.parse::<u8>().map_err(|_| fail(too_long))?
+            }
+            Some(_) => return Err(fail("the prefix length after \"/\" must be a number")),
             None => max,
         };
-        ipnet::IpNet::new(addr, prefix).ok().map(Cidr)
+        ipnet::IpNet::new(addr, prefix)
+            .map(Cidr)
+            .map_err(|_| fail(too_long))
     }
 
     /// Whether `ip` is inside this network.

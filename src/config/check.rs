@@ -11,8 +11,8 @@ use super::{ConfigError, MAX_ERROR_PAGE, MAX_LIMIT, MAX_RATE, MAX_WINDOW};
 use crate::limit::Algorithm;
 use crate::net::Cidr;
 use crate::rule::{
-    Count, Deny, HeaderDialect, Key, KeyKind, Mode, Normalize, OnRedisError, PathPattern, Region,
-    Rule,
+    Count, Deny, HeaderDialect, Key, KeyKind, Mode, Normalize, OnMissingKey, OnRedisError,
+    PathPattern, Region, Rule, Skip,
 };
 
 /// Checks `[defaults]` and every `[[rule]]`; used at start and on SIGHUP.
@@ -50,6 +50,7 @@ pub(super) struct Policy {
     mode: Mode,
     pub(super) region: Region,
     pub(super) count: Count,
+    on_missing_key: OnMissingKey,
     headers: HeaderDialect,
     exempt: Vec<String>,
 }
@@ -64,6 +65,7 @@ impl Policy {
             mode: Mode::Enforce,
             region: Region::us(),
             count: Count::All,
+            on_missing_key: OnMissingKey::Ip,
             headers: HeaderDialect::Ietf,
             exempt: Vec::new(),
         }
@@ -93,6 +95,7 @@ pub(super) fn check_policy(
         })?;
     }
     p.count = raw.count.unwrap_or(p.count);
+    p.on_missing_key = raw.on_missing_key.unwrap_or(p.on_missing_key);
     p.headers = raw.headers.unwrap_or(p.headers);
     if let Some(list) = &raw.exempt {
         check_exempt(list).map_err(|what| ("exempt", what))?;
@@ -104,13 +107,7 @@ pub(super) fn check_policy(
 /// `exempt`: addresses or networks of clients (`10.0.0.0/8`, `::1`).
 fn check_exempt(list: &[String]) -> Result<Vec<Cidr>, String> {
     list.iter()
-        .map(|text| {
-            Cidr::parse(text).ok_or_else(|| {
-                format!(
-                    "exempt lists {text:?}, which is not an IP address or CIDR (such as \"10.0.0.0/8\" or \"2001:db8::/32\")"
-                )
-            })
-        })
+        .map(|text| Cidr::parse(text).map_err(|e| e.to_string()))
         .collect()
 }
 
@@ -214,6 +211,12 @@ pub(crate) struct RuleSpec {
     pub exempt: Vec<String>,
     /// The limit in words; `None` or blank = generated.
     pub description: Option<String>,
+    /// What a request without its key value gets.
+    pub on_missing_key: OnMissingKey,
+    /// Whether key values are hashed in Redis key names.
+    pub hash_key: bool,
+    /// A predicate that lets a request skip the rule.
+    pub skip: Option<Skip>,
     /// Whether the paths are the requests the rule guards (a file's or a
     /// builder's rule), so that a redirect to a page they cover is a loop.
     /// A limit wrapped on a resource guards only what the resource serves,
@@ -314,7 +317,7 @@ pub(crate) fn check_spec(r: RuleSpec, earlier: &[Rule]) -> Result<Rule, String> 
     }
 
     check_key(&r.key)?;
-    let exempt = check_exempt(&r.exempt)?;
+    let exempt = check_exempt(&r.exempt).map_err(|e| format!("exempt: {e}"))?;
 
     let algorithm = match r.amount {
         Amount::Bucket { rate, burst } => {
@@ -402,6 +405,9 @@ pub(crate) fn check_spec(r: RuleSpec, earlier: &[Rule]) -> Result<Rule, String> 
         on_redis_error: r.on_redis_error,
         mode: r.mode,
         count: r.count,
+        on_missing_key: r.on_missing_key,
+        hash_key: r.hash_key,
+        skip: r.skip,
         headers: r.headers,
         exempt,
     };
@@ -434,8 +440,10 @@ pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Res
         mode: r.mode,
         region: r.region.clone(),
         count: r.count,
+        on_missing_key: r.on_missing_key,
         headers: r.headers,
-        exempt: r.exempt.clone(),
+        // Checked with the rule's other values, where the message names it.
+        exempt: None,
     };
     let policy = check_policy(&own, defaults).map_err(|(_, what)| what)?;
 
@@ -537,8 +545,11 @@ pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Res
             mode: policy.mode,
             count: policy.count,
             headers: policy.headers,
-            exempt: policy.exempt,
+            exempt: r.exempt.unwrap_or(policy.exempt),
             description: r.description,
+            on_missing_key: policy.on_missing_key,
+            hash_key: r.hash_key.unwrap_or(false),
+            skip: None,
             paths_are_known: true,
         },
         earlier,

@@ -259,12 +259,8 @@ impl Config {
         }
         let mut trusted_proxies = Vec::new();
         for p in &s.trusted_proxies {
-            trusted_proxies.push(Cidr::parse(p).ok_or_else(|| {
-                err(
-                    "[server] trusted_proxies",
-                    format!("{p:?} is not an IP address or CIDR"),
-                )
-            })?);
+            trusted_proxies
+                .push(Cidr::parse(p).map_err(|e| err("[server] trusted_proxies", e.to_string()))?);
         }
         let max_form = parse_size(s.max_form.as_deref().unwrap_or("16KiB"))
             .map_err(|w| err("[server] max_form", w))?;
@@ -548,8 +544,16 @@ mod tests {
         assert!(Cidr::parse("0.0.0.0/0")
             .unwrap()
             .contains("1.2.3.4".parse().unwrap()));
-        assert!(Cidr::parse("10.0.0.0/33").is_none());
-        assert!(Cidr::parse("10.0.0/8").is_none());
+        assert!(Cidr::parse("10.0.0.0/33").is_err());
+        assert!(Cidr::parse("10.0.0/8").is_err());
+        assert!(Cidr::parse("::/129")
+            .unwrap_err()
+            .to_string()
+            .contains("at most 128"));
+        assert!(Cidr::parse("10.0.0.0/x")
+            .unwrap_err()
+            .to_string()
+            .contains("a number"));
         assert!(Cidr::parse("fd00::/8")
             .unwrap()
             .contains("fd12::1".parse().unwrap()));

@@ -5,7 +5,7 @@ use serde::Deserialize;
 
 use super::SmsProvider;
 use crate::net::ProxyHeader;
-use crate::rule::{Count, Deny, HeaderDialect, Mode, OnRedisError};
+use crate::rule::{Count, Deny, HeaderDialect, Mode, OnMissingKey, OnRedisError};
 
 /// `algorithm` as written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -121,6 +121,8 @@ pub struct RawPolicy {
     pub region: Option<String>,
     /// `all` | `failures`
     pub count: Option<Count>,
+    /// `ip` | `reject`: what a request without its key value gets.
+    pub on_missing_key: Option<OnMissingKey>,
     /// `ietf` | `draft-6` | `draft-7` | `x-ratelimit` | `none`
     pub headers: Option<HeaderDialect>,
     /// Client addresses or networks never counted nor denied.
@@ -183,6 +185,10 @@ pub struct RawRule {
     pub region: Option<String>,
     /// Overrides `[defaults]` count.
     pub count: Option<Count>,
+    /// Overrides `[defaults]` on_missing_key.
+    pub on_missing_key: Option<OnMissingKey>,
+    /// Key values appear in Redis key names only hashed (API keys).
+    pub hash_key: Option<bool>,
     /// Overrides `[defaults]` headers.
     pub headers: Option<HeaderDialect>,
     /// Overrides `[defaults]` exempt.

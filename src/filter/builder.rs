@@ -10,13 +10,14 @@ use actix_web::{HttpRequest, HttpResponse};
 use super::{Denial, Filter, FilterOptions};
 use sha2::{Digest, Sha256};
 
-use crate::config::{
-    check_spec, rules_from_raw, Amount, Config, ConfigError, RawPolicy, RawRule, RuleSpec,
-};
+use crate::config::{check_spec, Amount, Config, ConfigError, RuleSpec};
 use crate::limit::{Limiter, LimiterError, LimiterOptions, RedisConfig};
 use crate::metrics::Metrics;
 use crate::net::{Cidr, ProxyHeader};
-use crate::rule::{Count, Deny, HeaderDialect, Key, KeyKind, Mode, Normalize, OnRedisError, Rule};
+use crate::rule::{
+    Count, Deny, HeaderDialect, Key, KeyKind, Mode, Normalize, OnMissingKey, OnRedisError, Rule,
+    Skip,
+};
 
 /// Why a filter could not be built.
 #[derive(Debug)]
@@ -220,11 +221,12 @@ pub struct FilterBuilder {
     timeout: Option<Duration>,
     pool_size: Option<u32>,
     trusted_proxies: Vec<Cidr>,
-    proxy_header: ProxyHeader,
+    proxy_header: Option<ProxyHeader>,
     max_form: Option<usize>,
     rules: Vec<Rule>,
     limits: Vec<(String, Limit)>,
-    toml: Option<(String, String)>,
+    toml: Option<Result<(String, String), ConfigError>>,
+    limiter_set: bool,
     responder: Option<Box<super::DenialResponder>>,
     session: Option<Box<super::SessionLookup>>,
     denial_page: Option<Box<super::DenialPage>>,
@@ -274,7 +276,7 @@ impl FilterBuilder {
     /// The forwarding header the trusted proxies write (default
     /// `X-Forwarded-For`); the other one is never read.
     pub fn proxy_header(mut self, header: ProxyHeader) -> Self {
-        self.proxy_header = header;
+        self.proxy_header = Some(header);
         self
     }
 
@@ -290,10 +292,55 @@ impl FilterBuilder {
         self
     }
 
-    /// Adds the `[defaults]` and `[[rule]]` of TOML text (other tables are
-    /// ignored here); `name` is the file name errors give.
+    /// Adds the settings of TOML text in the configuration file's format;
+    /// `name` is the file name errors give (`FILE: WHERE: WHAT`). Every
+    /// table it holds is used: `[defaults]` and `[[rule]]` (after the
+    /// builder's own rules), `[server] trusted_proxies` (with the builder's
+    /// own), `proxy_header` and `max_form`, `[redis]` (including
+    /// `key_prefix`) and `[limiter]`. The server's own settings (`[server]
+    /// bind`, `workers`, `secret`, `body_timeout`, `[sms]`, `[site]`) are
+    /// refused, and so is a setting made both here and in code
+    /// ([`FilterBuilder::key_prefix`] and a `[redis]` table, say): nothing
+    /// given is silently left out.
+    ///
+    /// ```
+    /// let err = floodgate::Filter::builder()
+    ///     .toml_rules("[server]\nbind = \"0.0.0.0:80\"\n", "rules.toml")
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(err.to_string().starts_with("rules.toml: [server] bind: is a setting of the floodgate server"));
+    /// ```
     pub fn toml_rules(mut self, text: &str, name: &str) -> Self {
-        self.toml = Some((text.to_string(), name.to_string()));
+        self.toml = Some(Ok((text.to_string(), name.to_string())));
+        self
+    }
+
+    /// [`FilterBuilder::toml_rules`] with the text of a file (named by its
+    /// path in errors), so that a filter set up by a file still takes a
+    /// [`FilterBuilder::denial_responder`], a session lookup or limits
+    /// made in code.
+    ///
+    /// ```no_run
+    /// use actix_web::HttpResponse;
+    /// let filter = floodgate::Filter::builder()
+    ///     .toml_file("limits.toml")
+    ///     .denial_responder(|denial, _req| {
+    ///         HttpResponse::TooManyRequests().body(format!("slow down ({} s)", denial.retry_after))
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), floodgate::SetupError>(())
+    /// ```
+    pub fn toml_file(mut self, path: impl AsRef<Path>) -> Self {
+        let path = path.as_ref();
+        let name = path.display().to_string();
+        self.toml = Some(match std::fs::read_to_string(path) {
+            Ok(text) => Ok((text, name)),
+            Err(e) => Err(ConfigError {
+                file: name,
+                place: String::new(),
+                what: format!("cannot read the file: {}", crate::config::io_words(&e)),
+            }),
+        });
         self
     }
 
@@ -337,6 +384,7 @@ impl FilterBuilder {
     /// (default: [`LimiterOptions::default`]).
     pub fn limiter_options(mut self, options: LimiterOptions) -> Self {
         self.limiter_options = options;
+        self.limiter_set = true;
         self
     }
 
@@ -349,7 +397,63 @@ impl FilterBuilder {
     /// Checks the rules, starts the dispatcher threads and builds the
     /// filter. Redis need not be up: decisions apply each rule's
     /// `on_redis_error` until it is.
-    pub fn build(self) -> Result<Filter, SetupError> {
+    pub fn build(mut self) -> Result<Filter, SetupError> {
+        let mut rules = std::mem::take(&mut self.rules);
+        if let Some(toml) = self.toml.take() {
+            let (text, name) = toml?;
+            let given = super::text::read(&text, &name)?;
+            let both = |place: &str, code: &str| {
+                Err(SetupError::Config(ConfigError {
+                    file: name.clone(),
+                    place: place.to_string(),
+                    what: format!("is set here and in code ({code}); set it in one place"),
+                }))
+            };
+            if let Some(redis) = given.redis {
+                if self.redis.is_some()
+                    || self.redis_url.is_some()
+                    || self.key_prefix.is_some()
+                    || self.timeout.is_some()
+                    || self.pool_size.is_some()
+                {
+                    return both("[redis]", "a FilterBuilder Redis setting");
+                }
+                self.redis = Some(redis);
+            }
+            if let Some(header) = given.proxy_header {
+                if self.proxy_header.is_some() {
+                    return both("[server] proxy_header", "FilterBuilder::proxy_header");
+                }
+                self.proxy_header = Some(header);
+            }
+            if let Some(max) = given.max_form {
+                if self.max_form.is_some() {
+                    return both("[server] max_form", "FilterBuilder::max_form");
+                }
+                self.max_form = Some(max);
+            }
+            if given.deny_cache.is_some() || given.breaker.is_some() {
+                if self.limiter_set {
+                    return both("[limiter]", "FilterBuilder::limiter_options");
+                }
+                if let Some(d) = given.deny_cache {
+                    self.limiter_options.deny_cache = d;
+                }
+                if let Some(b) = given.breaker {
+                    self.limiter_options.breaker = b;
+                }
+            }
+            self.trusted_proxies.extend(given.trusted_proxies);
+            for r in given.rules {
+                if rules.iter().any(|e| e.name == r.name) {
+                    return Err(SetupError::Limit(format!(
+                        "{:?}: two rules have this name; give each its own",
+                        r.name
+                    )));
+                }
+                rules.push(r);
+            }
+        }
         let mut redis = self.redis.unwrap_or_else(default_redis);
         if let Some(url) = self.redis_url {
             redis.url = url;
@@ -362,15 +466,6 @@ impl FilterBuilder {
         }
         if let Some(n) = self.pool_size {
             redis.pool_size = n;
-        }
-        let mut rules = self.rules;
-        if let Some((text, name)) = self.toml {
-            let raw: TomlRules = toml::from_str(&text).map_err(|e| ConfigError {
-                file: name.clone(),
-                place: String::new(),
-                what: e.message().replace('`', "\""),
-            })?;
-            rules.extend(rules_from_raw(&raw.defaults, raw.rule, &name)?);
         }
         for (i, r) in rules.iter().enumerate() {
             if rules[..i].iter().any(|e| e.name == r.name) {
@@ -402,7 +497,7 @@ impl FilterBuilder {
             metrics,
             FilterOptions {
                 trusted_proxies: self.trusted_proxies,
-                proxy_header: self.proxy_header,
+                proxy_header: self.proxy_header.unwrap_or_default(),
                 max_form: self.max_form.unwrap_or(16 * 1024),
                 key_prefix: redis.key_prefix,
                 denial_page,
@@ -411,15 +506,6 @@ impl FilterBuilder {
             },
         ))
     }
-}
-
-/// The rule tables of a TOML text (other tables are allowed and ignored).
-#[derive(serde::Deserialize)]
-struct TomlRules {
-    #[serde(default)]
-    defaults: RawPolicy,
-    #[serde(default)]
-    rule: Vec<RawRule>,
 }
 
 fn default_redis() -> RedisConfig {
@@ -466,6 +552,10 @@ pub struct Limit {
     count: Count,
     normalize: Normalize,
     description: Option<String>,
+    methods: Vec<String>,
+    on_missing_key: OnMissingKey,
+    hash_key: bool,
+    skip: Option<Skip>,
     headers: HeaderDialect,
     exempt: Vec<String>,
 }
@@ -502,6 +592,10 @@ impl Limit {
             count: Count::All,
             normalize: Normalize::None,
             description: None,
+            methods: Vec::new(),
+            on_missing_key: OnMissingKey::Ip,
+            hash_key: false,
+            skip: None,
             headers: HeaderDialect::Ietf,
             exempt: Vec::new(),
         }
@@ -578,6 +672,57 @@ impl Limit {
         self
     }
 
+    /// What happens when Redis cannot answer in time (as a rule's
+    /// `on_redis_error`): let the request through (the default), answer
+    /// `503`, or enforce the limit in this process alone until Redis
+    /// answers again ([`OnRedisError::Local`]).
+    pub fn on_redis_error(mut self, policy: OnRedisError) -> Limit {
+        self.on_redis_error = policy;
+        self
+    }
+
+    /// Only requests with these methods count (as a rule's `methods`);
+    /// default: every method.
+    ///
+    /// ```
+    /// let login = floodgate::Limit::per_minute(5).methods(&["POST"]);
+    /// # let _ = login;
+    /// ```
+    pub fn methods(mut self, methods: &[&str]) -> Limit {
+        self.methods = methods.iter().map(|m| (*m).to_string()).collect();
+        self
+    }
+
+    /// What a request without its key value gets (as a rule's
+    /// `on_missing_key`): keyed by its address (the default), or refused
+    /// with `400 {"error":"missing_key",...}` ([`OnMissingKey::Reject`]).
+    pub fn on_missing_key(mut self, what: OnMissingKey) -> Limit {
+        self.on_missing_key = what;
+        self
+    }
+
+    /// Key values appear in Redis key names only as a hash (as a rule's
+    /// `hash_key = true`): for values that are secrets, such as API keys.
+    /// A hash of a value with few possibilities (a phone number) can be
+    /// reversed by trying them all; this hides secrets, not small values.
+    pub fn hash_key_values(mut self) -> Limit {
+        self.hash_key = true;
+        self
+    }
+
+    /// Requests for which `skip` returns `true` are neither counted nor
+    /// denied by this limit (an internal caller, a health probe).
+    ///
+    /// ```
+    /// let limit = floodgate::Limit::per_minute(10)
+    ///     .skip_if(|req| req.headers().contains_key("x-internal-job"));
+    /// # let _ = limit;
+    /// ```
+    pub fn skip_if(mut self, skip: impl Fn(&HttpRequest) -> bool + Send + Sync + 'static) -> Limit {
+        self.skip = Some(Skip::new("skip_if", skip));
+        self
+    }
+
     /// Count and report, never deny.
     pub fn shadow(mut self) -> Limit {
         self.mode = Mode::Shadow;
@@ -646,7 +791,7 @@ impl Limit {
         let spec = RuleSpec {
             name: name.clone(),
             paths: vec![path.unwrap_or("/*").to_string()],
-            methods: Vec::new(),
+            methods: self.methods,
             key: self.key,
             normalize: self.normalize,
             amount,
@@ -659,6 +804,9 @@ impl Limit {
             headers: self.headers,
             exempt: self.exempt,
             description: self.description,
+            on_missing_key: self.on_missing_key,
+            hash_key: self.hash_key,
+            skip: self.skip,
             paths_are_known: path.is_some(),
         };
         check_spec(spec, earlier).map_err(|what| format!("{name:?}: {what}"))
@@ -692,7 +840,11 @@ impl Limit {
         let mut parts: Vec<String> = Vec::new();
         for kind in self.key.kinds() {
             match kind {
-                KeyKind::Header(n) | KeyKind::Query(n) | KeyKind::Form(n) => {
+                KeyKind::Header(n)
+                | KeyKind::Query(n)
+                | KeyKind::Form(n)
+                | KeyKind::Json(n)
+                | KeyKind::Body(n) => {
                     parts.push(format!("{}-{}", kind.kind(), word(n, &mut exact)));
                 }
                 KeyKind::Custom(c) => parts.push(format!("custom-{}", word(c.name(), &mut exact))),

@@ -12,6 +12,28 @@ pub enum Unreadable {
     /// 415: the body's charset (or content coding) is not one the filter
     /// reads exactly as the handler would.
     Unsupported(&'static str),
+    /// 400 with `{"error":"missing_key",...}`: the rule's kind at this
+    /// place in its key has no value, and the rule's `on_missing_key` is
+    /// `reject`.
+    Missing(usize),
+}
+
+/// The bodies a request's keys may read: the urlencoded form (decoded from
+/// its charset) or the JSON body, as the filter read them.
+pub(crate) struct BodyRead<'a> {
+    /// A form body.
+    pub form: Option<&'a [u8]>,
+    /// A JSON body.
+    pub json: Option<&'a [u8]>,
+}
+
+/// A rule's Redis key for a request, and the quota a key function chose
+/// for that identity (`None`: the rule's own).
+pub(crate) struct Keyed {
+    /// `PREFIX:RULE:KIND:ID`.
+    pub key: String,
+    /// The identity's own quota.
+    pub limit: Option<u32>,
 }
 
 /// The value of `name` in urlencoded text (a query string, or a form body

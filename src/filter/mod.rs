@@ -9,9 +9,11 @@
 
 mod builder;
 mod fields;
+mod json;
 pub(crate) mod key;
 mod limits;
 mod policy;
+mod text;
 
 pub use self::builder::{FilterBuilder, Limit, SetupError};
 pub use self::limits::{Limits, RuleState};
@@ -37,7 +39,7 @@ use crate::limit::{Check, Decision, Limiter, Outcome};
 use crate::logging::{self, Escaped};
 use crate::metrics::{Metrics, Outcome as Counted};
 use crate::net::{self, Cidr, ProxyHeader};
-use crate::rule::{self, Count, Deny, KeyKind, Mode, Rule};
+use crate::rule::{self, Count, Deny, KeyKind, Mode, OnMissingKey, Rule};
 use policy::Verdict;
 
 /// Renders the HTML error page for a denial: `(rule, retry_after_secs)`.
@@ -274,6 +276,7 @@ impl Filter {
     /// was read. A value the rule must read but cannot read exactly as a
     /// handler would is an error: the request is refused, never keyed by
     /// something else.
+    #[cfg(feature = "site")]
     pub(crate) fn key_for(
         &self,
         rule: &Rule,
@@ -281,46 +284,93 @@ impl Filter {
         path: &str,
         form: Option<&[u8]>,
     ) -> Result<String, key::Unreadable> {
+        let body = key::BodyRead { form, json: None };
+        self.key_of(rule, req, path, &body, &[]).map(|k| k.key)
+    }
+
+    /// [`Filter::key_for`], with the JSON body too, and what the rule's
+    /// [`Key::lookup`](crate::Key::lookup) parts found (in their order).
+    pub(crate) fn key_of(
+        &self,
+        rule: &Rule,
+        req: &HttpRequest,
+        path: &str,
+        body: &key::BodyRead<'_>,
+        looked_up: &[Option<rule::Identity>],
+    ) -> Result<key::Keyed, key::Unreadable> {
         let mut parts: Vec<(&'static str, String)> = Vec::with_capacity(rule.key.kinds().len());
-        for kind in rule.key.kinds() {
+        let mut lookups = looked_up.iter();
+        let mut limit = None;
+        let normalize = |v: Option<String>| v.and_then(|v| rule::normalize(&v, rule.normalize));
+        for (at, kind) in rule.key.kinds().iter().enumerate() {
             let value = match kind {
                 KeyKind::Ip => Some(net::ip_id(self.client_addr(req))),
                 KeyKind::Global => Some("all".to_string()),
                 KeyKind::Path => Some(path.to_string()),
                 KeyKind::Session => self.state.session.as_ref().and_then(|f| f(req)),
-                KeyKind::Header(name) => key::header_value(req.headers(), name)?
-                    .and_then(|v| rule::normalize(&v, rule.normalize)),
-                KeyKind::Query(name) => key::urlencoded_value(req.query_string().as_bytes(), name)?
-                    .and_then(|v| rule::normalize(&v, rule.normalize)),
-                KeyKind::Form(name) => match form {
-                    Some(body) => key::urlencoded_value(body, name)?
-                        .and_then(|v| rule::normalize(&v, rule.normalize)),
+                KeyKind::Header(name) => normalize(key::header_value(req.headers(), name)?),
+                KeyKind::Query(name) => {
+                    normalize(key::urlencoded_value(req.query_string().as_bytes(), name)?)
+                }
+                KeyKind::Form(name) => match body.form {
+                    Some(form) => normalize(key::urlencoded_value(form, name)?),
                     None => None,
+                },
+                KeyKind::Json(name) => match body.json {
+                    Some(json) => normalize(json::json_value(json, name)?),
+                    None => None,
+                },
+                KeyKind::Body(name) => match (body.form, body.json) {
+                    (Some(form), _) => normalize(key::urlencoded_value(form, name)?),
+                    (None, Some(json)) => normalize(json::json_value(json, name)?),
+                    (None, None) => None,
+                },
+                KeyKind::Custom(f) if f.is_lookup() => match lookups.next() {
+                    Some(Some(found)) => {
+                        limit = found.limit().or(limit);
+                        Some(f.prefixed(found.id()))
+                    }
+                    _ => None,
                 },
                 KeyKind::Custom(f) => f.key(req),
             };
-            match value {
+            match value.filter(|v| !v.is_empty()) {
                 Some(v) => parts.push((kind.kind(), v)),
+                None if rule.on_missing_key == OnMissingKey::Reject => {
+                    return Err(key::Unreadable::Missing(at));
+                }
                 // Without a value of its own kind, a request is keyed by
-                // its address alone (a part missing makes no combination).
+                // its address alone (a part missing makes no combination),
+                // with the rule's own quota.
                 None => {
+                    log::debug!(
+                        "rule {}: no {kind} value, keyed by the client address",
+                        rule.name
+                    );
                     parts.clear();
                     parts.push(("ip", net::ip_id(self.client_addr(req))));
+                    limit = None;
                     break;
                 }
             }
         }
-        let (kind, id) = match parts.as_slice() {
+        let (kind, mut id) = match parts.as_slice() {
             [(kind, id)] => ((*kind).to_string(), id.clone()),
             _ => rule::compose(&parts),
         };
-        Ok(rule::redis_key_for(
-            self.state.limiter.hash_tags(),
-            &self.state.key_prefix,
-            &rule.name,
-            &kind,
-            &id,
-        ))
+        if rule.hash_key {
+            id = rule::hashed_id(&id);
+        }
+        Ok(key::Keyed {
+            key: rule::redis_key_for(
+                self.state.limiter.hash_tags(),
+                &self.state.key_prefix,
+                &rule.name,
+                &kind,
+                &id,
+            ),
+            limit,
+        })
     }
 }
 
@@ -443,7 +493,7 @@ where
         let method = req.method().as_str();
         let mut matched: Vec<&Rule> = rules
             .iter()
-            .filter(|r| r.matches(method, &decoded))
+            .filter(|r| r.matches(method, &decoded) && r.applies_to(req.request()))
             .collect();
         // A rule's exempt clients are neither counted nor denied by it.
         if matched.iter().any(|r| !r.exempt.is_empty()) {
@@ -460,19 +510,28 @@ where
     // The path as the log shows it: a decoded newline cannot forge a line.
     let shown = Escaped(&path);
 
-    // A form-keyed rule reads the urlencoded body, then hands it on intact.
-    let mut form: Option<Bytes> = None;
-    if matched.iter().any(|r| r.key.reads_form()) && is_urlencoded(&req) {
+    // A rule keyed by a body field reads the urlencoded or JSON body (only
+    // the types its keys read), then hands it on intact.
+    let form_wanted = matched.iter().any(|r| r.key.reads_form()) && is_urlencoded(&req);
+    let json_wanted =
+        !form_wanted && matched.iter().any(|r| r.key.reads_json()) && json::is_json(req.headers());
+    if json_wanted {
+        if let Err(e) = json::check_json_headers(req.headers()) {
+            return Ok(unreadable(req, e, None));
+        }
+    }
+    let mut body: Option<Bytes> = None;
+    if form_wanted || json_wanted {
         match read_body(&mut req, filter.state.max_form).await {
-            Ok(body) => {
-                req.set_payload(Payload::from(body.clone()));
-                form = Some(body);
+            Ok(read) => {
+                req.set_payload(Payload::from(read.clone()));
+                body = Some(read);
             }
             Err(BodyError::TooLarge) => {
                 return Ok(plain(
                     req,
                     StatusCode::PAYLOAD_TOO_LARGE,
-                    "form too large\n",
+                    "body too large\n",
                 ))
             }
             Err(BodyError::Broken) => {
@@ -482,28 +541,76 @@ where
     }
 
     // The form as the handler will read it: decoded from its charset.
-    let text = match form
+    let form = match body
         .as_deref()
+        .filter(|_| form_wanted)
         .map(|body| form_text(&req, body))
         .transpose()
     {
         Ok(text) => text,
-        Err(e) => return Ok(unreadable(req, e)),
+        Err(e) => return Ok(unreadable(req, e, None)),
     };
+    let read = key::BodyRead {
+        form: form.as_deref(),
+        json: body.as_deref().filter(|_| json_wanted),
+    };
+
+    // Key functions that look the caller up are awaited first, in order.
+    let mut looked_up: Vec<Vec<Option<rule::Identity>>> = Vec::new();
+    if matched.iter().any(|r| r.key.has_lookup()) {
+        for rule in &matched {
+            let mut found = Vec::new();
+            for kind in rule.key.kinds() {
+                if let KeyKind::Custom(f) = kind {
+                    if let Some(lookup) = f.lookup(req.request()) {
+                        found.push(lookup.await);
+                    }
+                }
+            }
+            looked_up.push(found);
+        }
+    }
+
+    // A rule whose key chose the identity's own quota decides (and shows)
+    // that quota for this request.
+    let mut own: Vec<(usize, Rule)> = Vec::new();
     let mut checks: Vec<Check> = Vec::with_capacity(matched.len());
-    for rule in &matched {
-        let key = match filter.key_for(rule, req.request(), &path, text.as_deref()) {
-            Ok(key) => key,
-            Err(e) => return Ok(unreadable(req, e)),
+    for (i, rule) in matched.iter().enumerate() {
+        let found = looked_up.get(i).map_or(&[][..], Vec::as_slice);
+        let keyed = match filter.key_of(rule, req.request(), &path, &read, found) {
+            Ok(keyed) => keyed,
+            Err(e) => return Ok(unreadable(req, e, Some(rule))),
         };
+        let mut algorithm = rule.algorithm;
+        if let Some(limit) = keyed.limit {
+            match with_quota(rule, limit) {
+                Some(a) => {
+                    algorithm = a;
+                    let mut r = (*rule).clone();
+                    r.algorithm = a;
+                    own.push((i, r));
+                }
+                None => crate::repeated!(
+                    &logging::BAD_QUOTA,
+                    "rule {}: a key function chose the quota {limit}, which the rule cannot have (1 ..= {}, at least its cost {}); the rule's own applies",
+                    rule.name,
+                    crate::config::MAX_LIMIT,
+                    rule.cost
+                ),
+            }
+        }
         checks.push(Check {
-            key,
-            algorithm: rule.algorithm,
+            key: keyed.key,
+            algorithm,
             cost: rule.cost,
             enforce: rule.mode == Mode::Enforce,
         });
     }
-    drop(text);
+    drop(form);
+    let mut matched = matched;
+    for (i, r) in &own {
+        matched[*i] = r;
+    }
 
     let metrics = &filter.state.metrics;
     let started = Instant::now();
@@ -712,12 +819,64 @@ async fn give_back(
 }
 
 /// The answer to a request whose key value cannot be read as the handler
-/// would read it: 415 for a charset or coding, 400 for the rest.
-fn unreadable<B>(req: ServiceRequest, e: key::Unreadable) -> ServiceResponse<EitherBody<B>> {
+/// would read it: 415 for a charset or coding, 400 for the rest; and to a
+/// request without the key value of a rule (`rule`) that rejects those.
+fn unreadable<B>(
+    req: ServiceRequest,
+    e: key::Unreadable,
+    rule: Option<&Rule>,
+) -> ServiceResponse<EitherBody<B>> {
     match e {
         key::Unreadable::Malformed(why) => plain(req, StatusCode::BAD_REQUEST, why),
         key::Unreadable::Unsupported(why) => plain(req, StatusCode::UNSUPPORTED_MEDIA_TYPE, why),
+        key::Unreadable::Missing(at) => {
+            let (name, kind) = match rule {
+                Some(r) => (
+                    r.name.as_str(),
+                    r.key.kinds().get(at).map(ToString::to_string),
+                ),
+                None => ("", None),
+            };
+            log::debug!(
+                "{} {}: refused by rule {name}: no {} value",
+                req.method(),
+                Escaped(req.path()),
+                kind.as_deref().unwrap_or("key")
+            );
+            let body = serde_json::json!({
+                "error": "missing_key",
+                "rule": name,
+                "key": kind.unwrap_or_default(),
+            });
+            let response = HttpResponse::BadRequest()
+                .insert_header((header::CACHE_CONTROL, "no-store"))
+                .content_type("application/json")
+                .body(body.to_string());
+            req.into_response(response).map_into_right_body()
+        }
     }
+}
+
+/// The rule's algorithm with `limit` as its quota (a token bucket's rate
+/// scales with its burst), when the rule can have that quota.
+fn with_quota(rule: &Rule, limit: u32) -> Option<crate::limit::Algorithm> {
+    use crate::limit::Algorithm;
+    let quota = std::num::NonZeroU32::new(limit)
+        .filter(|q| q.get() <= crate::config::MAX_LIMIT && q.get() >= rule.cost)?;
+    Some(match rule.algorithm {
+        Algorithm::SlidingWindow { window, .. } => Algorithm::SlidingWindow {
+            limit: quota,
+            window,
+        },
+        Algorithm::FixedWindow { window, .. } => Algorithm::FixedWindow {
+            limit: quota,
+            window,
+        },
+        Algorithm::TokenBucket { rate, burst } => Algorithm::TokenBucket {
+            rate: rate * f64::from(quota.get()) / f64::from(burst.get()),
+            burst: quota,
+        },
+    })
 }
 
 /// Answer `status` with a short text body (malformed or oversized input).

@@ -808,7 +808,7 @@ impl Limiter {
     /// open closes it, so that once this answers `Ok` the next decision is
     /// asked of Redis; and while the breaker stays open this is an error.
     /// On a cluster, each master whose breaker is open is sent a PING of
-    /// its own too (see [`MasterHealths::ping_open`]).
+    /// its own too.
     pub fn ping(&self) -> Result<(), LimiterError> {
         self.ping_pool()?;
         if self.cluster {

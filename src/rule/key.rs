@@ -8,6 +8,8 @@ use actix_web::HttpRequest;
 
 use sha2::{Digest, Sha256};
 
+use super::options::LookupFn;
+
 /// Longest ID kept as is in a Redis key; longer ones are hashed.
 pub const MAX_ID_BYTES: usize = 64;
 
@@ -29,6 +31,12 @@ pub enum KeyKind {
     Query(String),
     /// A field of an urlencoded form body.
     Form(String),
+    /// A top-level member of a JSON object body (a string, or a number as
+    /// its JSON text).
+    Json(String),
+    /// `Form` for a form body and `Json` for a JSON body, one counter for
+    /// both: a route offered as a form and as a JSON API shares its limit.
+    Body(String),
     /// The application's own function of the request (see [`Key::custom`]).
     Custom(CustomKey),
 }
@@ -39,7 +47,14 @@ pub enum KeyKind {
 #[derive(Clone)]
 pub struct CustomKey {
     name: String,
-    f: Arc<dyn KeyFn>,
+    f: KeyImpl,
+}
+
+/// A key function, called as the request comes in or awaited.
+#[derive(Clone)]
+enum KeyImpl {
+    Sync(Arc<dyn KeyFn>),
+    Lookup(Arc<dyn LookupFn>),
 }
 
 /// What [`Key::custom`] accepts: any `Fn(&HttpRequest) -> Option<String>`
@@ -79,9 +94,31 @@ impl CustomKey {
     }
 
     /// The ID of `req` (prefixed with the name, so two functions never
-    /// share a counter), or `None`.
+    /// share a counter), or `None`; always `None` for a [`Key::lookup`],
+    /// whose ID is awaited as the request is decided.
     pub fn key(&self, req: &HttpRequest) -> Option<String> {
-        self.f.key(req).map(|id| format!("{}={id}", self.name))
+        match &self.f {
+            KeyImpl::Sync(f) => f.key(req).map(|id| self.prefixed(&id)),
+            KeyImpl::Lookup(_) => None,
+        }
+    }
+
+    /// Whether this is an asynchronous [`Key::lookup`].
+    pub fn is_lookup(&self) -> bool {
+        matches!(self.f, KeyImpl::Lookup(_))
+    }
+
+    /// Who `req` comes from, for a [`Key::lookup`] (`None` for the others).
+    pub(crate) fn lookup(&self, req: &HttpRequest) -> Option<crate::rule::LookupFuture> {
+        match &self.f {
+            KeyImpl::Lookup(f) => Some(f.lookup(req.clone())),
+            KeyImpl::Sync(_) => None,
+        }
+    }
+
+    /// An ID as the Redis key holds it: with the function's name.
+    pub(crate) fn prefixed(&self, id: &str) -> String {
+        format!("{}={id}", self.name)
     }
 }
 
@@ -110,6 +147,8 @@ impl KeyKind {
             KeyKind::Header(_) => "header",
             KeyKind::Query(_) => "query",
             KeyKind::Form(_) => "form",
+            KeyKind::Json(_) => "json",
+            KeyKind::Body(_) => "body",
             KeyKind::Custom(_) => "custom",
         }
     }
@@ -121,6 +160,8 @@ impl fmt::Display for KeyKind {
             KeyKind::Header(n) => write!(f, "header:{n}"),
             KeyKind::Query(n) => write!(f, "query:{n}"),
             KeyKind::Form(n) => write!(f, "form:{n}"),
+            KeyKind::Json(n) => write!(f, "json:{n}"),
+            KeyKind::Body(n) => write!(f, "body:{n}"),
             KeyKind::Custom(c) => write!(f, "custom:{}", c.name),
             other => f.write_str(other.kind()),
         }
@@ -176,6 +217,31 @@ impl Key {
         Key(vec![KeyKind::Form(name.to_string())])
     }
 
+    /// A top-level member of a JSON object body (`Content-Type:
+    /// application/json`), read as `web::Json` reads it: a string as is, a
+    /// number as its JSON text; anything else is absent. A body that is not
+    /// valid JSON, or that names the member twice, is refused (400).
+    ///
+    /// ```
+    /// use floodgate::Key;
+    /// assert_eq!(Key::json("username").to_string(), "json:username");
+    /// ```
+    pub fn json(name: &str) -> Key {
+        Key(vec![KeyKind::Json(name.to_string())])
+    }
+
+    /// The field `name` of a form body or the member `name` of a JSON body,
+    /// whichever the request sends, as one counter: a route offered as a
+    /// form and as a JSON API shares its limit.
+    ///
+    /// ```
+    /// use floodgate::Key;
+    /// assert_eq!(Key::body("phone").and(Key::ip()).to_string(), r#"["body:phone", "ip"]"#);
+    /// ```
+    pub fn body(name: &str) -> Key {
+        Key(vec![KeyKind::Body(name.to_string())])
+    }
+
     /// The application's own function of the request: a closure
     /// `|req: &HttpRequest| -> Option<String>` or a [`KeyFn`]. `None` keys
     /// the request by its client address.
@@ -190,8 +256,41 @@ impl Key {
     pub fn custom(name: &str, f: impl KeyFn) -> Key {
         Key(vec![KeyKind::Custom(CustomKey {
             name: name.to_string(),
-            f: Arc::new(f),
+            f: KeyImpl::Sync(Arc::new(f)),
         })])
+    }
+
+    /// A key function that may await (an API key looked up in a database or
+    /// a cache) and may choose the caller's quota: `|req: HttpRequest|
+    /// async move { ... }` returning `Option<`[`Identity`](crate::Identity)`>`, or a
+    /// [`LookupFn`]. `None` is an absent value: the request is keyed by its
+    /// address with the limit's own quota (or refused, with
+    /// `on_missing_key = reject`). One limit then serves anonymous callers
+    /// (by address, 10 a minute, say) and known ones (by key, 100).
+    ///
+    /// ```
+    /// use floodgate::{Identity, Key, Limit};
+    ///
+    /// let key = Key::lookup("api-key", |req: actix_web::HttpRequest| async move {
+    ///     let token = req.headers().get("x-api-key")?.to_str().ok()?.to_owned();
+    ///     // Look the token up (here: every token that starts with "k-").
+    ///     token.starts_with("k-").then(|| Identity::new(token).with_limit(100))
+    /// });
+    /// let limit = Limit::per_minute(10).key(key).hash_key_values();
+    /// # let _ = limit;
+    /// ```
+    pub fn lookup(name: &str, f: impl LookupFn) -> Key {
+        Key(vec![KeyKind::Custom(CustomKey {
+            name: name.to_string(),
+            f: KeyImpl::Lookup(Arc::new(f)),
+        })])
+    }
+
+    /// Whether any part is a [`Key::lookup`].
+    pub fn has_lookup(&self) -> bool {
+        self.0
+            .iter()
+            .any(|k| matches!(k, KeyKind::Custom(c) if c.is_lookup()))
     }
 
     /// One counter per combination of this key's values and `other`'s
@@ -208,9 +307,18 @@ impl Key {
         &self.0
     }
 
-    /// Whether any part reads the form body.
+    /// Whether any part reads a form body.
     pub fn reads_form(&self) -> bool {
-        self.0.iter().any(|k| matches!(k, KeyKind::Form(_)))
+        self.0
+            .iter()
+            .any(|k| matches!(k, KeyKind::Form(_) | KeyKind::Body(_)))
+    }
+
+    /// Whether any part reads a JSON body.
+    pub fn reads_json(&self) -> bool {
+        self.0
+            .iter()
+            .any(|k| matches!(k, KeyKind::Json(_) | KeyKind::Body(_)))
     }
 
     /// The only kind, when the key is not composite.
@@ -240,7 +348,8 @@ impl fmt::Display for Key {
 
 impl KeyKind {
     /// Reads a kind as the configuration writes it: `ip`, `global`, `path`,
-    /// `session`, `header:NAME`, `query:NAME` or `form:NAME`.
+    /// `session`, `header:NAME`, `query:NAME`, `form:NAME`, `json:NAME` or
+    /// `body:NAME`.
     ///
     /// ```
     /// use floodgate::KeyKind;
@@ -261,8 +370,10 @@ impl KeyKind {
                 Some(("header", n)) => named(n, |n| KeyKind::Header(n.to_ascii_lowercase())),
                 Some(("query", n)) => named(n, KeyKind::Query),
                 Some(("form", n)) => named(n, KeyKind::Form),
+                Some(("json", n)) => named(n, KeyKind::Json),
+                Some(("body", n)) => named(n, KeyKind::Body),
                 _ => Err(format!(
-                    "unknown key {text:?}, expected \"ip\", \"global\", \"path\", \"session\", \"header:NAME\", \"query:NAME\" or \"form:NAME\""
+                    "unknown key {text:?}, expected \"ip\", \"global\", \"path\", \"session\", \"header:NAME\", \"query:NAME\", \"form:NAME\", \"json:NAME\" or \"body:NAME\""
                 )),
             },
         }
@@ -273,9 +384,11 @@ impl KeyKind {
     /// made in code.
     pub fn check(&self) -> Result<(), String> {
         match self {
-            KeyKind::Header(n) | KeyKind::Query(n) | KeyKind::Form(n) => {
-                check_name(&self.to_string(), n)
-            }
+            KeyKind::Header(n)
+            | KeyKind::Query(n)
+            | KeyKind::Form(n)
+            | KeyKind::Json(n)
+            | KeyKind::Body(n) => check_name(&self.to_string(), n),
             KeyKind::Custom(c) => check_name(&self.to_string(), &c.name),
             _ => Ok(()),
         }
@@ -323,6 +436,14 @@ pub fn redis_key_for(hash_tag: bool, prefix: &str, rule: &str, kind: &str, id: &
     } else {
         format!("{prefix}:{rule}:{kind}:{id}")
     }
+}
+
+/// An ID that is not to be read in Redis (an API key, say): `~` and 40
+/// hex digits of its SHA-256, whatever its length.
+pub fn hashed_id(id: &str) -> String {
+    let digest = Sha256::digest(id.as_bytes());
+    let hex: String = digest[..20].iter().map(|b| format!("{b:02x}")).collect();
+    format!("~{hex}")
 }
 
 /// Joins the parts of a composite key: KIND is the kinds joined by `+`, ID

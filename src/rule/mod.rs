@@ -4,12 +4,14 @@
 
 mod key;
 mod normalize;
+mod options;
 mod path;
 
 use std::time::Duration;
 
-pub use self::key::{compose, redis_key, redis_key_for, CustomKey, Key, KeyFn, KeyKind};
+pub use self::key::{compose, hashed_id, redis_key, redis_key_for, CustomKey, Key, KeyFn, KeyKind};
 pub use self::normalize::{e164, normalize, Region};
+pub use self::options::{Identity, LookupFn, LookupFuture, OnMissingKey, Skip};
 pub use self::path::PathPattern;
 use crate::limit::Algorithm;
 use crate::net::Cidr;
@@ -136,6 +138,12 @@ pub struct Rule {
     pub exempt: Vec<Cidr>,
     /// The limit in human words.
     pub description: String,
+    /// What a request without its key value gets.
+    pub on_missing_key: OnMissingKey,
+    /// Whether key values appear in Redis key names only hashed.
+    pub hash_key: bool,
+    /// Requests this predicate holds for skip the rule (rules made in code).
+    pub skip: Option<Skip>,
 }
 
 impl Rule {
@@ -149,6 +157,12 @@ impl Rule {
     pub fn exempts(&self, client: std::net::IpAddr) -> bool {
         self.exempt.iter().any(|c| c.contains(client))
     }
+
+    /// Whether this rule applies to `req`, which [`Rule::matches`]: not
+    /// when its skip predicate holds.
+    pub fn applies_to(&self, req: &actix_web::HttpRequest) -> bool {
+        self.skip.as_ref().is_none_or(|s| !s.skips(req))
+    }
 }
 
 /// A rule in human words: "at most 5 requests per 10 seconds for your address".
@@ -161,7 +175,11 @@ pub(crate) fn describe(algorithm: &Algorithm, cost: u32, key: &Key) -> String {
             KeyKind::Session => "for your account".to_string(),
             KeyKind::Global => "for everyone together".to_string(),
             KeyKind::Path => "for this page".to_string(),
-            KeyKind::Header(n) | KeyKind::Query(n) | KeyKind::Form(n) => format!("for each {n}"),
+            KeyKind::Header(n)
+            | KeyKind::Query(n)
+            | KeyKind::Form(n)
+            | KeyKind::Json(n)
+            | KeyKind::Body(n) => format!("for each {n}"),
             KeyKind::Custom(c) => format!("for each {}", c.name()),
         })
         .collect::<Vec<_>>()

@@ -474,23 +474,8 @@ mod tests {
     fn every_example_number_reads_back_as_itself() {
         let mut checked = 0;
         for meta in DATABASE.iter() {
-            let d = meta.descriptors();
             let code = meta.country_code();
-            for desc in [
-                d.fixed_line(),
-                d.mobile(),
-                d.toll_free(),
-                d.premium_rate(),
-                d.shared_cost(),
-                d.personal_number(),
-                d.voip(),
-                d.pager(),
-                d.uan(),
-                d.voicemail(),
-            ]
-            .into_iter()
-            .flatten()
-            {
+            for desc in super::types(meta) {
                 let Some(example) = desc.example() else {
                     continue;
                 };

@@ -93,13 +93,13 @@ fn subjects(
         let label = match kind {
             KeyKind::Ip => Some(format!("your address {address}")),
             KeyKind::Global => Some("everyone together".to_string()),
-            KeyKind::Path | KeyKind::Custom(_) | KeyKind::Query(_) => None,
+            KeyKind::Path | KeyKind::Custom(_) | KeyKind::Query(_) | KeyKind::Json(_) => None,
             KeyKind::Session => visitor.account.as_ref().map(|_| "your account".to_string()),
             KeyKind::Header(name) => req
                 .headers()
                 .contains_key(name.as_str())
                 .then(|| format!("your {name} header")),
-            KeyKind::Form(name) => visitor.phone.as_ref().map(|phone| {
+            KeyKind::Form(name) | KeyKind::Body(name) => visitor.phone.as_ref().map(|phone| {
                 form.append_pair(name, phone);
                 format!("your phone {phone}")
             }),

@@ -2,6 +2,7 @@
 //! endpoints (`/healthz`, `/readyz`, `/metrics`).
 
 pub mod account;
+pub mod api;
 mod codes;
 pub mod dashboard;
 pub mod forms;
@@ -252,6 +253,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/dev/outbox", web::get().to(dashboard::outbox))
         .route("/err", web::get().to(pages::error_page))
         .route("/api/ping", web::get().to(api_ping))
+        .route("/api/sms/send", web::post().to(api::send_code))
         .route("/healthz", web::get().to(healthz))
         .route("/readyz", web::get().to(readyz))
         .route("/metrics", web::get().to(metrics))

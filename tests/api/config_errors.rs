@@ -87,7 +87,8 @@ fn unknown_key() {
         "line 6, column 1: unknown field \"windw\", expected one of \"name\", \"paths\", \
          \"methods\", \"key\", \"normalize\", \"limit\", \"window\", \"rate\", \"burst\", \
          \"cost\", \"description\", \"algorithm\", \"deny\", \"error_page\", \
-         \"on_redis_error\", \"mode\", \"region\", \"count\", \"headers\", \"exempt\"",
+         \"on_redis_error\", \"mode\", \"region\", \"count\", \"on_missing_key\", \"hash_key\", \
+         \"headers\", \"exempt\"",
     );
 }
 
@@ -154,7 +155,8 @@ fn unknown_key_kind() {
     assert_refused(
         "unknown_key_kind.toml",
         "rule \"check\" (rule 1): unknown key \"cookie:sid\", expected \"ip\", \"global\", \
-         \"path\", \"session\", \"header:NAME\", \"query:NAME\" or \"form:NAME\"",
+         \"path\", \"session\", \"header:NAME\", \"query:NAME\", \"form:NAME\", \"json:NAME\" \
+         or \"body:NAME\"",
     );
 }
 
@@ -187,7 +189,21 @@ fn cost_over_limit() {
 fn bad_cidr_in_trusted_proxies() {
     assert_refused(
         "bad_cidr.toml",
-        "[server] trusted_proxies: \"10.0.0.0/33\" is not an IP address or CIDR",
+        "[server] trusted_proxies: \"10.0.0.0/33\" is not an IP address or CIDR: the prefix \
+         length must be at most 32 for IPv4",
+    );
+}
+
+#[test]
+fn unknown_on_missing_key() {
+    let dir = std::env::temp_dir().join(format!("fg-missing-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("missing.toml");
+    std::fs::write(&file, "[defaults]\non_missing_key = \"drop\"\n").unwrap();
+    let err = floodgate::Config::load_file(&file).unwrap_err().to_string();
+    assert!(
+        err.ends_with("line 2, column 18: unknown variant \"drop\", expected \"ip\" or \"reject\""),
+        "{err}"
     );
 }
 
@@ -195,8 +211,8 @@ fn bad_cidr_in_trusted_proxies() {
 fn bad_cidr_in_a_rules_exempt() {
     assert_refused(
         "bad_exempt.toml",
-        "rule \"check\" (rule 1): exempt lists \"10.0.0.0/33\", which is not an IP address \
-         or CIDR (such as \"10.0.0.0/8\" or \"2001:db8::/32\")",
+        "rule \"check\" (rule 1): exempt: \"10.0.0.0/33\" is not an IP address or CIDR: the \
+         prefix length must be at most 32 for IPv4",
     );
 }
 

@@ -401,8 +401,8 @@ fn headers_and_exempt_in_defaults_and_rules() {
     let err = parse("[defaults]\nexempt = [\"nope\"]\n").unwrap_err();
     assert_eq!(
         err.to_string(),
-        "t.toml: [defaults] exempt: exempt lists \"nope\", which is not an IP address or CIDR \
-         (such as \"10.0.0.0/8\" or \"2001:db8::/32\")"
+        "t.toml: [defaults] exempt: \"nope\" is not an IP address or CIDR: the address must be \
+         IPv4 (10.0.0.1) or IPv6 (fd00::1), without a port"
     );
 }
 
@@ -461,8 +461,8 @@ async fn in_code_limits_take_a_dialect_and_exempt_networks() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "unusable limit \"bad\": exempt lists \"10.0.0.0/40\", which is not an IP address or \
-         CIDR (such as \"10.0.0.0/8\" or \"2001:db8::/32\")"
+        "unusable limit \"bad\": exempt: \"10.0.0.0/40\" is not an IP address or CIDR: the \
+         prefix length must be at most 32 for IPv4"
     );
 }
 

@@ -12,6 +12,7 @@ mod fields;
 mod filter;
 mod helpers;
 mod isolation;
+mod json_api;
 mod keys;
 mod library;
 

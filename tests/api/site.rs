@@ -1045,3 +1045,65 @@ async fn a_reload_changes_how_the_site_reads_numbers() {
     );
     let _ = std::fs::remove_file(&path);
 }
+
+#[actix_web::test]
+async fn the_json_api_sends_codes_under_the_forms_limits_and_counters() {
+    let app = spawn_app(DEFAULT).await;
+    let user = User::new(&app);
+    let api = |body: &'static str, content_type: &'static str| {
+        app.client
+            .post(app.url("/api/sms/send"))
+            .header("content-type", content_type)
+            .header("accept", "application/json")
+            .body(body)
+            .send()
+    };
+    // Not JSON: 415, whatever the body (a cross-site form cannot send JSON).
+    // (The filter still counts a form body by its phone: another number.)
+    for ct in [
+        "application/x-www-form-urlencoded",
+        "text/plain",
+        "multipart/form-data",
+    ] {
+        let res = api("phone=%2B15550100049", ct).await.unwrap();
+        assert_eq!(res.status(), 415, "{ct}");
+    }
+    let res = api(r#"{"phone":"12"}"#, "application/json").await.unwrap();
+    assert_eq!(res.status(), 400);
+    let v: Value = res.json().await.unwrap();
+    assert_eq!(v, serde_json::json!({"error": "invalid_phone"}));
+    // Two codes by the form and one by the API use up the three a minute.
+    for phone in ["+1 (555) 010-0040", "1-555-010-0040"] {
+        assert_eq!(
+            user.post("/sms/send", &[("phone", phone)]).await.status(),
+            200
+        );
+    }
+    let res = api(r#"{"phone":"+15550100040"}"#, "application/json")
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let v: Value = res.json().await.unwrap();
+    assert_eq!(v, serde_json::json!({"sent": true}));
+    let res = api(
+        r#"{"phone":"555.010.0040"}"#,
+        "application/json; charset=utf-8",
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.status(), 429);
+    let retry: u64 = header(&res, "retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    let v: Value = res.json().await.unwrap();
+    assert_eq!(v["error"], "rate_limited");
+    assert_eq!(v["rule"], "sms-per-phone");
+    // The form is over the limit too: one counter.
+    let res = user.post("/sms/send", &[("phone", "+15550100040")]).await;
+    assert_eq!(res.status(), 303);
+    assert_eq!(outbox(&app).await.len(), 3);
+    assert_eq!(
+        app.redis
+            .llen("floodgate:sms-per-phone:body+ip:+15550100040|127.0.0.1"),
+        3
+    );
+}

@@ -1,0 +1,104 @@
+//! The site's JSON API for apps: `POST /api/sms/send`, the form's
+//! `POST /sms/send` for clients that speak JSON, under the same rules and
+//! the same counters (the rules key both by `body:phone`).
+//!
+//! It takes `application/json` only (anything else: 415), so it needs no
+//! CSRF token: a page on another site can post a form (urlencoded,
+//! multipart or text/plain) without asking, but a JSON body only after a
+//! CORS preflight, which this site never answers.
+
+use actix_web::http::{header, StatusCode};
+use actix_web::{web, HttpRequest, HttpResponse};
+use futures_util::StreamExt;
+use serde::Deserialize;
+
+use super::codes::text_code;
+use super::phone::Phone;
+use super::store::Purpose;
+use super::{Site, SiteError, Visitor};
+
+/// The body: `{"phone":"..."}`; other members are allowed. A struct, so
+/// that a body naming `phone` twice is refused as the filter refuses it.
+#[derive(Deserialize)]
+struct SendCode {
+    #[serde(default)]
+    phone: Option<serde_json::Value>,
+}
+
+/// `POST /api/sms/send`: texts a sign-in code, bound to the caller's
+/// session (a new one, with its cookie, when the request brought none).
+pub async fn send_code(
+    site: web::Data<Site>,
+    req: HttpRequest,
+    mut payload: web::Payload,
+) -> Result<HttpResponse, SiteError> {
+    if !is_utf8_json(&req) {
+        return Ok(error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        ));
+    }
+    let max = site.config.server.max_form;
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let Ok(chunk) = chunk else {
+            return Ok(error(StatusCode::BAD_REQUEST, "unreadable_body"));
+        };
+        if body.len() + chunk.len() > max {
+            return Ok(error(StatusCode::PAYLOAD_TOO_LARGE, "too_large"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    let Ok(sent) = serde_json::from_slice::<SendCode>(&body) else {
+        return Ok(error(StatusCode::BAD_REQUEST, "invalid_json"));
+    };
+    let phone = match sent.phone {
+        Some(serde_json::Value::String(typed)) => Phone::parse(&typed, site.region()),
+        _ => None,
+    };
+    let Some(phone) = phone else {
+        return Ok(error(StatusCode::BAD_REQUEST, "invalid_phone"));
+    };
+    let visitor = Visitor::of(&site, &req).await?;
+    text_code(&site, Purpose::SignIn, &phone, &visitor.sid).await?;
+    log::info!("sign-in code sent to {} (API)", phone.masked());
+    let res = HttpResponse::Ok()
+        .insert_header((header::CACHE_CONTROL, "no-store"))
+        .json(serde_json::json!({ "sent": true }));
+    Ok(visitor.respond(res))
+}
+
+/// `Content-Type: application/json`, in UTF-8 (no other charset), without
+/// a content coding.
+fn is_utf8_json(req: &HttpRequest) -> bool {
+    let Some(ct) = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let mut parts = ct.split(';');
+    let json = parts
+        .next()
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
+    let utf8 = parts.all(|p| match p.split_once('=') {
+        Some((n, v)) if n.trim().eq_ignore_ascii_case("charset") => {
+            let v = v.trim().trim_matches('"');
+            v.eq_ignore_ascii_case("utf-8") || v.eq_ignore_ascii_case("utf8")
+        }
+        _ => true,
+    });
+    let coded = req.headers().get_all(header::CONTENT_ENCODING).any(|c| {
+        !c.to_str()
+            .is_ok_and(|c| c.trim().eq_ignore_ascii_case("identity"))
+    });
+    json && utf8 && !coded
+}
+
+/// `{"error":WHAT}` with `status`.
+fn error(status: StatusCode, what: &str) -> HttpResponse {
+    HttpResponse::build(status)
+        .insert_header((header::CACHE_CONTROL, "no-store"))
+        .json(serde_json::json!({ "error": what }))
+}
