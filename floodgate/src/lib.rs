@@ -87,43 +87,41 @@
 //!   lets it [charge](Limits::charge) or [give back](Limits::give_back) units.
 //! - [`KeyFn`], [`DenialResponder`], [`FilterBuilder::session_lookup`]: your
 //!   own key function, denial response and account lookup.
-//! - [`Limiter`]: the Redis side alone, for deciding [`Check`]s directly, or
+//! - [`Limiter`]: the Redis side alone, for deciding [`Check`](limit::Check)s directly, or
 //!   [peeking](Limiter::peek) at what a decision would answer.
 //!
-//! The default feature `site` also builds the demo site ([`site`]) and the
-//! `floodgate` binary; `default-features = false` leaves them out.
+//! The rest lives in modules named for what they hold: [`config`] (the
+//! TOML file, and an application's own sections in it), [`filter`]
+//! (options, denial pages, rule state), [`rule`] (rules, key kinds, phone
+//! numbers), [`limit`] (the Redis side: checks, decisions, errors),
+//! [`net`] (client addresses), [`metrics`] and [`logging`].
+//!
+//! # Features
+//!
+//! All on by default; `default-features = false` gives the filter for a
+//! single Redis server without phone-number parsing.
+//!
+//! - `e164`: `normalize = "e164"` and [`rule::e164`] (pulls in
+//!   `phonenumber` and `regex`).
+//! - `cluster`: `[redis] cluster`, a Redis Cluster.
+//! - `sentinel`: `[redis] sentinel`, a master found through Redis Sentinel.
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![warn(missing_docs, unreachable_pub)]
 
-mod config;
-mod filter;
-mod limit;
+pub mod config;
+pub mod filter;
+pub mod limit;
 pub mod logging;
-mod metrics;
-mod net;
-mod rule;
-#[cfg(feature = "site")]
-pub mod site;
+pub mod metrics;
+pub mod net;
+pub mod rule;
 
-pub use crate::config::{
-    format_duration, human_duration, Config, ConfigError, LimiterConfig, ServerConfig, DEFAULT_PATH,
-};
-#[cfg(feature = "site")]
-pub use crate::config::{SiteConfig, SmsConfig, SmsProvider};
+pub use crate::config::{Config, ConfigError};
 pub use crate::filter::{
-    accepts, Denial, DenialPage, DenialResponder, Filter, FilterBuilder, FilterOptions, Limit,
-    Limits, RuleState, SessionLookup, SetupError,
+    Denial, DenialResponder, Filter, FilterBuilder, Limit, Limits, SessionLookup, SetupError,
 };
-pub use crate::limit::{
-    without_password, Algorithm, Check, Decision, Dispatch, Limiter, LimiterError, LimiterOptions,
-    Outcome, RedisConfig,
-};
-pub use crate::metrics::Metrics;
-pub use crate::net::{Cidr, ProxyHeader};
-pub use crate::rule::{
-    e164, Count, CustomKey, Deny, Key, KeyFn, KeyKind, Mode, Normalize, OnRedisError, PathPattern,
-    Region, Rule,
-};
+pub use crate::limit::Limiter;
+pub use crate::rule::{Key, KeyFn};
 
 /// Items the benchmarks and tests reach; not part of the supported API.
 #[doc(hidden)]

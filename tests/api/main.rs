@@ -12,7 +12,6 @@ mod filter;
 mod helpers;
 mod isolation;
 mod keys;
-mod library;
 
 mod limits;
 mod model;

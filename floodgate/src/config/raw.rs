@@ -3,14 +3,13 @@
 
 use serde::Deserialize;
 
-use super::SmsProvider;
 use crate::net::ProxyHeader;
 use crate::rule::{Count, Deny, Mode, OnRedisError};
 
 /// `algorithm` as written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum AlgorithmName {
+pub(crate) enum AlgorithmName {
     /// `sliding_window`
     SlidingWindow,
     /// `fixed_window`
@@ -22,7 +21,7 @@ pub enum AlgorithmName {
 /// `normalize` as written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum NormalizeName {
+pub(crate) enum NormalizeName {
     /// `none`
     None,
     /// `digits`
@@ -33,94 +32,209 @@ pub enum NormalizeName {
     E164,
 }
 
-/// The file exactly as written; every key optional, unknown keys rejected.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RawConfig {
-    /// `[server]`
-    pub server: RawServer,
+/// The library's sections of the file exactly as written; every key
+/// optional. Keys the application reads (see [`AppConfig`](super::AppConfig))
+/// are skipped; any other unknown key is refused at its line and column.
+#[derive(Debug, Default)]
+pub(crate) struct RawConfig {
+    /// `[server]`: the filter's keys.
+    pub(crate) server: RawServer,
     /// `[redis]`
-    pub redis: RawRedis,
+    pub(crate) redis: RawRedis,
     /// `[limiter]`
-    pub limiter: RawLimiter,
+    pub(crate) limiter: RawLimiter,
     /// `[defaults]`
-    pub defaults: RawPolicy,
+    pub(crate) defaults: RawPolicy,
     /// `[[rule]]`
-    pub rule: Vec<RawRule>,
-    /// `[sms]`: the demo site's SMS provider.
-    pub sms: RawSms,
-    /// `[site]`: the demo site's own settings.
-    pub site: RawSite,
+    pub(crate) rule: Vec<RawRule>,
 }
 
-/// `[server]` as written. `Debug` hides the secret.
-#[derive(Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RawServer {
-    /// Address to listen on.
-    pub bind: Option<String>,
-    /// Worker threads; 0 = one per core.
-    pub workers: Option<usize>,
+/// The filter's keys of `[server]` as written.
+#[derive(Debug, Default)]
+pub(crate) struct RawServer {
     /// Proxies whose forwarding headers are believed.
-    pub trusted_proxies: Vec<String>,
+    pub(crate) trusted_proxies: Vec<String>,
     /// `x-forwarded-for` | `forwarded`: the header those proxies write.
-    pub proxy_header: Option<ProxyHeader>,
+    pub(crate) proxy_header: Option<ProxyHeader>,
     /// Largest form body read, e.g. `"16KiB"`.
-    pub max_form: Option<String>,
-    /// Key for cookies and CSRF.
-    pub secret: Option<String>,
-    /// How long a request body may take to arrive, e.g. `"10s"`.
-    pub body_timeout: Option<String>,
+    pub(crate) max_form: Option<String>,
+}
+
+const SECTIONS: &[&str] = &["server", "redis", "limiter", "defaults", "rule"];
+const SERVER_KEYS: &[&str] = &["trusted_proxies", "proxy_header", "max_form"];
+
+/// Reads [`RawConfig`], skipping the application's keys: `sections` at the
+/// top level, `server` inside `[server]`.
+pub(crate) struct RawSeed {
+    pub(crate) sections: &'static [&'static str],
+    pub(crate) server: &'static [&'static str],
+}
+
+/// A key of one table: the library's (its index), or the application's.
+enum Field {
+    Ours(usize),
+    Theirs,
+}
+
+/// Reads one key; a key neither side knows is refused here, while the
+/// deserializer still knows the key's place in the file.
+struct FieldSeed {
+    ours: &'static [&'static str],
+    theirs: &'static [&'static str],
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for FieldSeed {
+    type Value = Field;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Field, D::Error> {
+        d.deserialize_identifier(self)
+    }
+}
+
+impl serde::de::Visitor<'_> for FieldSeed {
+    type Value = Field;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Field, E> {
+        if let Some(i) = self.ours.iter().position(|k| *k == v) {
+            return Ok(Field::Ours(i));
+        }
+        if self.theirs.contains(&v) {
+            return Ok(Field::Theirs);
+        }
+        // serde's own wording, so both sides' keys read as one schema.
+        let all: Vec<String> = self
+            .ours
+            .iter()
+            .chain(self.theirs)
+            .map(|k| format!("`{k}`"))
+            .collect();
+        let expected = match all.as_slice() {
+            [] => "there are no fields".to_string(),
+            [one] => format!("expected {one}"),
+            [a, b] => format!("expected {a} or {b}"),
+            _ => format!("expected one of {}", all.join(", ")),
+        };
+        Err(E::custom(format_args!("unknown field `{v}`, {expected}")))
+    }
+}
+
+struct ServerSeed(&'static [&'static str]);
+
+impl<'de> serde::de::DeserializeSeed<'de> for ServerSeed {
+    type Value = RawServer;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<RawServer, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for ServerSeed {
+    type Value = RawServer;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a table")
+    }
+    fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<RawServer, M::Error> {
+        let mut server = RawServer::default();
+        let seed = || FieldSeed {
+            ours: SERVER_KEYS,
+            theirs: self.0,
+        };
+        while let Some(field) = map.next_key_seed(seed())? {
+            match field {
+                Field::Ours(0) => server.trusted_proxies = map.next_value()?,
+                Field::Ours(1) => server.proxy_header = map.next_value()?,
+                Field::Ours(_) => server.max_form = map.next_value()?,
+                Field::Theirs => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(server)
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for RawSeed {
+    type Value = RawConfig;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<RawConfig, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for RawSeed {
+    type Value = RawConfig;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a table")
+    }
+    fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<RawConfig, M::Error> {
+        let mut raw = RawConfig::default();
+        let seed = || FieldSeed {
+            ours: SECTIONS,
+            theirs: self.sections,
+        };
+        while let Some(field) = map.next_key_seed(seed())? {
+            match field {
+                Field::Ours(0) => raw.server = map.next_value_seed(ServerSeed(self.server))?,
+                Field::Ours(1) => raw.redis = map.next_value()?,
+                Field::Ours(2) => raw.limiter = map.next_value()?,
+                Field::Ours(3) => raw.defaults = map.next_value()?,
+                Field::Ours(_) => raw.rule = map.next_value()?,
+                Field::Theirs => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(raw)
+    }
 }
 
 /// `[redis]` as written. `Debug` hides passwords in URLs.
 #[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct RawRedis {
+pub(crate) struct RawRedis {
     /// `redis://host:port/db`
-    pub url: Option<String>,
+    pub(crate) url: Option<String>,
     /// Seed nodes of a Redis Cluster.
-    pub cluster: Vec<String>,
+    pub(crate) cluster: Vec<String>,
     /// Sentinel servers that know the master.
-    pub sentinel: Vec<String>,
+    pub(crate) sentinel: Vec<String>,
     /// The name the Sentinels monitor the master under.
-    pub sentinel_master: Option<String>,
+    pub(crate) sentinel_master: Option<String>,
     /// Connections in the r2d2 pool.
-    pub pool_size: Option<u32>,
+    pub(crate) pool_size: Option<u32>,
     /// Bound on connect, checkout and each command.
-    pub timeout: Option<String>,
+    pub(crate) timeout: Option<String>,
     /// First component of every key.
-    pub key_prefix: Option<String>,
+    pub(crate) key_prefix: Option<String>,
 }
 
 /// `[limiter]` as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct RawLimiter {
+pub(crate) struct RawLimiter {
     /// Remember denied keys in-process until their retry time.
-    pub deny_cache: Option<bool>,
+    pub(crate) deny_cache: Option<bool>,
     /// How long rules apply `on_redis_error` at once after Redis failed.
-    pub breaker: Option<String>,
+    pub(crate) breaker: Option<String>,
 }
 
 /// The policy keys shared by `[defaults]` and `[[rule]]`.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct RawPolicy {
+pub(crate) struct RawPolicy {
     /// `sliding_window` | `fixed_window` | `token_bucket`
-    pub algorithm: Option<AlgorithmName>,
+    pub(crate) algorithm: Option<AlgorithmName>,
     /// `redirect` | `status`
-    pub deny: Option<Deny>,
+    pub(crate) deny: Option<Deny>,
     /// Where `redirect` sends a denied request.
-    pub error_page: Option<String>,
+    pub(crate) error_page: Option<String>,
     /// `allow` | `deny` | `local`
-    pub on_redis_error: Option<OnRedisError>,
+    pub(crate) on_redis_error: Option<OnRedisError>,
     /// `enforce` | `shadow`
-    pub mode: Option<Mode>,
+    pub(crate) mode: Option<Mode>,
     /// Region of phone numbers written without `+` (`normalize = "e164"`).
-    pub region: Option<String>,
+    pub(crate) region: Option<String>,
     /// `all` | `failures`
-    pub count: Option<Count>,
+    pub(crate) count: Option<Count>,
 }
 
 /// A rule's `key` as written: one kind, or a list of kinds (one counter
@@ -130,7 +244,7 @@ pub struct RawPolicy {
     untagged,
     expecting = "a key kind such as \"ip\", or a list of kinds such as [\"form:phone\", \"ip\"]"
 )]
-pub enum RawKey {
+pub(crate) enum RawKey {
     /// `key = "ip"`
     One(String),
     /// `key = ["form:phone", "ip"]`
@@ -140,79 +254,45 @@ pub enum RawKey {
 /// One `[[rule]]` as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawRule {
+pub(crate) struct RawRule {
     /// Unique name.
-    pub name: String,
+    pub(crate) name: String,
     /// Path patterns.
-    pub paths: Vec<String>,
+    pub(crate) paths: Vec<String>,
     /// Methods; empty = all.
     #[serde(default)]
-    pub methods: Vec<String>,
+    pub(crate) methods: Vec<String>,
     /// Key kind, or a list of them.
-    pub key: Option<RawKey>,
+    pub(crate) key: Option<RawKey>,
     /// `none` | `digits` | `lowercase` | `e164`
-    pub normalize: Option<NormalizeName>,
+    pub(crate) normalize: Option<NormalizeName>,
     /// Requests per window.
-    pub limit: Option<i64>,
+    pub(crate) limit: Option<i64>,
     /// Window length.
-    pub window: Option<String>,
+    pub(crate) window: Option<String>,
     /// Token bucket refill, per second.
-    pub rate: Option<f64>,
+    pub(crate) rate: Option<f64>,
     /// Token bucket capacity.
-    pub burst: Option<i64>,
+    pub(crate) burst: Option<i64>,
     /// Units per request.
-    pub cost: Option<i64>,
+    pub(crate) cost: Option<i64>,
     /// The limit in human words, for the error page ("at most 3 codes per
     /// minute for this phone number"); generated when absent.
-    pub description: Option<String>,
+    pub(crate) description: Option<String>,
     /// Overrides `[defaults]` algorithm.
-    pub algorithm: Option<AlgorithmName>,
+    pub(crate) algorithm: Option<AlgorithmName>,
     /// Overrides `[defaults]` deny.
-    pub deny: Option<Deny>,
+    pub(crate) deny: Option<Deny>,
     /// Overrides `[defaults]` error_page.
-    pub error_page: Option<String>,
+    pub(crate) error_page: Option<String>,
     /// Overrides `[defaults]` on_redis_error.
-    pub on_redis_error: Option<OnRedisError>,
+    pub(crate) on_redis_error: Option<OnRedisError>,
     /// Overrides `[defaults]` mode.
-    pub mode: Option<Mode>,
+    pub(crate) mode: Option<Mode>,
     /// Overrides `[defaults]` region.
-    pub region: Option<String>,
+    pub(crate) region: Option<String>,
     /// Overrides `[defaults]` count.
-    pub count: Option<Count>,
-}
-
-/// `[sms]` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RawSms {
-    /// `outbox` | `log`
-    pub provider: Option<SmsProvider>,
-}
-
-/// `[site]` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RawSite {
-    /// Site title shown in the header.
-    pub title: Option<String>,
-    /// Mark cookies `Secure` (serve over HTTPS).
-    pub secure_cookies: Option<bool>,
-    /// Show `/dev/outbox` to every client, not only loopback ones.
-    pub public_outbox: Option<bool>,
-}
-
-impl std::fmt::Debug for RawServer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RawServer")
-            .field("bind", &self.bind)
-            .field("workers", &self.workers)
-            .field("trusted_proxies", &self.trusted_proxies)
-            .field("proxy_header", &self.proxy_header)
-            .field("max_form", &self.max_form)
-            .field("secret", &self.secret.as_ref().map(|_| "***"))
-            .field("body_timeout", &self.body_timeout)
-            .finish()
-    }
+    pub(crate) count: Option<Count>,
 }
 
 impl std::fmt::Debug for RawRedis {

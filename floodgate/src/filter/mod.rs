@@ -4,7 +4,7 @@
 //! For each request: find the rules that match its method and decoded path;
 //! build each rule's key; ask the [`Limiter`] once for all of them; then
 //! pass the request on with `RateLimit` fields, or answer a denial (303 to
-//! the error page, or 429), or apply the Redis error policy (see [`policy`]:
+//! the error page, or 429), or apply the Redis error policy (see `policy.rs`:
 //! the denial cache, and `on_redis_error`).
 
 mod builder;
@@ -13,6 +13,7 @@ mod limits;
 mod policy;
 
 pub use self::builder::{FilterBuilder, Limit, SetupError};
+pub use self::key::Unreadable;
 pub use self::limits::{Limits, RuleState};
 
 use std::collections::HashMap;
@@ -272,7 +273,7 @@ impl Filter {
     /// was read. A value the rule must read but cannot read exactly as a
     /// handler would is an error: the request is refused, never keyed by
     /// something else.
-    pub(crate) fn key_for(
+    pub fn key_for(
         &self,
         rule: &Rule,
         req: &HttpRequest,
@@ -531,7 +532,7 @@ where
             {
                 // An inner filter denied the request: it takes nothing from us.
                 if let Err(e) = taken.withdraw(&filter).await {
-                    crate::repeated!(
+                    crate::logging::repeated!(
                         &logging::GIVE_BACK_FAILED,
                         "could not give units back ({}); the request stays charged",
                         Escaped(&e.to_string())
@@ -586,7 +587,7 @@ where
         }
         Verdict::Unavailable(e) => {
             Limits::deny_outer(req.request());
-            crate::repeated!(
+            crate::logging::repeated!(
                 &logging::NO_DECISION,
                 "{method} {shown}: no decision ({}), error_denied",
                 Escaped(&e.to_string())
@@ -611,7 +612,7 @@ where
                 let Some((rule, outcome)) = denying(&rules, &decision) else {
                     return service.call(req).await.map(|r| r.map_into_left_body());
                 };
-                crate::repeated!(
+                crate::logging::repeated!(
                     &logging::NO_DECISION,
                     "{method} {shown}: no decision ({}), denied here by {} for {}s",
                     Escaped(&error.to_string()),
@@ -622,7 +623,7 @@ where
                 Limits::deny_outer(req.request());
                 return Ok(req.into_response(response).map_into_right_body());
             }
-            crate::repeated!(
+            crate::logging::repeated!(
                 &logging::NO_DECISION,
                 "{method} {shown}: no decision ({}), allowed{}",
                 Escaped(&error.to_string()),
@@ -689,7 +690,7 @@ async fn give_back(
                 }
             }
         }
-        Err(e) => crate::repeated!(
+        Err(e) => crate::logging::repeated!(
             &logging::GIVE_BACK_FAILED,
             "could not give units back ({}); the request stays charged",
             Escaped(&e.to_string())

@@ -9,7 +9,7 @@ use actix_web::HttpRequest;
 use sha2::{Digest, Sha256};
 
 /// Longest ID kept as is in a Redis key; longer ones are hashed.
-pub const MAX_ID_BYTES: usize = 64;
+pub(super) const MAX_ID_BYTES: usize = 64;
 
 /// What identifies the caller for a rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -243,7 +243,7 @@ impl KeyKind {
     /// `session`, `header:NAME`, `query:NAME` or `form:NAME`.
     ///
     /// ```
-    /// use floodgate::KeyKind;
+    /// use floodgate::rule::KeyKind;
     /// assert_eq!(KeyKind::parse("form:phone"), Ok(KeyKind::Form("phone".into())));
     /// assert!(KeyKind::parse("cookie:x").is_err());
     /// ```
