@@ -10,7 +10,7 @@
 //! ```toml
 //! # Cargo.toml
 //! [dependencies]
-//! floodgate = { version = "0.1", default-features = false }   # the filter alone
+//! floodgate = "0.1"
 //! ```
 //!
 //! With rules in TOML (the same file format the `floodgate` command reads):
