@@ -3,9 +3,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use floodgate::site::Application;
-use floodgate::{format_duration, Config, ConfigError, DEFAULT_PATH};
-use floodgate::{Algorithm, HeaderDialect};
+use floodgate_site::{config, site};
+
+use config::{format_duration, Config, ConfigError, DEFAULT_PATH};
+use floodgate::limit::Algorithm;
+use floodgate::rule::HeaderDialect;
+use site::Application;
 
 const USAGE: &str = "usage: floodgate [serve [--config FILE]] | check-config [FILE]";
 
@@ -51,7 +54,7 @@ fn check_config(path: PathBuf) -> ExitCode {
         Ok(c) => c,
         Err(e) => return unusable(&e),
     };
-    for r in &config.rules {
+    for r in &config.filter.rules {
         let methods = if r.methods.is_empty() {
             "*".to_string()
         } else {
@@ -127,30 +130,32 @@ fn serve(path: PathBuf) -> ExitCode {
         Ok(c) => c,
         Err(e) => return unusable(&e),
     };
-    let target = if !config.redis.cluster.is_empty() {
+    let target = if !config.filter.redis.cluster.is_empty() {
         let seeds: Vec<String> = config
+            .filter
             .redis
             .cluster
             .iter()
-            .map(|u| floodgate::without_password(u))
+            .map(|u| floodgate::limit::without_password(u))
             .collect();
         format!("cluster {}", seeds.join(","))
-    } else if !config.redis.sentinel.is_empty() {
+    } else if !config.filter.redis.sentinel.is_empty() {
         let sentinels: Vec<String> = config
+            .filter
             .redis
             .sentinel
             .iter()
-            .map(|u| floodgate::without_password(u))
+            .map(|u| floodgate::limit::without_password(u))
             .collect();
         format!(
             "master {:?} via sentinel {}",
-            config.redis.sentinel_master,
+            config.filter.redis.sentinel_master,
             sentinels.join(",")
         )
     } else {
-        floodgate::without_password(&config.redis.url)
+        floodgate::limit::without_password(&config.filter.redis.url)
     };
-    let (bind, rules) = (config.server.bind.clone(), config.rules.len());
+    let (bind, rules) = (config.server.bind.clone(), config.filter.rules.len());
     let result = actix_web::rt::System::new().block_on(async move {
         let app = Application::build(config)?;
         log::info!(
@@ -161,7 +166,7 @@ fn serve(path: PathBuf) -> ExitCode {
         );
         app.run_with_signals()
             .await
-            .map_err(|e| floodgate::site::StartError::Bind(bind.clone(), e))
+            .map_err(|e| site::StartError::Bind(bind.clone(), e))
     });
     floodgate::logging::flush();
     match result {

@@ -38,7 +38,7 @@ pub async fn send_code(
             "unsupported_media_type",
         ));
     }
-    let max = site.config.server.max_form;
+    let max = site.config.filter.server.max_form;
     let mut body = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {
         let Ok(chunk) = chunk else {

@@ -9,8 +9,8 @@ use redis::Commands;
 use super::pages::render;
 use super::{Site, SiteError, Visitor};
 use crate::config::{format_duration, human_duration};
-use crate::limit::{Algorithm, Check, Outcome};
-use crate::rule::{KeyKind, Mode, Rule};
+use floodgate::limit::{Algorithm, Check, Outcome};
+use floodgate::rule::{KeyKind, Mode, Rule};
 
 /// Width of the SVG drawings, in user units.
 const WIDTH: f64 = 600.0;
@@ -70,7 +70,7 @@ fn subjects(
     req: &HttpRequest,
     visitor: &Visitor,
 ) -> (Vec<Subject>, String) {
-    let address = crate::net::ip_id(site.filter.client_addr(req));
+    let address = floodgate::net::ip_id(site.filter.client_addr(req));
     let key = |path: &str, form: Option<&[u8]>| site.filter.key_for(rule, req, path, form).ok();
     if let Some(KeyKind::Path) = rule.key.single() {
         return (
@@ -103,6 +103,7 @@ fn subjects(
                 form.append_pair(name, phone);
                 format!("your phone {phone}")
             }),
+            _ => None,
         };
         let Some(label) = label else {
             let note = match kind {
@@ -317,7 +318,7 @@ pub async fn limits(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
     let page = LimitsPage {
         site_title: site.title(),
         signed_in: visitor.signed_in(),
-        address: crate::net::ip_id(client),
+        address: floodgate::net::ip_id(client),
         phone: visitor.phone.clone().unwrap_or_default(),
         rules: views,
     };
@@ -365,7 +366,7 @@ pub async fn outbox(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
         return Ok(super::pages::not_found(req).await);
     }
     let messages = site.redis(move |conn| outbox.read(conn)).await?;
-    if crate::filter::accepts(&req, "application/json") {
+    if floodgate::filter::accepts(&req, "application/json") {
         return Ok(HttpResponse::Ok()
             .insert_header((header::CACHE_CONTROL, "no-store"))
             .json(messages));

@@ -25,10 +25,10 @@ use actix_web::http::{header, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 
 use crate::config::Config;
-use crate::filter::Filter;
-use crate::limit::RedisConn;
-use crate::metrics::Metrics;
-use crate::rule::Region;
+use floodgate::filter::Filter;
+use floodgate::limit::RedisConn;
+use floodgate::metrics::Metrics;
+use floodgate::rule::Region;
 
 /// What every handler can reach (`web::Data<Site>`).
 pub struct Site {
@@ -80,17 +80,12 @@ impl Site {
         F: FnOnce(&mut RedisConn) -> redis::RedisResult<T> + Send + 'static,
         T: Send + 'static,
     {
-        let pool = self.filter.limiter().pool().clone();
-        web::block(move || {
-            let mut conn = pool
-                .get()
-                .map_err(|e| SiteError::unavailable(format!("redis pool: {e}")))?;
-            let result = work(&mut conn);
-            conn.note(&result);
-            result.map_err(|e| SiteError::unavailable(format!("redis: {e}")))
-        })
-        .await
-        .map_err(|e| SiteError::internal(e.to_string()))?
+        self.filter
+            .limiter()
+            .with_redis(work)
+            .await
+            .map_err(|e| SiteError::unavailable(e.to_string()))?
+            .map_err(|e| SiteError::unavailable(format!("redis: {e}")))
     }
 }
 
@@ -132,9 +127,9 @@ impl ResponseError for SiteError {
 
     fn error_response(&self) -> HttpResponse {
         crate::repeated!(
-            &crate::logging::SITE_ERROR,
+            &floodgate::logging::SITE_ERROR,
             "{}",
-            crate::logging::Escaped(&self.to_string())
+            floodgate::logging::Escaped(&self.to_string())
         );
         let mut res = HttpResponse::build(self.status);
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
@@ -222,9 +217,9 @@ impl Visitor {
         if let Some(c) = &self.set_cookie {
             if let Err(e) = res.add_cookie(c) {
                 crate::repeated!(
-                    &crate::logging::SITE_ERROR,
+                    &floodgate::logging::SITE_ERROR,
                     "cannot set the session cookie: {}",
-                    crate::logging::Escaped(&e.to_string())
+                    floodgate::logging::Escaped(&e.to_string())
                 );
             }
         }
@@ -279,9 +274,9 @@ async fn readyz(site: web::Data<Site>) -> HttpResponse {
             .body("ready\n"),
         Ok(Err(e)) => {
             crate::repeated!(
-                &crate::logging::READYZ,
+                &floodgate::logging::READYZ,
                 "readyz: {}",
-                crate::logging::Escaped(&e.to_string())
+                floodgate::logging::Escaped(&e.to_string())
             );
             HttpResponse::ServiceUnavailable()
                 .content_type("text/plain; charset=utf-8")
@@ -289,9 +284,9 @@ async fn readyz(site: web::Data<Site>) -> HttpResponse {
         }
         Err(e) => {
             crate::repeated!(
-                &crate::logging::READYZ,
+                &floodgate::logging::READYZ,
                 "readyz: {}",
-                crate::logging::Escaped(&e.to_string())
+                floodgate::logging::Escaped(&e.to_string())
             );
             HttpResponse::ServiceUnavailable().finish()
         }

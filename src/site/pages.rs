@@ -5,7 +5,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use askama::Template;
 
 use super::Site;
-use crate::rule::{Mode, Rule};
+use floodgate::rule::{Mode, Rule};
 
 /// Longest wait the error page will show (a year); larger values are clamped.
 const MAX_RETRY_AFTER: u64 = 366 * 86_400;
@@ -86,9 +86,9 @@ pub fn render(t: &impl Template, status: StatusCode) -> HttpResponse {
             .body(html),
         Err(e) => {
             crate::repeated!(
-                &crate::logging::SITE_ERROR,
+                &floodgate::logging::SITE_ERROR,
                 "template failed: {}",
-                crate::logging::Escaped(&e.to_string())
+                floodgate::logging::Escaped(&e.to_string())
             );
             HttpResponse::InternalServerError()
                 .content_type("text/plain; charset=utf-8")
@@ -175,9 +175,9 @@ pub fn denial_html(site_title: &str, rule: &Rule, retry_after: u64) -> String {
     };
     page.render().unwrap_or_else(|e| {
         crate::repeated!(
-            &crate::logging::SITE_ERROR,
+            &floodgate::logging::SITE_ERROR,
             "template failed: {}",
-            crate::logging::Escaped(&e.to_string())
+            floodgate::logging::Escaped(&e.to_string())
         );
         format!("Too many requests; try again in {retry_after} seconds.")
     })

@@ -1,6 +1,6 @@
 //! Phone numbers as users type them.
 
-use crate::rule::{self as key, Region};
+use floodgate::rule::{self as key, Region};
 
 /// Why a phone number was refused (shown next to the field).
 pub const PHONE_RULE: &str =

@@ -3,7 +3,7 @@
 use redis::Commands;
 use serde::{Deserialize, Serialize};
 
-use crate::limit::RedisConn;
+use floodgate::limit::RedisConn;
 
 use super::phone::Phone;
 

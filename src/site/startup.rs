@@ -24,14 +24,14 @@ use futures_util::Stream;
 
 use crate::config::SmsProvider;
 use crate::config::{self, Config};
-use crate::limit::{Limiter, LimiterError, LimiterOptions};
-use crate::metrics::Metrics;
-use crate::rule::Region;
 use crate::site::session::{self, Secret};
 use crate::site::sms::{LogSender, Outbox, SmsSender};
 use crate::site::store::Store;
 use crate::site::{self, Site};
-use crate::{Filter, FilterOptions};
+use floodgate::filter::{Filter, FilterOptions};
+use floodgate::limit::{Limiter, LimiterError, LimiterOptions};
+use floodgate::metrics::Metrics;
+use floodgate::rule::Region;
 
 /// Why the application could not start.
 #[derive(Debug)]
@@ -39,7 +39,7 @@ pub enum StartError {
     /// The listen address could not be bound.
     Bind(String, std::io::Error),
     /// The Redis client or the dispatcher threads could not be set up.
-    Limiter(crate::limit::LimiterError),
+    Limiter(floodgate::limit::LimiterError),
 }
 
 impl std::fmt::Display for StartError {
@@ -85,25 +85,26 @@ impl Application {
             log::warn!("{warning}");
         }
         let options = LimiterOptions {
-            deny_cache: config.limiter.deny_cache,
-            breaker: config.limiter.breaker,
+            deny_cache: config.filter.limiter.deny_cache,
+            breaker: config.filter.limiter.breaker,
             ..LimiterOptions::default()
         };
-        let limiter = Arc::new(Limiter::new(&config.redis, options).map_err(StartError::Limiter)?);
+        let limiter =
+            Arc::new(Limiter::new(&config.filter.redis, options).map_err(StartError::Limiter)?);
         let metrics = Arc::new(Metrics::default());
         let title = config.site.title.clone();
         let secret = Secret::new(&config.server.secret)
             .map_err(|e| StartError::Limiter(LimiterError::Other(format!("no randomness: {e}"))))?;
         let cookie_secret = secret.clone();
         let filter = Filter::new(
-            config.rules.clone(),
+            config.filter.rules.clone(),
             Arc::clone(&limiter),
             Arc::clone(&metrics),
             FilterOptions {
-                trusted_proxies: config.server.trusted_proxies.clone(),
-                proxy_header: config.server.proxy_header,
-                max_form: config.server.max_form,
-                key_prefix: config.redis.key_prefix.clone(),
+                trusted_proxies: config.filter.server.trusted_proxies.clone(),
+                proxy_header: config.filter.server.proxy_header,
+                max_form: config.filter.server.max_form,
+                key_prefix: config.filter.redis.key_prefix.clone(),
                 denial_page: Box::new(move |rule, retry| {
                     site::pages::denial_html(&title, rule, retry)
                 }),
@@ -115,11 +116,11 @@ impl Application {
             },
         );
         let workers = config.server.workers;
-        let max_form = config.server.max_form;
+        let max_form = config.filter.server.max_form;
         let body_timeout = BodyTimeout::new(config.server.body_timeout);
-        let config_path = config.path.clone();
-        let store = Store::new(&config.redis.key_prefix, secret.clone())
-            .clustered(!config.redis.cluster.is_empty());
+        let config_path = config.filter.path.clone();
+        let store = Store::new(&config.filter.redis.key_prefix, secret.clone())
+            .clustered(!config.filter.redis.cluster.is_empty());
         let outbox = (config.sms.provider == SmsProvider::Outbox).then(|| {
             Arc::new(Outbox {
                 key: store.outbox_key(),
@@ -129,7 +130,7 @@ impl Application {
             Some(o) => Arc::clone(o) as Arc<dyn SmsSender>,
             None => Arc::new(LogSender),
         };
-        let region = Arc::new(RwLock::new(config.region));
+        let region = Arc::new(RwLock::new(config.filter.region));
         let site = web::Data::new(Site {
             region: Arc::clone(&region),
             config,
@@ -285,12 +286,12 @@ impl Reloader {
         // request already under way may meet the old rules and the new
         // region, as it may meet the old rules for its whole life.
         let config = Config::load_file(&self.path)?;
-        let n = config.rules.len();
+        let n = config.filter.rules.len();
         match self.region.write() {
-            Ok(mut r) => *r = config.region,
-            Err(p) => *p.into_inner() = config.region,
+            Ok(mut r) => *r = config.filter.region,
+            Err(p) => *p.into_inner() = config.filter.region,
         }
-        self.filter.replace_rules(config.rules);
+        self.filter.replace_rules(config.filter.rules);
         Ok(n)
     }
 }

@@ -10,8 +10,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use floodgate::__private::decide_batch;
-use floodgate::Config;
-use floodgate::{Algorithm, Check, Decision, Limiter, LimiterError, LimiterOptions};
+use floodgate::limit::Algorithm;
+use floodgate::limit::Check;
+use floodgate::limit::Decision;
+use floodgate::limit::LimiterError;
+use floodgate::limit::LimiterOptions;
+use floodgate::Limiter;
+use floodgate_site::config::Config;
 
 use crate::helpers::{header, remaining, spawn_app, RedisServer};
 
@@ -25,9 +30,9 @@ pub fn nz(n: u32) -> NonZeroU32 {
 /// A limiter on `redis` whose clock the test pins with `decide_at`.
 pub fn pinned_limiter(redis: &RedisServer) -> Limiter {
     let mut config = Config::parse("", Path::new("test.toml")).unwrap();
-    config.redis.url = redis.url();
-    config.redis.timeout = Duration::from_secs(5);
-    Limiter::new(&config.redis, LimiterOptions::default()).unwrap()
+    config.filter.redis.url = redis.url();
+    config.filter.redis.timeout = Duration::from_secs(5);
+    Limiter::new(&config.filter.redis, LimiterOptions::default()).unwrap()
 }
 
 pub fn sliding(limit: u32, window_ms: u64) -> Algorithm {
@@ -145,6 +150,7 @@ deny = "status"
         app.filter.replace_rules(
             Config::parse(&text, Path::new("reload.toml"))
                 .unwrap()
+                .filter
                 .rules,
         );
     };
@@ -231,6 +237,7 @@ deny = "status"
     app.filter.replace_rules(
         Config::parse(&text, Path::new("reload.toml"))
             .unwrap()
+            .filter
             .rules,
     );
     // The open window is now 3 s long: the wait is what is left of it (the

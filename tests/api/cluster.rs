@@ -34,7 +34,7 @@ on_redis_error = "deny"
 
 async fn cluster_app(toml: &str, cluster: &Cluster) -> TestApp {
     let seeds = cluster.seeds();
-    spawn_app_with(toml, move |c| c.redis.cluster = seeds).await
+    spawn_app_with(toml, move |c| c.filter.redis.cluster = seeds).await
 }
 
 /// `GET /check` as `user` (and `team`, when given): the status.
@@ -251,8 +251,8 @@ async fn cluster_resharding_thousands_of_slots_fails_and_overadmits_nothing() {
 async fn sentinel_app(sentinel: &Sentinel) -> TestApp {
     let url = sentinel.url();
     spawn_app_with(&PER_USER.replace("limit = 5", "limit = 1000"), move |c| {
-        c.redis.sentinel = vec![url];
-        c.redis.sentinel_master = MASTER_NAME.into();
+        c.filter.redis.sentinel = vec![url];
+        c.filter.redis.sentinel_master = MASTER_NAME.into();
     })
     .await
 }
@@ -475,8 +475,8 @@ async fn sentinel_failover_keeps_the_site_working() {
     let sentinel = Sentinel::start();
     let url = sentinel.url();
     let app = spawn_app_with(DEFAULT, move |c| {
-        c.redis.sentinel = vec![url];
-        c.redis.sentinel_master = MASTER_NAME.into();
+        c.filter.redis.sentinel = vec![url];
+        c.filter.redis.sentinel_master = MASTER_NAME.into();
     })
     .await;
     let statuses = Statuses::default();
@@ -635,8 +635,8 @@ async fn sentinel_switchover_sends_the_sites_writes_to_the_new_master() {
          key = \"header:x-probe\"\nlimit = 1000\nwindow = \"1h\"\n"
     );
     let app = spawn_app_with(&toml, move |c| {
-        c.redis.sentinel = vec![url];
-        c.redis.sentinel_master = MASTER_NAME.into();
+        c.filter.redis.sentinel = vec![url];
+        c.filter.redis.sentinel_master = MASTER_NAME.into();
     })
     .await;
     let probe = |name: String| {
@@ -819,14 +819,18 @@ async fn sentinel_takes_the_demo_from_toml_to_the_error_page() {
 
 #[actix_web::test]
 async fn cluster_give_back_forgets_the_remembered_denial_of_its_key() {
-    use floodgate::{Algorithm, Check, Config, Limiter, LimiterOptions};
+    use floodgate::limit::Algorithm;
+    use floodgate::limit::Check;
+    use floodgate::limit::LimiterOptions;
+    use floodgate::Limiter;
+    use floodgate_site::config::Config;
     use std::num::NonZeroU32;
 
     let cluster = Cluster::start();
     let mut config = Config::parse("", std::path::Path::new("test.toml")).unwrap();
-    config.redis.cluster = cluster.seeds();
-    config.redis.timeout = Duration::from_secs(2);
-    let limiter = Limiter::new(&config.redis, LimiterOptions::default()).unwrap();
+    config.filter.redis.cluster = cluster.seeds();
+    config.filter.redis.timeout = Duration::from_secs(2);
+    let limiter = Limiter::new(&config.filter.redis, LimiterOptions::default()).unwrap();
     let algorithm = Algorithm::SlidingWindow {
         limit: NonZeroU32::new(1).unwrap(),
         window: Duration::from_secs(60),

@@ -14,8 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::changes::{check, sliding};
-use floodgate::Config;
-use floodgate::{Limiter, LimiterError, LimiterOptions};
+use floodgate::limit::LimiterError;
+use floodgate::limit::LimiterOptions;
+use floodgate::Limiter;
+use floodgate_site::config::Config;
 
 use crate::helpers::{
     header, is_script_call, metric, raw_request, remaining, spawn_app, RedisServer, Relay, TestApp,
@@ -322,14 +324,14 @@ async fn a_script_call_whose_reply_is_lost_is_never_sent_twice() {
     let lose_next_script_reply = Arc::new(AtomicBool::new(false));
     let relay = reply_losing_relay(&redis, &lose_next_script_reply);
     let mut config = Config::parse("", Path::new("test.toml")).unwrap();
-    config.redis.url = relay.url();
-    config.redis.timeout = Duration::from_secs(2);
+    config.filter.redis.url = relay.url();
+    config.filter.redis.timeout = Duration::from_secs(2);
     // No breaker period: the next decision probes Redis at once.
     let options = LimiterOptions {
         breaker: Duration::ZERO,
         ..LimiterOptions::default()
     };
-    let limiter = Limiter::new(&config.redis, options).unwrap();
+    let limiter = Limiter::new(&config.filter.redis, options).unwrap();
     let key = "floodgate:lost:ip:127.0.0.1";
     let checks = || vec![check(key, sliding(10, 60_000), 1)];
     // Loads the script, so that the lost reply is the script's own.

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use floodgate::Config;
+use floodgate_site::config::Config;
 
 use crate::helpers::{header, metric, remaining, spawn_app, TestApp};
 
@@ -250,7 +250,7 @@ async fn replaced_rules_apply_to_the_next_request() {
         "limit = 3\nwindow = \"10s\"\ndeny",
     );
     let config = Config::parse(&wider, Path::new("wider.toml")).unwrap();
-    app.filter.replace_rules(config.rules);
+    app.filter.replace_rules(config.filter.rules);
     let res = app.get_json("/api/ping").await;
     assert_eq!(res.status(), 200);
     assert_eq!(remaining(&res, "quokka"), Some(1));
@@ -290,7 +290,7 @@ on_redis_error = "deny"
             )
         };
         let config = Config::parse(&text, Path::new("morph.toml")).unwrap();
-        app.filter.replace_rules(config.rules);
+        app.filter.replace_rules(config.filter.rules);
         let res = app.get("/check").await;
         assert_eq!(res.status(), 200, "after switching to {algorithm}");
         assert_eq!(

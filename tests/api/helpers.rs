@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use actix_web::dev::ServerHandle;
 use actix_web::{web, HttpResponse};
-use floodgate::site::{Application, Reloader};
-use floodgate::Config;
 use floodgate::Filter;
+use floodgate_site::config::Config;
+use floodgate_site::site::{Application, Reloader};
 
 /// What a [`Relay`] does with one chunk on its way to Redis (it may hold
 /// it: a delay), before passing it on.
@@ -266,7 +266,7 @@ pub async fn spawn_app(toml: &str) -> TestApp {
 pub async fn spawn_app_with(toml: &str, edit: impl FnOnce(&mut Config)) -> TestApp {
     let redis = RedisServer::start();
     let mut config = Config::parse(toml, Path::new("test.toml")).expect("the test config is valid");
-    config.redis.url = redis.url();
+    config.filter.redis.url = redis.url();
     edit(&mut config);
     config.server.bind = "127.0.0.1:0".into();
     config.server.workers = 2;

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{test, web, App, HttpResponse, HttpServer};
-use floodgate::{Filter, Identity, Key, Limit, OnMissingKey};
+use floodgate::rule::{Identity, OnMissingKey};
+use floodgate::{Filter, Key, Limit};
 use serde::Deserialize;
 
 use crate::helpers::RedisServer;
@@ -478,7 +479,7 @@ async fn limits_in_code_take_methods_and_every_redis_error_policy() {
     let limit = Limit::per_minute(1)
         .name("posts")
         .methods(&["POST"])
-        .on_redis_error(floodgate::OnRedisError::Local)
+        .on_redis_error(floodgate::rule::OnRedisError::Local)
         .on_missing_key(OnMissingKey::Reject)
         .key(Key::json("user"));
     let app = test::init_service(

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use actix_web::dev::ServerHandle;
 use actix_web::{web, HttpResponse};
-use floodgate::site::Application;
-use floodgate::Config;
+use floodgate_site::config::Config;
+use floodgate_site::site::Application;
 
 use crate::helpers::{client, remaining, RedisServer};
 
@@ -50,7 +50,7 @@ fn routes(cfg: &mut web::ServiceConfig) {
 async fn spawn(toml: &str) -> KeysApp {
     let redis = RedisServer::start();
     let mut config = Config::parse(toml, Path::new("keys.toml")).expect("the test config is valid");
-    config.redis.url = redis.url();
+    config.filter.redis.url = redis.url();
     config.server.bind = "127.0.0.1:0".into();
     config.server.workers = 2;
     let app = Application::build_with(config, routes).expect("the app starts");

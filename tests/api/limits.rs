@@ -9,8 +9,11 @@ use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use floodgate::Config;
-use floodgate::{Algorithm, Check, Limiter, LimiterOptions};
+use floodgate::limit::Algorithm;
+use floodgate::limit::Check;
+use floodgate::limit::LimiterOptions;
+use floodgate::Limiter;
+use floodgate_site::config::Config;
 
 use crate::helpers::{header, metric, remaining, spawn_app, RedisServer};
 
@@ -167,9 +170,9 @@ fn assert_sliding_window_exact(events: &[Event], limit: u64, window: u64, cost: 
 async fn sliding_window_is_exact_on_a_pinned_clock() {
     let redis = RedisServer::start();
     let mut config = Config::parse("", Path::new("test.toml")).unwrap();
-    config.redis.url = redis.url();
-    config.redis.timeout = Duration::from_secs(5);
-    let limiter = Limiter::new(&config.redis, LimiterOptions::default()).unwrap();
+    config.filter.redis.url = redis.url();
+    config.filter.redis.timeout = Duration::from_secs(5);
+    let limiter = Limiter::new(&config.filter.redis, LimiterOptions::default()).unwrap();
     // The clock is pinned but Redis expires keys on its own clock: a key's
     // TTL (until its newest entry leaves the window, on the pinned clock)
     // can be 1 ms when the pinned clock stands just before that moment, and
@@ -621,9 +624,9 @@ deny = "status"
 async fn token_bucket_starts_full_and_refills_at_rate() {
     let redis = RedisServer::start();
     let mut config = Config::parse("", Path::new("test.toml")).unwrap();
-    config.redis.url = redis.url();
-    config.redis.timeout = Duration::from_secs(5);
-    let limiter = Limiter::new(&config.redis, LimiterOptions::default()).unwrap();
+    config.filter.redis.url = redis.url();
+    config.filter.redis.timeout = Duration::from_secs(5);
+    let limiter = Limiter::new(&config.filter.redis, LimiterOptions::default()).unwrap();
     let check = |cost| Check {
         key: "floodgate:bucket:ip:1.2.3.4".into(),
         algorithm: Algorithm::TokenBucket {

@@ -14,7 +14,6 @@ mod helpers;
 mod isolation;
 mod json_api;
 mod keys;
-mod library;
 
 mod limits;
 mod model;

@@ -14,7 +14,9 @@ use std::cell::{Cell, RefCell};
 use std::time::Instant;
 
 use floodgate::__private::decide_batch;
-use floodgate::{Algorithm, Check, Decision};
+use floodgate::limit::Algorithm;
+use floodgate::limit::Check;
+use floodgate::limit::Decision;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 

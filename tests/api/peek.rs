@@ -6,7 +6,8 @@
 //! expiry time). `/limits` shows the remaining of the last allowed request,
 //! also on a cluster, where the keys of one page live on different masters.
 
-use floodgate::{Algorithm, Outcome};
+use floodgate::limit::Algorithm;
+use floodgate::limit::Outcome;
 
 use crate::changes::{bucket, check, fixed, pinned_limiter, sliding, T0};
 use crate::cluster_helpers::Cluster;
@@ -282,7 +283,7 @@ algorithm = "fixed_window"
 limit = 7
 window = "1m"
 "#,
-        move |c| c.redis.cluster = seeds,
+        move |c| c.filter.redis.cluster = seeds,
     )
     .await;
     let get = |path: &'static str| app.client.get(app.url(path)).header("x-user", "ann").send();

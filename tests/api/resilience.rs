@@ -13,8 +13,10 @@ use std::time::{Duration, Instant};
 
 use crate::changes::{check, sliding};
 use floodgate::__private::decide_batch_with_deadlines;
-use floodgate::Config;
-use floodgate::{Limiter, LimiterError, LimiterOptions};
+use floodgate::limit::LimiterError;
+use floodgate::limit::LimiterOptions;
+use floodgate::Limiter;
+use floodgate_site::config::Config;
 
 use crate::faults::until_redis_decides;
 use crate::helpers::{
@@ -93,9 +95,9 @@ async fn a_call_that_reaches_redis_after_its_caller_gave_up_takes_nothing() {
     let armed = Arc::new(AtomicBool::new(false));
     let relay = late_relay(&redis, Duration::from_millis(500), &armed);
     let mut config = Config::parse("", Path::new("test.toml")).unwrap();
-    config.redis.url = relay.url();
-    config.redis.timeout = Duration::from_millis(200);
-    let limiter = Limiter::new(&config.redis, LimiterOptions::default()).unwrap();
+    config.filter.redis.url = relay.url();
+    config.filter.redis.timeout = Duration::from_millis(200);
+    let limiter = Limiter::new(&config.filter.redis, LimiterOptions::default()).unwrap();
     let key = "floodgate:late:ip:127.0.0.1";
     let checks = || vec![check(key, sliding(10, 60_000), 1)];
     // Redis's clock is known from the first call.
@@ -476,13 +478,13 @@ async fn a_flood_of_new_keys_stays_within_the_local_bound_and_a_hot_key_keeps_it
 async fn a_probe_whose_caller_gives_up_does_not_leave_the_breaker_open() {
     let redis = RedisServer::start();
     let mut config = Config::parse("", Path::new("test.toml")).unwrap();
-    config.redis.url = redis.url();
-    config.redis.timeout = Duration::from_millis(300);
+    config.filter.redis.url = redis.url();
+    config.filter.redis.timeout = Duration::from_millis(300);
     let options = LimiterOptions {
         breaker: Duration::from_millis(100),
         ..LimiterOptions::default()
     };
-    let limiter = Limiter::new(&config.redis, options).unwrap();
+    let limiter = Limiter::new(&config.filter.redis, options).unwrap();
     let checks = || {
         vec![check(
             "floodgate:probe:ip:127.0.0.1",

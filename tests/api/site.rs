@@ -664,7 +664,7 @@ async fn password_spraying_is_limited_per_address() {
 /// what does not fit is refused at once with 503 and Retry-After.
 #[actix_web::test]
 async fn concurrent_password_attempts_run_a_bounded_number_of_hashes() {
-    use floodgate::site::password::{HASH_PERMITS, HASH_QUEUE};
+    use floodgate_site::site::password::{HASH_PERMITS, HASH_QUEUE};
     let config = default_with_shadow("password-per-phone").replace(
         "name = \"password-per-ip\"\n",
         "name = \"password-per-ip\"\nmode = \"shadow\"\n",
@@ -995,7 +995,7 @@ async fn the_outbox_is_for_loopback_clients_only() {
 /// `MAX_SESSIONS`: the oldest are signed out, and Redis holds no more.
 #[actix_web::test]
 async fn an_account_keeps_a_bounded_number_of_sessions() {
-    use floodgate::site::store::MAX_SESSIONS;
+    use floodgate_site::site::store::MAX_SESSIONS;
     let app = spawn_app(&default_with_shadow("sms-per-phone")).await;
     let phone = "+15550100044";
     let mut users = Vec::new();
@@ -1027,7 +1027,7 @@ async fn a_reload_changes_how_the_site_reads_numbers() {
         .join(format!("site-region-{}.toml", std::process::id()));
     std::fs::write(&path, DEFAULT).unwrap();
     let at = path.clone();
-    let app = crate::helpers::spawn_app_with(DEFAULT, move |c| c.path = at).await;
+    let app = crate::helpers::spawn_app_with(DEFAULT, move |c| c.filter.path = at).await;
     let user = User::new(&app);
     let london = "020 7946 0000";
     let res = user.post("/sms/send", &[("phone", london)]).await;

@@ -4,7 +4,7 @@
 //! For each request: find the rules that match its method and decoded path;
 //! build each rule's key; ask the [`Limiter`] once for all of them; then
 //! pass the request on with `RateLimit` fields, or answer a denial (303 to
-//! the error page, or 429), or apply the Redis error policy (see [`policy`]:
+//! the error page, or 429), or apply the Redis error policy (see `policy.rs`:
 //! the denial cache, and `on_redis_error`).
 
 mod builder;
@@ -16,6 +16,7 @@ mod policy;
 mod text;
 
 pub use self::builder::{FilterBuilder, Limit, SetupError};
+pub use self::key::Unreadable;
 pub use self::limits::{Limits, RuleState};
 
 use std::collections::HashMap;
@@ -276,8 +277,7 @@ impl Filter {
     /// was read. A value the rule must read but cannot read exactly as a
     /// handler would is an error: the request is refused, never keyed by
     /// something else.
-    #[cfg(feature = "site")]
-    pub(crate) fn key_for(
+    pub fn key_for(
         &self,
         rule: &Rule,
         req: &HttpRequest,
@@ -590,7 +590,7 @@ where
                     r.algorithm = a;
                     own.push((i, r));
                 }
-                None => crate::repeated!(
+                None => crate::logging::repeated!(
                     &logging::BAD_QUOTA,
                     "rule {}: a key function chose the quota {limit}, which the rule cannot have (1 ..= {}, at least its cost {}); the rule's own applies",
                     rule.name,
@@ -648,7 +648,7 @@ where
                 // An inner filter denied the request: it takes nothing from us.
                 match taken.withdraw(&filter).await {
                     Ok(_) => withdrawn = true,
-                    Err(e) => crate::repeated!(
+                    Err(e) => crate::logging::repeated!(
                         &logging::GIVE_BACK_FAILED,
                         "could not give units back ({}); the request stays charged",
                         Escaped(&e.to_string())
@@ -706,7 +706,7 @@ where
         }
         Verdict::Unavailable(e) => {
             Limits::deny_outer(req.request());
-            crate::repeated!(
+            crate::logging::repeated!(
                 &logging::NO_DECISION,
                 "{method} {shown}: no decision ({}), error_denied",
                 Escaped(&e.to_string())
@@ -731,7 +731,7 @@ where
                 let Some((rule, outcome)) = denying(&rules, &decision) else {
                     return service.call(req).await.map(|r| r.map_into_left_body());
                 };
-                crate::repeated!(
+                crate::logging::repeated!(
                     &logging::NO_DECISION,
                     "{method} {shown}: no decision ({}), denied here by {} for {}s",
                     Escaped(&error.to_string()),
@@ -743,7 +743,7 @@ where
                 Limits::deny_outer(req.request());
                 return Ok(req.into_response(response).map_into_right_body());
             }
-            crate::repeated!(
+            crate::logging::repeated!(
                 &logging::NO_DECISION,
                 "{method} {shown}: no decision ({}), allowed{}",
                 Escaped(&error.to_string()),
@@ -810,7 +810,7 @@ async fn give_back(
                 }
             }
         }
-        Err(e) => crate::repeated!(
+        Err(e) => crate::logging::repeated!(
             &logging::GIVE_BACK_FAILED,
             "could not give units back ({}); the request stays charged",
             Escaped(&e.to_string())

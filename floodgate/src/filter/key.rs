@@ -44,7 +44,7 @@ pub(crate) struct Keyed {
 /// last, a list the first); so is a value that does not decode to UTF-8
 /// (a handler would see U+FFFD in its place, and different values would
 /// look alike).
-pub fn urlencoded_value(encoded: &[u8], name: &str) -> Result<Option<String>, Unreadable> {
+pub(crate) fn urlencoded_value(encoded: &[u8], name: &str) -> Result<Option<String>, Unreadable> {
     let decode = |raw: &[u8]| -> Vec<u8> {
         let plus: Vec<u8> = raw
             .iter()
@@ -77,7 +77,7 @@ pub fn urlencoded_value(encoded: &[u8], name: &str) -> Result<Option<String>, Un
 /// The value of header `name`, when it appears once and is visible ASCII
 /// (what `HeaderValue::to_str` gives a handler). Repeated lines and values
 /// with other bytes are refused: a handler would see another value or none.
-pub fn header_value(headers: &HeaderMap, name: &str) -> Result<Option<String>, Unreadable> {
+pub(crate) fn header_value(headers: &HeaderMap, name: &str) -> Result<Option<String>, Unreadable> {
     let mut lines = headers.get_all(name);
     let Some(first) = lines.next() else {
         return Ok(None);

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::config::{Config, ConfigError, RawConfig};
+use crate::config::{Config, ConfigError};
 use crate::limit::RedisConfig;
 use crate::net::{Cidr, ProxyHeader};
 use crate::rule::Rule;
@@ -33,13 +33,25 @@ pub(super) struct TextSettings {
 /// use: the server's own settings (`[server] bind`, `workers`, `secret`,
 /// `body_timeout`) and the demo site's tables (`[sms]`, `[site]`).
 pub(super) fn read(text: &str, name: &str) -> Result<TextSettings, ConfigError> {
-    let config = Config::parse(text, Path::new(name))?;
-    // The text parsed above, so this parses too.
-    let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError {
+    // What the text names, read as plain TOML first: the server's own
+    // settings get a message that says why, not only "unknown field".
+    let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError {
         file: name.to_string(),
         place: String::new(),
         what: e.message().replace('`', "\""),
     })?;
+    let has = |section: &str, key: &str| {
+        table
+            .get(section)
+            .and_then(|v| v.as_table())
+            .is_some_and(|t| t.contains_key(key))
+    };
+    let any = |section: &str| {
+        table
+            .get(section)
+            .and_then(|v| v.as_table())
+            .is_some_and(|t| !t.is_empty())
+    };
     let refuse = |place: &str| {
         Err(ConfigError {
             file: name.to_string(),
@@ -47,46 +59,29 @@ pub(super) fn read(text: &str, name: &str) -> Result<TextSettings, ConfigError> 
             what: "is a setting of the floodgate server, which a filter built in code does not use; leave it out (the application serves its own requests)".into(),
         })
     };
-    let s = &raw.server;
-    for (set, place) in [
-        (s.bind.is_some(), "[server] bind"),
-        (s.workers.is_some(), "[server] workers"),
-        (s.secret.is_some(), "[server] secret"),
-        (s.body_timeout.is_some(), "[server] body_timeout"),
-    ] {
-        if set {
-            return refuse(place);
+    for key in ["bind", "workers", "secret", "body_timeout"] {
+        if has("server", key) {
+            return refuse(&format!("[server] {key}"));
         }
     }
-    let sms = &raw.sms;
-    if sms.provider.is_some() {
-        return refuse("[sms] provider");
-    }
-    let site = &raw.site;
-    for (set, place) in [
-        (site.title.is_some(), "[site] title"),
-        (site.secure_cookies.is_some(), "[site] secure_cookies"),
-        (site.public_outbox.is_some(), "[site] public_outbox"),
-    ] {
-        if set {
-            return refuse(place);
+    for key in ["provider"] {
+        if has("sms", key) {
+            return refuse(&format!("[sms] {key}"));
         }
     }
-    let r = &raw.redis;
-    let redis_set = r.url.is_some()
-        || !r.cluster.is_empty()
-        || !r.sentinel.is_empty()
-        || r.sentinel_master.is_some()
-        || r.pool_size.is_some()
-        || r.timeout.is_some()
-        || r.key_prefix.is_some();
+    for key in ["title", "secure_cookies", "public_outbox"] {
+        if has("site", key) {
+            return refuse(&format!("[site] {key}"));
+        }
+    }
+    let config = Config::parse(text, Path::new(name))?;
     Ok(TextSettings {
         rules: config.rules,
         trusted_proxies: config.server.trusted_proxies,
-        proxy_header: s.proxy_header.map(|_| config.server.proxy_header),
-        max_form: s.max_form.as_ref().map(|_| config.server.max_form),
-        redis: redis_set.then_some(config.redis),
-        deny_cache: raw.limiter.deny_cache.map(|_| config.limiter.deny_cache),
-        breaker: raw.limiter.breaker.as_ref().map(|_| config.limiter.breaker),
+        proxy_header: has("server", "proxy_header").then_some(config.server.proxy_header),
+        max_form: has("server", "max_form").then_some(config.server.max_form),
+        redis: any("redis").then_some(config.redis),
+        deny_cache: has("limiter", "deny_cache").then_some(config.limiter.deny_cache),
+        breaker: has("limiter", "breaker").then_some(config.limiter.breaker),
     })
 }

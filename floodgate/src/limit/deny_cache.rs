@@ -29,7 +29,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Most keys remembered at once (over all shards).
-pub const CAPACITY: usize = 32_768;
+pub(crate) const CAPACITY: usize = 32_768;
 const SHARDS: usize = 16;
 /// Groups of keys per shard that each remember their last give-back.
 const MARKS: usize = 64;

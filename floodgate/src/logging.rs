@@ -188,7 +188,6 @@ impl Repeats {
 
 /// Writes a line of a kind of warning that traffic can repeat (see
 /// [`Repeats`]): `repeated!(&KIND, "format", args...)`.
-#[macro_export]
 #[doc(hidden)]
 macro_rules! repeated {
     ($kind:expr, $($arg:tt)+) => {{
@@ -200,6 +199,7 @@ macro_rules! repeated {
         }
     }};
 }
+pub(crate) use repeated;
 
 /// Redis failed a batch of decisions.
 pub static REDIS_FAILED: Repeats = Repeats::new("redis error", log::Level::Warn);

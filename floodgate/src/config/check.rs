@@ -16,7 +16,7 @@ use crate::rule::{
 };
 
 /// Checks `[defaults]` and every `[[rule]]`; used at start and on SIGHUP.
-pub fn rules_from_raw(
+pub(crate) fn rules_from_raw(
     defaults: &RawPolicy,
     raw: Vec<RawRule>,
     file: &str,
@@ -590,46 +590,6 @@ pub(super) fn check_topology(
         ));
     }
     Ok(())
-}
-
-/// `host:port`: an IPv4 address, a bracketed IPv6 address or a host name,
-/// then a port 0-65535 (0 picks a free one).
-pub(super) fn check_bind(text: &str) -> Result<String, String> {
-    let bad = || {
-        format!(
-            "{text:?} is not host:port (an IP address, [IPv6] or host name, then a port from 0 to 65535)"
-        )
-    };
-    let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
-    if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) || port.parse::<u16>().is_err()
-    {
-        return Err(bad());
-    }
-    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
-        None => host.parse::<std::net::Ipv4Addr>().is_ok() || is_host_name(host),
-    };
-    if host_ok {
-        Ok(text.to_string())
-    } else {
-        Err(bad())
-    }
-}
-
-/// A DNS host name: dot-separated labels of letters, digits and inner
-/// hyphens, the last one not all digits (that would be a bad IPv4 address).
-pub(super) fn is_host_name(host: &str) -> bool {
-    let labels: Vec<&str> = host.strip_suffix('.').unwrap_or(host).split('.').collect();
-    (1..=253).contains(&host.len())
-        && labels.iter().all(|l| {
-            (1..=63).contains(&l.len())
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-        })
-        && labels
-            .last()
-            .is_some_and(|l| !l.bytes().all(|b| b.is_ascii_digit()))
 }
 
 pub(super) fn check_redis_url(text: &str) -> Result<String, String> {

@@ -64,7 +64,7 @@ const IDLE_CHECK: Duration = Duration::from_millis(1);
 
 /// The r2d2 pool of synchronous Redis connections, for the site's own Redis
 /// work and `/readyz`. (The dispatcher threads open their own.)
-pub type Pool = r2d2::Pool<Manager>;
+pub(crate) type Pool = r2d2::Pool<Manager>;
 
 pub(super) struct Job {
     pub(super) checks: Vec<Check>,
@@ -221,7 +221,7 @@ impl Breaker {
         let until = (self.now_us() + self.period.as_micros() as u64).max(1);
         let was = self.open_until.swap(until, Ordering::AcqRel);
         if was == 0 {
-            crate::repeated!(
+            crate::logging::repeated!(
                 &crate::logging::BREAKER,
                 "breaker open for {:?}: {}; rules apply on_redis_error meanwhile",
                 self.period,
@@ -345,7 +345,7 @@ impl std::fmt::Debug for Limiter {
 /// A Redis connection that knows when Redis last answered on it and
 /// whether an error has left it in an unknown state. Derefs to the
 /// [`RedisConn`] (one server, or a cluster).
-pub struct Conn {
+pub(crate) struct Conn {
     inner: RedisConn,
     /// When Redis last answered on this connection (or when it was opened).
     answered: Instant,
@@ -375,7 +375,7 @@ impl Conn {
     }
 
     /// PING: safe to send as often as needed. Records the outcome.
-    pub fn ping(&mut self) -> redis::RedisResult<()> {
+    pub(crate) fn ping(&mut self) -> redis::RedisResult<()> {
         let result = redis::cmd("PING")
             .query::<String>(&mut self.inner)
             .and_then(|pong| match pong.as_str() {
@@ -405,7 +405,7 @@ impl Conn {
     /// an error that may have left it out of step with Redis (I/O, a reply
     /// that could not be read) spoils it, and it is then dropped rather than
     /// reused. An error reply from Redis is an answer like any other.
-    pub fn note<T>(&mut self, result: &redis::RedisResult<T>) {
+    pub(crate) fn note<T>(&mut self, result: &redis::RedisResult<T>) {
         match result {
             Err(e) if spoils(e) => self.spoiled = true,
             _ => self.answered = Instant::now(),
@@ -474,7 +474,7 @@ pub(super) fn spoils(e: &redis::RedisError) -> bool {
 /// Sentinels demote it, and whatever is written to it meanwhile is lost
 /// with the demotion.
 #[derive(Debug, Clone)]
-pub struct Manager {
+pub(crate) struct Manager {
     source: Source,
     timeout: Duration,
 }
@@ -784,10 +784,40 @@ impl Limiter {
         self.shared.errors.load(Ordering::Relaxed)
     }
 
-    /// The connection pool, for the site's own Redis work (use it from
-    /// `web::block`, never on a worker thread).
-    pub fn pool(&self) -> &Pool {
+    /// The connection pool (the site's and `/readyz`'s own Redis work goes
+    /// through [`Limiter::with_redis`]).
+    pub(crate) fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// Runs `work` once on a connection from the limiter's pool, for an
+    /// application's own data in the same Redis (whatever the mode: one
+    /// server, Sentinel or Cluster). It runs on actix's blocking threads,
+    /// never on a worker thread. The checkout hands out only a connection
+    /// Redis answers on (one that sat idle is checked with a PING first);
+    /// `work` is never repeated, since after a failure nobody can tell
+    /// which of its commands ran, and a connection that saw an I/O error is
+    /// dropped instead of going back to the pool. On a Cluster, keep the
+    /// keys of one pipeline or transaction in one hash slot.
+    ///
+    /// The outer error says no connection was had in time (or the blocking
+    /// pool is gone); the inner result is what `work` returned.
+    pub async fn with_redis<T, F>(&self, work: F) -> Result<redis::RedisResult<T>, LimiterError>
+    where
+        F: FnOnce(&mut RedisConn) -> redis::RedisResult<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let pool = self.pool.clone();
+        actix_web::web::block(move || {
+            let mut conn = pool
+                .get()
+                .map_err(|e| LimiterError::Other(format!("redis pool: {e}")))?;
+            let result = work(&mut conn);
+            conn.note(&result);
+            Ok(result)
+        })
+        .await
+        .map_err(|e| LimiterError::Other(e.to_string()))?
     }
 
     /// Whether keys carry a hash tag (Redis Cluster mode): the rules of one
@@ -967,7 +997,7 @@ impl Dispatcher {
                 }
                 Err(SendError::Unsent(e) | SendError::Failed(e)) => {
                     self.shared.errors.fetch_add(1, Ordering::Relaxed);
-                    crate::repeated!(
+                    crate::logging::repeated!(
                         &crate::logging::REDIS_FAILED,
                         "redis error, {} decisions affected: {}",
                         batch.len(),

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use super::options::LookupFn;
 
 /// Longest ID kept as is in a Redis key; longer ones are hashed.
-pub const MAX_ID_BYTES: usize = 64;
+pub(super) const MAX_ID_BYTES: usize = 64;
 
 /// What identifies the caller for a rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -262,7 +262,7 @@ impl Key {
 
     /// A key function that may await (an API key looked up in a database or
     /// a cache) and may choose the caller's quota: `|req: HttpRequest|
-    /// async move { ... }` returning `Option<`[`Identity`](crate::Identity)`>`, or a
+    /// async move { ... }` returning `Option<`[`Identity`](crate::rule::Identity)`>`, or a
     /// [`LookupFn`]. `None` is an absent value: the request is keyed by its
     /// address with the limit's own quota (or refused, with
     /// `on_missing_key = reject`). One limit then serves anonymous callers
@@ -352,7 +352,7 @@ impl KeyKind {
     /// `body:NAME`.
     ///
     /// ```
-    /// use floodgate::KeyKind;
+    /// use floodgate::rule::KeyKind;
     /// assert_eq!(KeyKind::parse("form:phone"), Ok(KeyKind::Form("phone".into())));
     /// assert!(KeyKind::parse("cookie:x").is_err());
     /// ```

@@ -8,7 +8,7 @@ pub use crate::rule::human_duration;
 /// Parses `"250ms"`, `"10s"`, `"1m"`, `"10m"`, `"1h"`, `"1d"`. A number too
 /// large to count in milliseconds is refused, never wrapped.
 #[cfg(test)]
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
     match parse_duration_ms(text) {
         Ok(ms) => Ok(Duration::from_millis(ms)),
         Err(DurationError::Invalid) => Err(invalid_duration(text)),

@@ -3,7 +3,7 @@
 //! A request that matches several rules becomes one [`Check`] per rule; the
 //! checks of one request go to Redis together and are decided atomically
 //! (all recorded, or none). [`Limiter::decide`] is the whole public surface:
-//! it hands the checks to a dispatcher thread (see [`redis`]) and awaits the
+//! it hands the checks to a dispatcher thread (see `limit/redis.rs`) and awaits the
 //! answer without ever blocking the caller's thread. [`Limiter::peek`]
 //! answers the same questions without recording anything.
 
@@ -24,16 +24,16 @@ macro_rules! lua_with_algorithms {
     };
 }
 
-pub mod cluster;
-pub mod deny_cache;
+pub(crate) mod cluster;
+pub(crate) mod deny_cache;
 mod error;
-pub mod give_back;
-pub mod local;
+pub(crate) mod give_back;
+pub(crate) mod local;
 mod masters;
 mod peek;
-pub mod redis;
+pub(crate) mod redis;
 mod settings;
-pub mod source;
+pub(crate) mod source;
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -41,7 +41,6 @@ use std::time::Duration;
 pub use self::error::LimiterError;
 pub use self::redis::Limiter;
 pub use self::settings::{without_password, RedisConfig};
-#[cfg(feature = "site")]
 pub use self::source::RedisConn;
 
 /// How the limiter behaves besides talking to Redis.

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use super::{Algorithm, Check, Decision, Outcome};
 
 /// Most bytes held at once, by the estimate [`LocalLimiter::bytes`] keeps.
-pub const MAX_BYTES: usize = 16 << 20;
+pub(crate) const MAX_BYTES: usize = 16 << 20;
 
 /// What one key costs besides its name and its log, in the estimate: the
 /// map's entry and its share of empty buckets (a table is at most 7/8 full
@@ -38,7 +38,7 @@ pub const MAX_BYTES: usize = 16 << 20;
 /// and its place in the eviction queue. Set from a measurement of the
 /// process's resident memory (64-bit Linux, glibc), not from the sizes of
 /// the types alone, which come to about half of it.
-pub const SLOT_BYTES: usize = 320;
+pub(crate) const SLOT_BYTES: usize = 320;
 
 /// Second chances given per decision before the oldest state goes anyway.
 const SECOND_CHANCES: usize = 32;

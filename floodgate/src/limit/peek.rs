@@ -11,7 +11,7 @@ use super::{Algorithm, Check, Limiter, LimiterError, Outcome};
 
 /// The Lua of a peek: the shared helpers, the algorithm files (the same
 /// ones the decisions run), then the read-only driver.
-pub const PEEK_SOURCE: &str = lua_with_algorithms!("lua/peek.lua");
+pub(super) const PEEK_SOURCE: &str = lua_with_algorithms!("lua/peek.lua");
 
 fn script() -> &'static redis::Script {
     static SCRIPT: OnceLock<redis::Script> = OnceLock::new();
@@ -33,7 +33,9 @@ impl Limiter {
     /// ```no_run
     /// use std::num::NonZeroU32;
     /// use std::time::Duration;
-    /// use floodgate::{Algorithm, Check, Limiter, LimiterError, LimiterOptions, RedisConfig};
+    /// use floodgate::config::RedisConfig;
+    /// use floodgate::limit::{Algorithm, Check, LimiterError, LimiterOptions};
+    /// use floodgate::Limiter;
     ///
     /// # async fn show(config: &RedisConfig) -> Result<(), LimiterError> {
     /// let limiter = Limiter::new(config, LimiterOptions::default())?;

@@ -14,8 +14,9 @@
 //! ```toml
 //! # Cargo.toml
 //! [dependencies]
-//! # a clone of this repository (not on crates.io); the filter alone
-//! floodgate = { path = "../floodgate", default-features = false }
+//! floodgate = "0.1"
+//! # until it is published, from a clone of this repository:
+//! # floodgate = { path = "../floodgate/floodgate" }
 //! ```
 //!
 //! With rules in TOML (the same file format the `floodgate` command reads):
@@ -75,7 +76,7 @@
 //! # What a guarded request gets
 //!
 //! Allowed responses carry `RateLimit-Policy` and `RateLimit` fields for
-//! every enforce rule, or the fields of the rule's [`HeaderDialect`]
+//! every enforce rule, or the fields of the rule's [`HeaderDialect`](rule::HeaderDialect)
 //! (`draft-6`, `draft-7`, `x-ratelimit`, or none at all). A denial is a
 //! `429` with `Retry-After` (JSON for a client that accepts only JSON), or,
 //! for rules with `deny = "redirect"`, a `303` to the error page;
@@ -95,43 +96,41 @@
 //!   lets it [charge](Limits::charge) or [give back](Limits::give_back) units.
 //! - [`KeyFn`], [`DenialResponder`], [`FilterBuilder::session_lookup`]: your
 //!   own key function, denial response and account lookup.
-//! - [`Limiter`]: the Redis side alone, for deciding [`Check`]s directly, or
+//! - [`Limiter`]: the Redis side alone, for deciding [`Check`](limit::Check)s directly, or
 //!   [peeking](Limiter::peek) at what a decision would answer.
 //!
-//! The default feature `site` also builds the demo site ([`site`]) and the
-//! `floodgate` binary; `default-features = false` leaves them out.
+//! The rest lives in modules named for what they hold: [`config`] (the
+//! TOML file, and an application's own sections in it), [`filter`]
+//! (options, denial pages, rule state), [`rule`] (rules, key kinds, phone
+//! numbers), [`limit`] (the Redis side: checks, decisions, errors),
+//! [`net`] (client addresses), [`metrics`] and [`logging`].
+//!
+//! # Features
+//!
+//! All on by default; `default-features = false` gives the filter for a
+//! single Redis server without phone-number parsing.
+//!
+//! - `e164`: `normalize = "e164"` and [`rule::e164`] (pulls in
+//!   `phonenumber` and `regex`).
+//! - `cluster`: `[redis] cluster`, a Redis Cluster.
+//! - `sentinel`: `[redis] sentinel`, a master found through Redis Sentinel.
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![warn(missing_docs, unreachable_pub)]
 
-mod config;
-mod filter;
-mod limit;
+pub mod config;
+pub mod filter;
+pub mod limit;
 pub mod logging;
-mod metrics;
-mod net;
-mod rule;
-#[cfg(feature = "site")]
-pub mod site;
+pub mod metrics;
+pub mod net;
+pub mod rule;
 
-pub use crate::config::{
-    format_duration, human_duration, Config, ConfigError, LimiterConfig, ServerConfig, DEFAULT_PATH,
-};
-#[cfg(feature = "site")]
-pub use crate::config::{SiteConfig, SmsConfig, SmsProvider};
+pub use crate::config::{Config, ConfigError};
 pub use crate::filter::{
-    accepts, Denial, DenialPage, DenialResponder, Filter, FilterBuilder, FilterOptions, Limit,
-    Limits, RuleState, SessionLookup, SetupError,
+    Denial, DenialResponder, Filter, FilterBuilder, Limit, Limits, SessionLookup, SetupError,
 };
-pub use crate::limit::{
-    without_password, Algorithm, Check, Decision, Dispatch, Limiter, LimiterError, LimiterOptions,
-    Outcome, RedisConfig,
-};
-pub use crate::metrics::Metrics;
-pub use crate::net::{Cidr, CidrError, ProxyHeader};
-pub use crate::rule::{
-    e164, Count, CustomKey, Deny, HeaderDialect, Identity, Key, KeyFn, KeyKind, LookupFn,
-    LookupFuture, Mode, Normalize, OnMissingKey, OnRedisError, PathPattern, Region, Rule, Skip,
-};
+pub use crate::limit::Limiter;
+pub use crate::rule::{Key, KeyFn};
 
 /// Items the benchmarks and tests reach; not part of the supported API.
 #[doc(hidden)]

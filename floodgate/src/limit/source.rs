@@ -126,7 +126,7 @@ impl ConnectionLike for RedisConn {
 
 /// How new connections are opened.
 #[derive(Clone)]
-pub enum Source {
+pub(crate) enum Source {
     /// One server at a URL.
     Url(redis::Client),
     /// The master the Sentinels name (see [`Sentinels`]): every new
@@ -156,7 +156,7 @@ const CLUSTER_MAX_WAIT_MS: u64 = 50;
 
 impl Source {
     /// The source `config` names: cluster seeds, Sentinels, or the URL.
-    pub fn from_config(config: &RedisConfig) -> RedisResult<Source> {
+    pub(crate) fn from_config(config: &RedisConfig) -> RedisResult<Source> {
         if !config.cluster.is_empty() {
             return cluster_client(config).map(Source::Cluster);
         }
@@ -170,7 +170,7 @@ impl Source {
 
     /// A new connection, open within `within`, with read and write
     /// timeouts of `timeout`, and the master it went to (Sentinel mode only).
-    pub fn open(
+    pub(crate) fn open(
         &self,
         within: Duration,
         timeout: Duration,
@@ -196,7 +196,7 @@ impl Source {
     /// Whether a connection opened to `master` may still be used: always,
     /// except in Sentinel mode when the Sentinels now name another server
     /// (see [`Sentinels::names`]).
-    pub fn still_named(&self, master: Option<&Master>) -> bool {
+    pub(crate) fn still_named(&self, master: Option<&Master>) -> bool {
         match (self, master) {
             (Source::Sentinel(sentinels), Some(master)) => sentinels.names(master),
             _ => true,
@@ -206,7 +206,7 @@ impl Source {
 
 /// The address of a master, as the Sentinels name it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Master {
+pub(crate) struct Master {
     host: String,
     port: u16,
 }
@@ -253,7 +253,7 @@ const ASK_AT_MOST_EVERY: Duration = Duration::from_secs(4);
 /// waits behind the question, even when a Sentinel holds it until the
 /// timeout. When no Sentinel answers, the last answer stands: Sentinels
 /// that are down do not stop a master that works.
-pub struct Sentinels {
+pub(crate) struct Sentinels {
     /// Each Sentinel, as configured.
     nodes: Vec<ConnectionInfo>,
     /// The name the Sentinels know the master by.
@@ -335,7 +335,7 @@ impl Sentinels {
     /// Whether `master` is the master the Sentinels name (or they have not
     /// named any yet). Cheap: a lock and a comparison; the question itself
     /// is asked by the watcher thread (see [`Sentinels::watch`]).
-    pub fn names(&self, master: &Master) -> bool {
+    pub(crate) fn names(&self, master: &Master) -> bool {
         lock(&self.named)
             .master
             .as_ref()
@@ -495,7 +495,7 @@ impl Sentinels {
 }
 
 /// A cluster client whose connects and replies are bounded by the timeout.
-pub fn cluster_client(config: &RedisConfig) -> RedisResult<ClusterClient> {
+pub(crate) fn cluster_client(config: &RedisConfig) -> RedisResult<ClusterClient> {
     ClusterClient::builder(config.cluster.iter().map(String::as_str))
         .connection_timeout(config.timeout)
         .response_timeout(config.timeout)
@@ -506,12 +506,12 @@ pub fn cluster_client(config: &RedisConfig) -> RedisResult<ClusterClient> {
 }
 
 /// Number of hash slots in a Redis Cluster.
-pub const SLOTS: u16 = 16384;
+pub(crate) const SLOTS: u16 = 16384;
 
 /// The cluster hash slot of a key: CRC16 (XMODEM) of the key, or of its
 /// hash tag (the part between the first `{` and the next `}`, when not
 /// empty), modulo 16384.
-pub fn key_slot(key: &[u8]) -> u16 {
+pub(crate) fn key_slot(key: &[u8]) -> u16 {
     let hashed = match key.iter().position(|&b| b == b'{') {
         Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
             Some(len) if len > 0 => &key[open + 1..open + 1 + len],

@@ -2,13 +2,15 @@
 //! (rules from TOML, limits in code on resources and scopes, both at once),
 //! against a real redis-server. Requests go through `actix_web::test`.
 
+mod common;
+
 use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{test, web, App, HttpResponse};
 use floodgate::{Filter, Key, Limit, Limits};
 
-use crate::helpers::RedisServer;
+use common::RedisServer;
 
 fn toml_filter(redis: &RedisServer, rules: &str) -> Filter {
     let text = format!("[redis]\nurl = \"{}\"\n{rules}", redis.url());

@@ -725,7 +725,7 @@ impl ClusterDispatcher {
             Ok(conn) => conn.req_command(cmd).and_then(|v| v.extract_error()),
             Err(e) => {
                 self.shared.errors.fetch_add(1, Ordering::Relaxed);
-                crate::repeated!(
+                crate::logging::repeated!(
                     &crate::logging::GIVE_BACK_FAILED,
                     "could not give back units: {}",
                     crate::logging::Escaped(&e.to_string())
@@ -754,7 +754,7 @@ impl ClusterDispatcher {
         if let Err(e) = reply {
             self.note(&e);
             self.shared.errors.fetch_add(1, Ordering::Relaxed);
-            crate::repeated!(
+            crate::logging::repeated!(
                 &crate::logging::GIVE_BACK_FAILED,
                 "could not give back units: {}",
                 crate::logging::Escaped(&e.to_string())

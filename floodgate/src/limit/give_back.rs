@@ -14,7 +14,7 @@ use super::{Algorithm, Limiter, LimiterError};
 
 /// The Lua that gives one request's units back to one key.
 /// It reads a sliding-window log with the decision script's own code.
-pub const GIVE_BACK_SOURCE: &str =
+pub(crate) const GIVE_BACK_SOURCE: &str =
     lua_with_algorithms!("lua/give_back_fn.lua", "lua/give_back.lua");
 
 /// One key's units to give back.
