@@ -269,7 +269,8 @@ impl Key {
     /// (by address, 10 a minute, say) and known ones (by key, 100).
     ///
     /// ```
-    /// use floodgate::{Identity, Key, Limit};
+    /// use floodgate::rule::Identity;
+    /// use floodgate::{Key, Limit};
     ///
     /// let key = Key::lookup("api-key", |req: actix_web::HttpRequest| async move {
     ///     let token = req.headers().get("x-api-key")?.to_str().ok()?.to_owned();
