@@ -106,23 +106,25 @@ mod rule;
 pub mod site;
 
 pub use crate::config::{
-    format_duration, human_duration, Config, ConfigError, LimiterConfig, ServerConfig, DEFAULT_PATH,
+    format_duration, human_duration, operator_duration, AdminConfig, Config, ConfigError,
+    LimiterConfig, ServerConfig, DEFAULT_PATH,
 };
 #[cfg(feature = "site")]
 pub use crate::config::{SiteConfig, SmsConfig, SmsProvider};
 pub use crate::filter::{
-    accepts, Denial, DenialPage, DenialResponder, Filter, FilterBuilder, FilterOptions, Limit,
-    Limits, RuleState, SessionLookup, SetupError,
+    accepts, ban_action, operator_check, override_action, Denial, DenialPage, DenialResponder,
+    Filter, FilterBuilder, FilterOptions, Limit, Limits, OperatorError, RuleState, SessionLookup,
+    SetupError,
 };
 pub use crate::limit::{
-    without_password, Algorithm, Check, Decision, Dispatch, Limiter, LimiterError, LimiterOptions,
-    Outcome, RedisConfig,
+    without_password, Action, Algorithm, Check, Decision, Dispatch, Inspection, Limiter,
+    LimiterError, LimiterOptions, Outcome, OverrideState, Penalty, RedisConfig,
 };
 pub use crate::metrics::Metrics;
 pub use crate::net::{Cidr, ProxyHeader};
 pub use crate::rule::{
-    e164, Count, CustomKey, Deny, Key, KeyFn, KeyKind, Mode, Normalize, OnRedisError, PathPattern,
-    Region, Rule,
+    e164, identity_key, Count, CustomKey, Deny, Key, KeyFn, KeyKind, Mode, Normalize, OnRedisError,
+    PathPattern, Region, Rule,
 };
 
 /// Items the benchmarks and tests reach; not part of the supported API.

@@ -1,4 +1,5 @@
-//! The `floodgate` command: `serve [--config FILE]` | `check-config [FILE]`.
+//! The `floodgate` command: `serve [--config FILE]` | `check-config [FILE]`
+//! | the operator commands (`inspect`, `reset`, `ban`, `unban`, `override`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,7 +8,12 @@ use floodgate::site::Application;
 use floodgate::Algorithm;
 use floodgate::{format_duration, Config, ConfigError, DEFAULT_PATH};
 
-const USAGE: &str = "usage: floodgate [serve [--config FILE]] | check-config [FILE]";
+mod operator;
+
+const USAGE: &str = "usage: floodgate [serve [--config FILE]] | check-config [FILE]
+       floodgate inspect|reset|unban [--config FILE] RULE [VALUE...]
+       floodgate ban [--config FILE] RULE [VALUE...] --for DURATION
+       floodgate override [--config FILE] RULE [VALUE...] (--limit N [--window D] | --clear) [--for D]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -20,6 +26,9 @@ fn main() -> ExitCode {
         }
         ["check-config"] => check_config(default_path()),
         ["check-config", file] => check_config(PathBuf::from(file)),
+        [command @ ("inspect" | "reset" | "ban" | "unban" | "override"), rest @ ..] => {
+            operator::run(command, rest, default_path())
+        }
         ["-h" | "--help" | "help"] => {
             println!("{USAGE}");
             ExitCode::SUCCESS

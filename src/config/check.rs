@@ -191,6 +191,8 @@ pub(crate) struct RuleSpec {
     /// A limit wrapped on a resource guards only what the resource serves,
     /// which is not known here.
     pub paths_are_known: bool,
+    /// Escalating bans, checked.
+    pub penalty: Option<crate::limit::Penalty>,
 }
 
 /// An algorithm's numbers as given.
@@ -373,6 +375,7 @@ pub(crate) fn check_spec(r: RuleSpec, earlier: &[Rule]) -> Result<Rule, String> 
         on_redis_error: r.on_redis_error,
         mode: r.mode,
         count: r.count,
+        penalty: r.penalty,
     };
     // A browser sent to the error page would be sent there again, forever.
     if r.paths_are_known && rule.deny == Deny::Redirect && rule.matches("GET", &rule.error_page) {
@@ -505,6 +508,11 @@ pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Res
             count: policy.count,
             description: r.description,
             paths_are_known: true,
+            penalty: r
+                .penalty
+                .as_ref()
+                .map(super::operator::check_penalty)
+                .transpose()?,
         },
         earlier,
     )

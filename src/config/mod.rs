@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 mod check;
+mod operator;
 mod raw;
 mod units;
 
@@ -20,6 +21,7 @@ use self::check::{
     check_bind, check_policy, check_redis_url, check_topology, duration_setting, Policy,
 };
 pub(crate) use self::check::{check_spec, Amount, RuleSpec};
+pub use self::operator::{operator_duration, AdminConfig};
 pub use self::raw::*;
 #[cfg(test)]
 use self::units::parse_duration;
@@ -107,6 +109,8 @@ pub struct Config {
     pub sms: SmsConfig,
     /// `[site]`
     pub site: SiteConfig,
+    /// `[admin]`
+    pub admin: AdminConfig,
 }
 
 /// `[server]`, checked. `Debug` shows whether a secret is set, never the secret.
@@ -229,10 +233,17 @@ impl Config {
         }
         if let Some(url) = get("FLOODGATE_REDIS_URL").filter(|v| !v.is_empty()) {
             self.redis.url = check_redis_url(&url).map_err(|what| ConfigError {
-                file,
+                file: file.clone(),
                 place: "FLOODGATE_REDIS_URL".into(),
                 what,
             })?;
+        }
+        if let Some(token) = get("FLOODGATE_ADMIN_TOKEN").filter(|v| !v.is_empty()) {
+            self.admin.token = Some(operator::check_token(token).map_err(|what| ConfigError {
+                file,
+                place: "FLOODGATE_ADMIN_TOKEN".into(),
+                what,
+            })?);
         }
         Ok(())
     }
@@ -311,6 +322,7 @@ impl Config {
             .map_err(|w| err("[redis] timeout", w.text()))?;
         let key_prefix = r.key_prefix.unwrap_or_else(|| "floodgate".into());
         if key_prefix.is_empty()
+            || key_prefix.starts_with('!')
             || key_prefix.len() > 64
             || key_prefix
                 .chars()
@@ -319,7 +331,7 @@ impl Config {
             return Err(err(
                 "[redis] key_prefix",
                 format!(
-                    "must be 1 to 64 bytes without spaces or control characters, got {key_prefix:?}"
+                    "must be 1 to 64 bytes without spaces or control characters, not starting with \"!\" (operator records start with it), got {key_prefix:?}"
                 ),
             ));
         }
@@ -353,7 +365,10 @@ impl Config {
             public_outbox: raw.site.public_outbox.unwrap_or(false),
         };
 
+        let admin = operator::check_admin(raw.admin).map_err(|(place, what)| err(place, what))?;
+
         Ok(Config {
+            admin,
             path: PathBuf::from(file),
             server,
             redis,

@@ -51,6 +51,8 @@ pub struct RawConfig {
     pub sms: RawSms,
     /// `[site]`: the demo site's own settings.
     pub site: RawSite,
+    /// `[admin]`: the operators' HTTP API.
+    pub admin: super::operator::RawAdmin,
 }
 
 /// `[server]` as written. `Debug` hides the secret.
@@ -179,6 +181,8 @@ pub struct RawRule {
     pub region: Option<String>,
     /// Overrides `[defaults]` count.
     pub count: Option<Count>,
+    /// Escalating bans: `{ after, within, ban, max }`.
+    pub penalty: Option<super::operator::RawPenalty>,
 }
 
 /// `[sms]` as written.

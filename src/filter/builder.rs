@@ -408,6 +408,7 @@ impl FilterBuilder {
                 denial_page,
                 session: self.session,
                 responder: self.responder,
+                unguarded: None,
             },
         ))
     }
@@ -633,6 +634,7 @@ impl Limit {
             count: self.count,
             description: self.description,
             paths_are_known: path.is_some(),
+            penalty: None,
         };
         check_spec(spec, earlier).map_err(|what| format!("{name:?}: {what}"))
     }

@@ -2,12 +2,14 @@
 //! what it counts by (its key), how much, and what a denied request gets.
 //! Configuration builds these; the filter applies them.
 
+mod identity;
 mod key;
 mod normalize;
 mod path;
 
 use std::time::Duration;
 
+pub use self::identity::identity_key;
 pub use self::key::{compose, redis_key, redis_key_for, CustomKey, Key, KeyFn, KeyKind};
 pub use self::normalize::{e164, normalize, Region};
 pub use self::path::PathPattern;
@@ -106,6 +108,8 @@ pub struct Rule {
     pub count: Count,
     /// The limit in human words.
     pub description: String,
+    /// Escalating bans (`None`: none).
+    pub penalty: Option<crate::limit::Penalty>,
 }
 
 impl Rule {

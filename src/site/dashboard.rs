@@ -272,6 +272,7 @@ pub async fn limits(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
             algorithm: rules[*at].algorithm,
             cost: 1,
             enforce: true,
+            penalty: None,
         })
         .collect();
     let outcomes = site
