@@ -253,14 +253,14 @@ fn inspection(check: &Check, v: &[i64]) -> Result<Inspection, LimiterError> {
             _ => format!("the operator script failed on {key} (the Redis log says why)"),
         }));
     }
-    let [limit, window_ms, remaining, reset_ms, banned_ms, ol, ow, oe] = *v else {
+    let [limit, window_ms, used, reset_ms, banned_ms, ol, ow, oe] = *v else {
         return Err(LimiterError::Other(format!(
             "the operator script returned {} values, expected 8",
             v.len()
         )));
     };
     let limit = limit.max(0) as u64;
-    let remaining = (remaining.max(0) as u64).min(limit);
+    let used = used.max(0) as u64;
     let override_state = (ol >= 0).then(|| OverrideState {
         limit: ol as u64,
         window_s: if ow >= 0 { secs(ow) } else { secs(window_ms) },
@@ -271,8 +271,8 @@ fn inspection(check: &Check, v: &[i64]) -> Result<Inspection, LimiterError> {
         algorithm: check.algorithm.name(),
         limit,
         window_s: secs(window_ms).max(1),
-        used: limit - remaining,
-        remaining,
+        used,
+        remaining: limit.saturating_sub(used),
         reset_s: secs(reset_ms),
         banned_s: secs(banned_ms),
         override_state,

@@ -16,6 +16,7 @@ mod library;
 
 mod limits;
 mod model;
+mod operator;
 mod peek;
 mod resilience;
 mod site;

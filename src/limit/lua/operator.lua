@@ -11,7 +11,7 @@
 --       [7] override: window in ms ("" = the rule's)
 --       [8] override: how long it lasts in ms ("" = until cleared)
 -- Returns: limit, window ms (token bucket: ms to refill from empty),
--- remaining, ms to reset, ms left on the ban (0 = none), then the override
+-- units used (token bucket: tokens missing), ms to reset, ms left on the ban (0 = none), then the override
 -- in force: limit, window ms (-1 = the rule's), ms to its end (-1 = none)
 -- or -1, -1, -1 without one. A check that cannot be read: -1, error code.
 local key, okey = KEYS[1], KEYS[2]
@@ -102,8 +102,10 @@ local function look()
       o3 = oe - now
     end
   end
+  -- (Units used may exceed a limit lowered since.)
+  local used = math.max(0, math.ceil(limit - left - 1e-9))
   return {
-    limit, math.ceil(window), math.max(0, math.floor(left + 1e-9)), math.max(0, math.ceil(ms)),
+    limit, math.ceil(window), used, math.max(0, math.ceil(ms)),
     ops_banned(op, now) or 0, o1, o2, o3,
   }
 end
