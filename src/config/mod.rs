@@ -322,7 +322,6 @@ impl Config {
             .map_err(|w| err("[redis] timeout", w.text()))?;
         let key_prefix = r.key_prefix.unwrap_or_else(|| "floodgate".into());
         if key_prefix.is_empty()
-            || key_prefix.starts_with('!')
             || key_prefix.len() > 64
             || key_prefix
                 .chars()
@@ -331,8 +330,15 @@ impl Config {
             return Err(err(
                 "[redis] key_prefix",
                 format!(
-                    "must be 1 to 64 bytes without spaces or control characters, not starting with \"!\" (operator records start with it), got {key_prefix:?}"
+                    "must be 1 to 64 bytes without spaces or control characters, got {key_prefix:?}"
                 ),
+            ));
+        }
+        if key_prefix.starts_with('!') {
+            // No state key may look like an operator record ('!' + key).
+            return Err(err(
+                "[redis] key_prefix",
+                format!("must not start with \"!\" (operator records do), got {key_prefix:?}"),
             ));
         }
         let redis = RedisConfig {

@@ -87,7 +87,7 @@ fn unknown_key() {
         "line 6, column 1: unknown field \"windw\", expected one of \"name\", \"paths\", \
          \"methods\", \"key\", \"normalize\", \"limit\", \"window\", \"rate\", \"burst\", \
          \"cost\", \"description\", \"algorithm\", \"deny\", \"error_page\", \
-         \"on_redis_error\", \"mode\", \"region\", \"count\"",
+         \"on_redis_error\", \"mode\", \"region\", \"count\", \"penalty\"",
     );
 }
 
