@@ -214,14 +214,18 @@ pub static GIVE_BACK_FAILED: Repeats = Repeats::new("could not give back units",
 pub static READYZ: Repeats = Repeats::new("readyz", log::Level::Warn);
 /// The site answered an error.
 pub static SITE_ERROR: Repeats = Repeats::new("site error", log::Level::Error);
+/// An admin API request was refused (address not allowed, no or wrong
+/// token): anyone can send these, so they are not one line each.
+pub static ADMIN_REFUSED: Repeats = Repeats::new("admin request refused", log::Level::Warn);
 
-const ALL: [&Repeats; 6] = [
+const ALL: [&Repeats; 7] = [
     &REDIS_FAILED,
     &BREAKER,
     &NO_DECISION,
     &GIVE_BACK_FAILED,
     &READYZ,
     &SITE_ERROR,
+    &ADMIN_REFUSED,
 ];
 
 /// Writes the counts of repeated warnings held back so far: call it now and

@@ -78,18 +78,25 @@ async fn handle(site: web::Data<Site>, req: HttpRequest, body: web::Bytes) -> Ht
     };
     let client = site.filter.client_addr(&req);
     if !allowed(&site, client) {
-        log::info!(
+        crate::repeated!(
+            &crate::logging::ADMIN_REFUSED,
             "admin: {} from {client}: refused (address not allowed)",
             Escaped(req.path())
         );
         return error(StatusCode::FORBIDDEN, "forbidden");
     }
     if !bearer(&req).is_some_and(|given| token_matches(given, token)) {
-        log::info!(
+        crate::repeated!(
+            &crate::logging::ADMIN_REFUSED,
             "admin: {} from {client}: refused (no or wrong token)",
             Escaped(req.path())
         );
-        return error(StatusCode::UNAUTHORIZED, "unauthorized").customize_www_authenticate();
+        let mut res = error(StatusCode::UNAUTHORIZED, "unauthorized");
+        res.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+        return res;
     }
     let what = req.path().strip_prefix(PATH).unwrap_or_default();
     let what = what.strip_prefix('/').unwrap_or(what);
@@ -164,18 +171,4 @@ async fn run(filter: &Filter, body: &Body, action: Action) -> Result<String, Ope
     let values: Vec<&str> = body.values.iter().map(String::as_str).collect();
     let seen = filter.operate(&body.rule, &values, action).await?;
     Ok(seen.to_json(&body.rule))
-}
-
-trait WwwAuthenticate {
-    fn customize_www_authenticate(self) -> HttpResponse;
-}
-
-impl WwwAuthenticate for HttpResponse {
-    fn customize_www_authenticate(mut self) -> HttpResponse {
-        self.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static("Bearer"),
-        );
-        self
-    }
 }
