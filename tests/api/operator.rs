@@ -917,3 +917,51 @@ async fn after_a_redis_restart_operator_changes_still_reach_the_denial_cache() {
         );
     }
 }
+
+#[actix_web::test]
+async fn after_a_sentinel_failover_operator_changes_still_reach_the_denial_cache() {
+    let mut sentinel = Sentinel::start();
+    let url = sentinel.url();
+    // No decision without Redis: a request allowed during the failover
+    // must not pass for one the unban let through.
+    let toml = format!("[defaults]\non_redis_error = \"deny\"\n{}", TWO_RULES);
+    let app = spawn_app_with(&toml, move |c| {
+        c.redis.sentinel = vec![url];
+        c.redis.sentinel_master = MASTER_NAME.into();
+    })
+    .await;
+    let ip = ["127.0.0.1"];
+    let ban = Action::Ban(Duration::from_secs(600));
+    let seen = app.filter.operate("check", &ip, ban).await.unwrap();
+    let record = format!("!{}", seen.key);
+    wait_until(
+        Duration::from_secs(10),
+        "the ban to reach the replica",
+        || {
+            sentinel
+                .replica
+                .query::<bool>(redis::cmd("EXISTS").arg(&record))
+                .unwrap_or(false)
+        },
+    );
+    assert_eq!(status(&app, "/check").await, 429, "remembered from here on");
+    sentinel.fail_master();
+    // The new master holds the ban too; once decisions reach it, unban there.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if app
+            .filter
+            .operate("check", &ip, Action::Unban)
+            .await
+            .is_ok()
+            && status(&app, "/check").await == 200
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the unban never reached the denial cache after the failover"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(100)).await;
+    }
+}
