@@ -3,8 +3,8 @@
 //! limit. Each action is one atomic script call (`lua/operator.lua`) on the
 //! identity's state key and its operator record, the hash beside it that
 //! the decision script reads in the same call as the state (see
-//! `lua/common.lua`): a ban or an override costs a decision one `HMGET`,
-//! never a round trip. On a Cluster the record shares the state key's
+//! `lua/common.lua`): one `EXISTS` per call over every record it could
+//! read, and an `HMGET` for a check whose record exists; never a round trip. On a Cluster the record shares the state key's
 //! hash tag, so its slot.
 //!
 //! What the script cannot reach is each process's denial cache: after

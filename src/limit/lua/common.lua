@@ -119,15 +119,38 @@ end
 --   pc, pce   penalty: denials counted, and when that count is forgotten
 --   lv, lve   penalty: bans so far, and when they are forgotten
 -- The hash lives as long as its longest part (no TTL while an override
--- without an end holds). Read with one HMGET per check, in this order:
+-- without an end holds). The batch asks once whether any of its records
+-- exists (ops_any), then reads each that may with one HMGET, in this order:
 local OPS_FIELDS = { 'ban', 'ol', 'ow', 'oe', 'pc', 'pce', 'lv', 'lve' }
 
 local function ops_key(key)
   return '!' .. key
 end
 
+-- False once the caller knows that no record it will read exists (the
+-- batch asks once for all its keys); any write of a record sets it again.
+local ops_maybe = true
+
 local function ops_read(key)
+  if not ops_maybe then
+    return {}
+  end
   return redis.call('HMGET', ops_key(key), unpack(OPS_FIELDS))
+end
+
+-- Whether any of `keys` has an operator record: one EXISTS per 1000 keys.
+local function ops_any(keys)
+  local names = {}
+  for i = 1, #keys do
+    names[#names + 1] = ops_key(keys[i])
+    if #names == 1000 or i == #keys then
+      if redis.call('EXISTS', unpack(names)) > 0 then
+        return true
+      end
+      names = {}
+    end
+  end
+  return false
 end
 
 -- Ms left on the ban at `now`, or nil.
@@ -210,6 +233,7 @@ end
 local function ops_penalize(key, op, pen, now)
   local after, within, ban, max = pen[1], pen[2], pen[3], pen[4]
   local okey = ops_key(key)
+  ops_maybe = true
   local pc, pce = tonumber(op[5]), tonumber(op[6])
   if not (pc and pce and pce > now) then
     pc, pce = 0, now + within
