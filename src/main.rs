@@ -73,8 +73,17 @@ fn check_config(path: PathBuf) -> ExitCode {
             }
             Algorithm::TokenBucket { rate, burst } => format!("rate={rate}/s burst={burst}"),
         };
+        let penalty = r.penalty.map_or(String::new(), |p| {
+            format!(
+                " penalty={}/{} ban={} max={}",
+                p.after,
+                format_duration(p.within),
+                format_duration(p.ban),
+                format_duration(p.max)
+            )
+        });
         println!(
-            "{}: {methods} {} key={} {} {limit} cost={} deny={} on_redis_error={} mode={}",
+            "{}: {methods} {} key={} {} {limit} cost={} deny={} on_redis_error={} mode={}{penalty}",
             r.name,
             r.path_text.join(" "),
             r.key,

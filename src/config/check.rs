@@ -355,6 +355,10 @@ pub(crate) fn check_spec(r: RuleSpec, earlier: &[Rule]) -> Result<Rule, String> 
             )
         })?;
 
+    if let Some(p) = &r.penalty {
+        super::operator::check_penalty_values(p)?;
+    }
+
     let description = match r.description {
         Some(d) if !d.trim().is_empty() => d.trim().to_string(),
         _ => crate::rule::describe(&algorithm, cost, &r.key),

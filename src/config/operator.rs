@@ -121,6 +121,30 @@ fn penalty_duration(what: &str, text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// The bounds of a penalty however it was given (a file's, or one made in
+/// code): `after` 1 to 1000000, durations above 0 and at most 366 days in
+/// whole milliseconds, the first ban at most `max`.
+pub(super) fn check_penalty_values(p: &Penalty) -> Result<(), String> {
+    if !(1..=1_000_000).contains(&p.after) {
+        return Err(format!(
+            "penalty after must be between 1 and 1000000, got {}",
+            p.after
+        ));
+    }
+    for (what, d) in [("within", p.within), ("ban", p.ban), ("max", p.max)] {
+        if d.is_zero() || d > MAX_WINDOW || !d.subsec_nanos().is_multiple_of(1_000_000) {
+            return Err(format!(
+                "penalty {what} must be a whole number of milliseconds above 0 and at most {}",
+                amount_of_time(MAX_WINDOW)
+            ));
+        }
+    }
+    if p.ban > p.max {
+        return Err("penalty ban must be at most max".into());
+    }
+    Ok(())
+}
+
 /// Checks a rule's `penalty`.
 pub(super) fn check_penalty(raw: &RawPenalty) -> Result<Penalty, String> {
     let after = u32::try_from(raw.after)
@@ -167,4 +191,84 @@ pub fn operator_duration(what: &str, text: &str) -> Result<Duration, String> {
         ));
     }
     Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::Config;
+
+    fn refusal(toml: &str) -> String {
+        Config::parse(toml, Path::new("x.toml"))
+            .unwrap_err()
+            .to_string()
+    }
+
+    const RULE: &str = "[[rule]]\nname = \"r\"\npaths = [\"/r\"]\nlimit = 1\nwindow = \"1m\"\n";
+
+    #[test]
+    fn a_penalty_is_read_and_its_bounds_are_refused_in_words() {
+        let ok = Config::parse(
+            &format!(
+                "{RULE}penalty = {{ after = 3, within = \"10m\", ban = \"5m\", max = \"1d\" }}\n"
+            ),
+            Path::new("x.toml"),
+        )
+        .unwrap();
+        let p = ok.rules[0].penalty.unwrap();
+        assert_eq!(
+            (p.after, p.ban.as_secs(), p.max.as_secs()),
+            (3, 300, 86_400)
+        );
+        for (penalty, says) in [
+            (
+                "after = 0, within = \"1m\", ban = \"1m\", max = \"1h\"",
+                "penalty after must be between 1 and 1000000, got 0",
+            ),
+            (
+                "after = 1, within = \"1m\", ban = \"2h\", max = \"1h\"",
+                "penalty ban (2h) must be at most max (1h)",
+            ),
+            (
+                "after = 1, within = \"0s\", ban = \"1m\", max = \"1h\"",
+                "penalty within must be greater than 0",
+            ),
+            (
+                "after = 1, within = \"1m\", ban = \"1m\", max = \"400d\"",
+                "penalty max must be at most 366 days, got \"400d\"",
+            ),
+            (
+                "after = 1, within = \"soon\", ban = \"1m\", max = \"1h\"",
+                "penalty within: invalid duration",
+            ),
+        ] {
+            let e = refusal(&format!("{RULE}penalty = {{ {penalty} }}\n"));
+            assert!(e.starts_with("x.toml: rule \"r\" (rule 1): "), "{e}");
+            assert!(e.contains(says), "{e}");
+        }
+        assert!(refusal(&format!("{RULE}penalty = {{ after = 1 }}\n")).contains("missing field"));
+    }
+
+    #[test]
+    fn admin_needs_a_long_token_and_addresses() {
+        let none = Config::parse("", Path::new("x.toml")).unwrap();
+        assert!(none.admin.token.is_none());
+        assert_eq!(none.admin.allow.len(), 2);
+        assert!(
+            refusal("[admin]\ntoken = \"short\"\n").contains("[admin] token: must be at least 16")
+        );
+        assert!(refusal("[admin]\nallow = [\"nowhere\"]\n")
+            .contains("[admin] allow: \"nowhere\" is not"));
+        let mut c = Config::parse(
+            "[admin]\ntoken = \"a-token-of-16-chars\"\n",
+            Path::new("x.toml"),
+        )
+        .unwrap();
+        c.apply_env(|n| (n == "FLOODGATE_ADMIN_TOKEN").then(|| "from-the-environment".to_string()))
+            .unwrap();
+        assert_eq!(c.admin.token.as_deref(), Some("from-the-environment"));
+        let debug = format!("{c:?}");
+        assert!(!debug.contains("from-the-environment"), "{debug}");
+    }
 }

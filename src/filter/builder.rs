@@ -467,6 +467,7 @@ pub struct Limit {
     count: Count,
     normalize: Normalize,
     description: Option<String>,
+    penalty: Option<crate::limit::Penalty>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -501,6 +502,7 @@ impl Limit {
             count: Count::All,
             normalize: Normalize::None,
             description: None,
+            penalty: None,
         }
     }
 
@@ -594,6 +596,26 @@ impl Limit {
         self
     }
 
+    /// Escalating bans: `penalty.after` denials of one identity within
+    /// `penalty.within` ban it under this limit (see [`Penalty`](crate::Penalty)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use floodgate::{Key, Limit, Penalty};
+    ///
+    /// let guesses = Limit::per_minute(5).key(Key::form("phone")).penalty(Penalty {
+    ///     after: 3,
+    ///     within: Duration::from_secs(600),
+    ///     ban: Duration::from_secs(300),
+    ///     max: Duration::from_secs(86_400),
+    /// });
+    /// # let _ = guesses;
+    /// ```
+    pub fn penalty(mut self, penalty: crate::limit::Penalty) -> Limit {
+        self.penalty = Some(penalty);
+        self
+    }
+
     /// The checked rule: with `path`, a builder's rule guarding that
     /// pattern; without, a limit wrapped on a resource or scope (every
     /// request it sees). The same checks, bounds and messages as a file's
@@ -634,7 +656,7 @@ impl Limit {
             count: self.count,
             description: self.description,
             paths_are_known: path.is_some(),
-            penalty: None,
+            penalty: self.penalty,
         };
         check_spec(spec, earlier).map_err(|what| format!("{name:?}: {what}"))
     }
