@@ -1,4 +1,5 @@
-//! The `floodgate` command: `serve [--config FILE]` | `check-config [FILE]`.
+//! The `floodgate` command: `serve [--config FILE]` | `check-config [FILE]`
+//! | the operator commands (`inspect`, `reset`, `ban`, `unban`, `override`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,7 +11,12 @@ use floodgate::limit::Algorithm;
 use floodgate::rule::HeaderDialect;
 use site::Application;
 
-const USAGE: &str = "usage: floodgate [serve [--config FILE]] | check-config [FILE]";
+mod operator;
+
+const USAGE: &str = "usage: floodgate [serve [--config FILE]] | check-config [FILE]
+       floodgate inspect|reset|unban [--config FILE] RULE [VALUE...]
+       floodgate ban [--config FILE] RULE [VALUE...] --for DURATION
+       floodgate override [--config FILE] RULE [VALUE...] (--limit N [--window D] | --clear) [--for D]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -23,6 +29,9 @@ fn main() -> ExitCode {
         }
         ["check-config"] => check_config(default_path()),
         ["check-config", file] => check_config(PathBuf::from(file)),
+        [command @ ("inspect" | "reset" | "ban" | "unban" | "override"), rest @ ..] => {
+            operator::run(command, rest, default_path())
+        }
         ["-h" | "--help" | "help"] => {
             println!("{USAGE}");
             ExitCode::SUCCESS
@@ -67,13 +76,22 @@ fn check_config(path: PathBuf) -> ExitCode {
             }
             Algorithm::TokenBucket { rate, burst } => format!("rate={rate}/s burst={burst}"),
         };
-        // Only what differs from the usual is shown of these two.
+        // Only what differs from the usual is shown of these.
         let mut extra = String::new();
         if r.headers != HeaderDialect::Ietf {
             extra.push_str(&format!(" headers={}", r.headers));
         }
         if !r.exempt.is_empty() {
             extra.push_str(&format!(" exempt={}", r.exempt.len()));
+        }
+        if let Some(p) = r.penalty {
+            extra.push_str(&format!(
+                " penalty={}/{} ban={} max={}",
+                p.after,
+                format_duration(p.within),
+                format_duration(p.ban),
+                format_duration(p.max)
+            ));
         }
         println!(
             "{}: {methods} {} key={} {} {limit} cost={} deny={} on_redis_error={} mode={}{extra}",

@@ -216,8 +216,11 @@ pub static READYZ: Repeats = Repeats::new("readyz", log::Level::Warn);
 pub static SITE_ERROR: Repeats = Repeats::new("site error", log::Level::Error);
 /// A key function chose a quota its rule cannot have.
 pub static BAD_QUOTA: Repeats = Repeats::new("unusable quota", log::Level::Warn);
+/// An admin API request was refused (address not allowed, no or wrong
+/// token): anyone can send these, so they are not one line each.
+pub static ADMIN_REFUSED: Repeats = Repeats::new("admin request refused", log::Level::Warn);
 
-const ALL: [&Repeats; 7] = [
+const ALL: [&Repeats; 8] = [
     &REDIS_FAILED,
     &BREAKER,
     &NO_DECISION,
@@ -225,6 +228,7 @@ const ALL: [&Repeats; 7] = [
     &READYZ,
     &SITE_ERROR,
     &BAD_QUOTA,
+    &ADMIN_REFUSED,
 ];
 
 /// Writes the counts of repeated warnings held back so far: call it now and

@@ -27,6 +27,8 @@ pub enum Outcome {
     LocalAllowed,
     /// Redis failed; `on_redis_error = "local"`: this process denied it.
     LocalDenied,
+    /// The identity is banned under the rule (by an operator or a penalty).
+    Banned,
 }
 
 impl Outcome {
@@ -40,6 +42,7 @@ impl Outcome {
             Outcome::ErrorDenied => "error_denied",
             Outcome::LocalAllowed => "local_allowed",
             Outcome::LocalDenied => "local_denied",
+            Outcome::Banned => "banned",
         }
     }
 }
@@ -50,9 +53,10 @@ const BUCKETS: [f64; 12] = [
 ];
 
 /// Outcomes in label order, for rendering.
-const OUTCOMES: [Outcome; 7] = [
+const OUTCOMES: [Outcome; 8] = [
     Outcome::Allowed,
     Outcome::Denied,
+    Outcome::Banned,
     Outcome::ShadowDenied,
     Outcome::ErrorAllowed,
     Outcome::ErrorDenied,
@@ -63,8 +67,11 @@ const OUTCOMES: [Outcome; 7] = [
 /// The slot after the outcomes: denials answered from the denial cache.
 const CACHE_HITS: usize = OUTCOMES.len();
 
-/// One rule's counters, one per outcome, then cache hits.
-type RuleCounters = [AtomicU64; OUTCOMES.len() + 1];
+/// Then bans started, by an operator and by a penalty.
+const BANS: [(usize, &str); 2] = [(CACHE_HITS + 1, "operator"), (CACHE_HITS + 2, "penalty")];
+
+/// One rule's counters, one per outcome, then cache hits, then bans.
+type RuleCounters = [AtomicU64; OUTCOMES.len() + 3];
 
 /// All counters of the process.
 #[derive(Debug, Default)]
@@ -95,6 +102,14 @@ impl Metrics {
     /// Counts one request denied from the denial cache under `rule`.
     pub fn deny_cache_hit(&self, rule: &str) {
         self.add(rule, CACHE_HITS);
+    }
+
+    /// Counts one ban started under `rule` by `source` (`operator` or
+    /// `penalty`).
+    pub fn ban(&self, rule: &str, source: &str) {
+        if let Some((slot, _)) = BANS.iter().find(|(_, s)| *s == source) {
+            self.add(rule, *slot);
+        }
     }
 
     fn add(&self, rule: &str, slot: usize) {
@@ -168,6 +183,27 @@ impl Metrics {
                         out,
                         "floodgate_deny_cache_hits_total{{rule=\"{rule}\"}} {n}"
                     );
+                }
+            }
+        }
+        out.push_str(
+            "# HELP floodgate_bans_total Bans started, by rule and source (operator or penalty).\n",
+        );
+        out.push_str("# TYPE floodgate_bans_total counter\n");
+        {
+            let map = match self.decisions.read() {
+                Ok(m) => m,
+                Err(p) => p.into_inner(),
+            };
+            for (rule, counters) in map.iter() {
+                for (slot, source) in BANS {
+                    let n = counters[slot].load(Ordering::Relaxed);
+                    if n > 0 {
+                        let _ = writeln!(
+                            out,
+                            "floodgate_bans_total{{rule=\"{rule}\",source=\"{source}\"}} {n}"
+                        );
+                    }
                 }
             }
         }

@@ -9,7 +9,7 @@ use redis::Commands;
 use super::pages::render;
 use super::{Site, SiteError, Visitor};
 use crate::config::{format_duration, human_duration};
-use floodgate::limit::{Algorithm, Check, Outcome};
+use floodgate::limit::{Action, Algorithm, Check, Outcome};
 use floodgate::rule::{KeyKind, Mode, Rule};
 
 /// Width of the SVG drawings, in user units.
@@ -42,6 +42,8 @@ struct SubjectView {
     ticks: Vec<u32>,
     sliding: bool,
     window: String,
+    /// What operators set for this identity: its ban, its own limit.
+    operator: String,
 }
 
 #[derive(Template)]
@@ -161,6 +163,7 @@ fn usage(rule: &Rule, label: String, now: &Outcome, entries: &[u64], clock: u64)
         ticks: Vec::new(),
         sliding: false,
         window: String::new(),
+        operator: String::new(),
     };
     fill(&mut view, used, quota);
     match rule.algorithm {
@@ -273,6 +276,7 @@ pub async fn limits(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
             algorithm: rules[*at].algorithm,
             cost: 1,
             enforce: true,
+            penalty: None,
         })
         .collect();
     let outcomes = site
@@ -311,9 +315,10 @@ pub async fn limits(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
             Some(i) => entries.swap_remove(i).1,
             None => Vec::new(),
         };
-        views[at]
-            .subjects
-            .push(usage(rule, subject.label, now, &stamps, clock));
+        let key = subject.key.clone();
+        let mut view = usage(rule, subject.label, now, &stamps, clock);
+        view.operator = operator_note(&site, rule, key).await;
+        views[at].subjects.push(view);
     }
     let page = LimitsPage {
         site_title: site.title(),
@@ -328,6 +333,43 @@ pub async fn limits(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
         header::HeaderValue::from_static("no-store"),
     );
     Ok(res)
+}
+
+/// The visitor's ban or own limit under `rule`, in words ("" when none,
+/// or when Redis cannot say).
+async fn operator_note(site: &Site, rule: &Rule, key: String) -> String {
+    let check = Check {
+        key,
+        algorithm: rule.algorithm,
+        cost: rule.cost,
+        enforce: true,
+        penalty: None,
+    };
+    let Ok(seen) = site.filter.limiter().operate(check, Action::Inspect).await else {
+        return String::new();
+    };
+    let mut notes = Vec::new();
+    if seen.banned_s > 0 {
+        notes.push(format!(
+            "banned for {} more",
+            human_duration(std::time::Duration::from_secs(seen.banned_s))
+        ));
+    }
+    if let Some(o) = seen.override_state {
+        let until = match o.expires_s {
+            Some(s) => format!(
+                " for {} more",
+                human_duration(std::time::Duration::from_secs(s))
+            ),
+            None => String::new(),
+        };
+        notes.push(format!(
+            "your own limit: {} per {}{until}",
+            o.limit,
+            human_duration(std::time::Duration::from_secs(o.window_s))
+        ));
+    }
+    notes.join(" · ")
 }
 
 #[derive(Template)]

@@ -2,6 +2,7 @@
 //! endpoints (`/healthz`, `/readyz`, `/metrics`).
 
 pub mod account;
+pub mod admin;
 pub mod api;
 mod codes;
 pub mod dashboard;
@@ -253,6 +254,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/readyz", web::get().to(readyz))
         .route("/metrics", web::get().to(metrics))
         .route("/static/{file}", web::get().to(static_file));
+    admin::routes(cfg);
 }
 
 async fn api_ping() -> HttpResponse {

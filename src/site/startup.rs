@@ -113,6 +113,8 @@ impl Application {
                     session::read_cookie(&cookie_secret, req).and_then(|c| c.account)
                 })),
                 responder: None,
+                // The operators' API is never rate limited nor counted.
+                unguarded: Some(site::admin::PATH.to_string()),
             },
         );
         let workers = config.server.workers;

@@ -62,6 +62,7 @@ pub fn check(key: &str, algorithm: Algorithm, cost: u32) -> Check {
         algorithm,
         cost,
         enforce: true,
+        penalty: None,
     }
 }
 

@@ -840,6 +840,7 @@ async fn cluster_give_back_forgets_the_remembered_denial_of_its_key() {
         algorithm,
         cost: 1,
         enforce: true,
+        penalty: None,
     };
     let (user, team) = ("floodgate:u:header:{alice}", "floodgate:t:header:{red}");
     let mut conn = cluster.connection();

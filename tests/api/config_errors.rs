@@ -88,7 +88,7 @@ fn unknown_key() {
          \"methods\", \"key\", \"normalize\", \"limit\", \"window\", \"rate\", \"burst\", \
          \"cost\", \"description\", \"algorithm\", \"deny\", \"error_page\", \
          \"on_redis_error\", \"mode\", \"region\", \"count\", \"on_missing_key\", \"hash_key\", \
-         \"headers\", \"exempt\"",
+         \"headers\", \"exempt\", \"penalty\"",
     );
 }
 

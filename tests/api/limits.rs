@@ -222,6 +222,7 @@ async fn sliding_window_is_exact_on_a_pinned_clock() {
                 algorithm,
                 cost: cost as u32,
                 enforce: true,
+                penalty: None,
             };
             let mut conn = redis.connection();
             let exists: i64 = redis::cmd("EXISTS").arg(&key).query(&mut conn).unwrap();
@@ -635,6 +636,7 @@ async fn token_bucket_starts_full_and_refills_at_rate() {
         },
         cost,
         enforce: true,
+        penalty: None,
     };
     let t0 = 1_700_000_000_000_u64;
     let at = |ms: u64, cost: u32| {

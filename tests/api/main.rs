@@ -17,6 +17,7 @@ mod keys;
 
 mod limits;
 mod model;
+mod operator;
 mod peek;
 mod resilience;
 mod site;

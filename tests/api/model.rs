@@ -282,6 +282,7 @@ fn run(conn: &mut redis::Connection, schedule: &Schedule, case: u64) -> Result<(
                         algorithm,
                         cost,
                         enforce: true,
+                        penalty: None,
                     }],
                 )
             })

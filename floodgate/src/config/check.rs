@@ -222,6 +222,8 @@ pub(crate) struct RuleSpec {
     /// A limit wrapped on a resource guards only what the resource serves,
     /// which is not known here.
     pub paths_are_known: bool,
+    /// Escalating bans, checked.
+    pub penalty: Option<crate::limit::Penalty>,
 }
 
 /// An algorithm's numbers as given.
@@ -385,6 +387,10 @@ pub(crate) fn check_spec(r: RuleSpec, earlier: &[Rule]) -> Result<Rule, String> 
             )
         })?;
 
+    if let Some(p) = &r.penalty {
+        super::operator::check_penalty_values(p)?;
+    }
+
     let description = match r.description {
         Some(d) if !d.trim().is_empty() => d.trim().to_string(),
         _ => crate::rule::describe(&algorithm, cost, &r.key),
@@ -410,6 +416,7 @@ pub(crate) fn check_spec(r: RuleSpec, earlier: &[Rule]) -> Result<Rule, String> 
         skip: r.skip,
         headers: r.headers,
         exempt,
+        penalty: r.penalty,
     };
     // A browser sent to the error page would be sent there again, forever.
     if r.paths_are_known && rule.deny == Deny::Redirect && rule.matches("GET", &rule.error_page) {
@@ -551,6 +558,11 @@ pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Res
             hash_key: r.hash_key.unwrap_or(false),
             skip: None,
             paths_are_known: true,
+            penalty: r
+                .penalty
+                .as_ref()
+                .map(super::operator::check_penalty)
+                .transpose()?,
         },
         earlier,
     )

@@ -58,12 +58,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 mod check;
+mod operator;
 mod raw;
 mod units;
 
 pub(crate) use self::check::rules_from_raw;
 use self::check::{check_policy, check_redis_url, check_topology, duration_setting, Policy};
 pub(crate) use self::check::{check_spec, Amount, RuleSpec};
+pub use self::operator::{operator_duration, AdminConfig};
 pub(crate) use self::raw::*;
 #[cfg(test)]
 use self::units::parse_duration;
@@ -141,6 +143,8 @@ pub struct Config {
     /// `+`, for an application that reads numbers the way the `e164` rules
     /// do (see [`rule::e164`](crate::rule::e164)).
     pub region: Region,
+    /// `[admin]`: the operators' HTTP API.
+    pub admin: AdminConfig,
 }
 
 /// The filter's keys of `[server]`, checked.
@@ -255,10 +259,17 @@ impl Config {
         let file = self.path.display().to_string();
         if let Some(url) = get("FLOODGATE_REDIS_URL").filter(|v| !v.is_empty()) {
             self.redis.url = check_redis_url(&url).map_err(|what| ConfigError {
-                file,
+                file: file.clone(),
                 place: "FLOODGATE_REDIS_URL".into(),
                 what,
             })?;
+        }
+        if let Some(token) = get("FLOODGATE_ADMIN_TOKEN").filter(|v| !v.is_empty()) {
+            self.admin.token = Some(operator::check_token(token).map_err(|what| ConfigError {
+                file,
+                place: "FLOODGATE_ADMIN_TOKEN".into(),
+                what,
+            })?);
         }
         Ok(())
     }
@@ -327,6 +338,13 @@ impl Config {
                 ),
             ));
         }
+        if key_prefix.starts_with('!') {
+            // No state key may look like an operator record ('!' + key).
+            return Err(err(
+                "[redis] key_prefix",
+                format!("must not start with \"!\" (operator records do), got {key_prefix:?}"),
+            ));
+        }
         let redis = RedisConfig {
             url,
             cluster,
@@ -348,7 +366,9 @@ impl Config {
             .map_err(|(key, what)| err(&format!("[defaults] {key}"), what))?;
         let rules = rules_from_raw(&raw.defaults, raw.rule, file)?;
 
+        let admin = operator::check_admin(raw.admin).map_err(|(place, what)| err(place, what))?;
         Ok(Config {
+            admin,
             path: PathBuf::from(file),
             server,
             redis,

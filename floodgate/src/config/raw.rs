@@ -47,6 +47,8 @@ pub(crate) struct RawConfig {
     pub(crate) defaults: RawPolicy,
     /// `[[rule]]`
     pub(crate) rule: Vec<RawRule>,
+    /// `[admin]`: the operators' HTTP API.
+    pub(crate) admin: super::operator::RawAdmin,
 }
 
 /// The filter's keys of `[server]` as written.
@@ -60,7 +62,7 @@ pub(crate) struct RawServer {
     pub(crate) max_form: Option<String>,
 }
 
-const SECTIONS: &[&str] = &["server", "redis", "limiter", "defaults", "rule"];
+const SECTIONS: &[&str] = &["server", "redis", "limiter", "defaults", "rule", "admin"];
 const SERVER_KEYS: &[&str] = &["trusted_proxies", "proxy_header", "max_form"];
 
 /// Reads [`RawConfig`], skipping the application's keys: `sections` at the
@@ -177,7 +179,8 @@ impl<'de> serde::de::Visitor<'de> for RawSeed {
                 Field::Ours(1) => raw.redis = map.next_value()?,
                 Field::Ours(2) => raw.limiter = map.next_value()?,
                 Field::Ours(3) => raw.defaults = map.next_value()?,
-                Field::Ours(_) => raw.rule = map.next_value()?,
+                Field::Ours(4) => raw.rule = map.next_value()?,
+                Field::Ours(_) => raw.admin = map.next_value()?,
                 Field::Theirs => {
                     map.next_value::<serde::de::IgnoredAny>()?;
                 }
@@ -307,6 +310,8 @@ pub(crate) struct RawRule {
     pub(crate) headers: Option<HeaderDialect>,
     /// Overrides `[defaults]` exempt.
     pub(crate) exempt: Option<Vec<String>>,
+    /// Escalating bans: `{ after, within, ban, max }`.
+    pub(crate) penalty: Option<super::operator::RawPenalty>,
 }
 
 impl std::fmt::Debug for RawRedis {

@@ -503,6 +503,7 @@ impl FilterBuilder {
                 denial_page,
                 session: self.session,
                 responder: self.responder,
+                unguarded: None,
             },
         ))
     }
@@ -558,6 +559,7 @@ pub struct Limit {
     skip: Option<Skip>,
     headers: HeaderDialect,
     exempt: Vec<String>,
+    penalty: Option<crate::limit::Penalty>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -598,6 +600,7 @@ impl Limit {
             skip: None,
             headers: HeaderDialect::Ietf,
             exempt: Vec::new(),
+            penalty: None,
         }
     }
 
@@ -763,6 +766,28 @@ impl Limit {
         self
     }
 
+    /// Escalating bans: `penalty.after` denials of one identity within
+    /// `penalty.within` ban it under this limit (see
+    /// [`Penalty`](crate::limit::Penalty)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use floodgate::limit::Penalty;
+    /// use floodgate::{Key, Limit};
+    ///
+    /// let guesses = Limit::per_minute(5).key(Key::form("phone")).penalty(Penalty {
+    ///     after: 3,
+    ///     within: Duration::from_secs(600),
+    ///     ban: Duration::from_secs(300),
+    ///     max: Duration::from_secs(86_400),
+    /// });
+    /// # let _ = guesses;
+    /// ```
+    pub fn penalty(mut self, penalty: crate::limit::Penalty) -> Limit {
+        self.penalty = Some(penalty);
+        self
+    }
+
     /// The checked rule: with `path`, a builder's rule guarding that
     /// pattern; without, a limit wrapped on a resource or scope (every
     /// request it sees). The same checks, bounds and messages as a file's
@@ -808,6 +833,7 @@ impl Limit {
             hash_key: self.hash_key,
             skip: self.skip,
             paths_are_known: path.is_some(),
+            penalty: self.penalty,
         };
         check_spec(spec, earlier).map_err(|what| format!("{name:?}: {what}"))
     }

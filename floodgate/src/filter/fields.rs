@@ -271,6 +271,8 @@ mod tests {
             allowed: true,
             remaining,
             wait: Duration::from_secs(secs),
+            banned: false,
+            ban_started: false,
         }
     }
 
@@ -368,6 +370,8 @@ mod tests {
             allowed: false,
             remaining: 2,
             wait: Duration::from_millis(1500),
+            banned: false,
+            ban_started: false,
         };
         write(&mut h, &req, &[&a, &b], &[ok(4, 60), denied], true);
         assert_eq!(

@@ -12,12 +12,14 @@ mod fields;
 mod json;
 pub(crate) mod key;
 mod limits;
+mod operator;
 mod policy;
 mod text;
 
 pub use self::builder::{FilterBuilder, Limit, SetupError};
 pub use self::key::Unreadable;
 pub use self::limits::{Limits, RuleState};
+pub use self::operator::{ban_action, operator_check, override_action, OperatorError};
 
 use std::collections::HashMap;
 use std::future::{ready, Future, Ready};
@@ -90,6 +92,7 @@ struct FilterState {
     denial_page: Box<DenialPage>,
     session: Option<Box<SessionLookup>>,
     responder: Option<Box<DenialResponder>>,
+    unguarded: Option<String>,
     /// Every rule name in use: the filter's own rules and the limits made
     /// from it in code. Read only while limits are made, never per request.
     names: Mutex<HashMap<String, NameOwner>>,
@@ -123,6 +126,9 @@ pub struct FilterOptions {
     pub session: Option<Box<SessionLookup>>,
     /// The whole response to a denial (`None`: 303 to the error page or 429).
     pub responder: Option<Box<DenialResponder>>,
+    /// A path prefix no rule guards and no request under it is counted
+    /// (an admin API, such as `/admin`); `None`: every path is matched.
+    pub unguarded: Option<String>,
 }
 
 impl Filter {
@@ -150,6 +156,7 @@ impl Filter {
                 denial_page: options.denial_page,
                 session: options.session,
                 responder: options.responder,
+                unguarded: options.unguarded,
                 names: Mutex::new(names),
             }),
         }
@@ -491,10 +498,19 @@ where
             return Ok(plain(req, StatusCode::BAD_REQUEST, "bad request path\n"));
         };
         let method = req.method().as_str();
-        let mut matched: Vec<&Rule> = rules
-            .iter()
-            .filter(|r| r.matches(method, &decoded) && r.applies_to(req.request()))
-            .collect();
+        let unguarded = filter
+            .state
+            .unguarded
+            .as_deref()
+            .is_some_and(|p| is_under(&decoded, p) || is_under(req.path(), p));
+        let mut matched: Vec<&Rule> = if unguarded {
+            Vec::new()
+        } else {
+            rules
+                .iter()
+                .filter(|r| r.matches(method, &decoded) && r.applies_to(req.request()))
+                .collect()
+        };
         // A rule's exempt clients are neither counted nor denied by it.
         if matched.iter().any(|r| !r.exempt.is_empty()) {
             let client = filter.client_addr(req.request());
@@ -604,6 +620,7 @@ where
             algorithm,
             cost: rule.cost,
             enforce: rule.mode == Mode::Enforce,
+            penalty: rule.penalty,
         });
     }
     drop(form);
@@ -671,7 +688,15 @@ where
             };
             for (r, o) in matched.iter().zip(&decision.outcomes) {
                 if r.mode == Mode::Enforce && !o.allowed {
-                    metrics.decision(&r.name, Counted::Denied);
+                    let counted = if o.banned {
+                        Counted::Banned
+                    } else {
+                        Counted::Denied
+                    };
+                    metrics.decision(&r.name, counted);
+                }
+                if o.ban_started {
+                    metrics.ban(&r.name, "penalty");
                 }
             }
             log::debug!(
@@ -692,6 +717,8 @@ where
                 allowed: false,
                 remaining: 0,
                 wait,
+                banned: false,
+                ban_started: false,
             };
             let retry = remembered.retry_after_secs();
             log::debug!(
@@ -944,6 +971,11 @@ fn summary(matched: &[&Rule], decision: &Decision) -> String {
         .join(" ")
 }
 
+/// Whether `path` is `prefix` or below it.
+fn is_under(path: &str, prefix: &str) -> bool {
+    path.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
 /// Whether `req` asks for `page` (as the rules read paths, decoded).
 fn is_error_page(req: &HttpRequest, page: &str) -> bool {
     req.path() == page

@@ -53,11 +53,16 @@ pub(crate) async fn decide(
             .zip(&checks)
             .enumerate()
             .filter(|(_, (r, _))| cacheable(r))
-            .filter_map(|(i, (_, c))| cache.denied(&c.key, c.cost, started).map(|w| (i, w)))
-            .max_by_key(|(_, w)| *w);
-        if let Some((rule, wait)) = hit {
+            .filter_map(|(i, (_, c))| cache.denial(&c.key, c.cost, started).map(|w| (i, w)))
+            .max_by_key(|(_, (w, _))| *w);
+        if let Some((rule, (wait, banned))) = hit {
             metrics.deny_cache_hit(&matched[rule].name);
-            metrics.decision(&matched[rule].name, Counted::Denied);
+            let counted = if banned {
+                Counted::Banned
+            } else {
+                Counted::Denied
+            };
+            metrics.decision(&matched[rule].name, counted);
             return Verdict::Cached { rule, wait };
         }
     }
@@ -67,7 +72,16 @@ pub(crate) async fn decide(
             if let Some(cache) = limiter.deny_cache() {
                 let answered = Instant::now();
                 for ((r, c), o) in matched.iter().zip(&checks).zip(&decision.outcomes) {
-                    if !o.allowed && cacheable(r) {
+                    if o.allowed || !cacheable(r) {
+                        continue;
+                    }
+                    if o.banned {
+                        // Until the ban ends; an operator's change is
+                        // published, and every process forgets it.
+                        cache.remember_ban(&c.key, o.wait, started, answered);
+                    } else if r.penalty.is_none() {
+                        // (A rule with a penalty counts every denial in
+                        // Redis: only its bans are remembered here.)
                         cache.remember(&c.key, c.cost, o.wait, started, answered);
                     }
                 }

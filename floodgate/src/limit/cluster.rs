@@ -764,11 +764,7 @@ impl ClusterDispatcher {
 }
 
 fn outcome(values: &[i64]) -> Outcome {
-    Outcome {
-        allowed: values[0] == 1,
-        remaining: values[1].max(0) as u64,
-        wait: Duration::from_millis(values[2].max(0) as u64),
-    }
+    Outcome::from_reply(values[0], values[1], values[2])
 }
 
 /// Never used for a decided check; a placeholder that denies.
@@ -777,6 +773,8 @@ fn denied_outcome() -> Outcome {
         allowed: false,
         remaining: 0,
         wait: Duration::from_secs(1),
+        banned: false,
+        ban_started: false,
     }
 }
 
@@ -807,7 +805,7 @@ fn write_check(cmd: &mut redis::Cmd, c: &Check) {
         }
         Algorithm::TokenBucket { rate, burst } => cmd.arg(3).arg(rate).arg(burst.get()),
     };
-    cmd.arg(c.cost).arg(u8::from(c.enforce));
+    cmd.arg(c.cost).arg(c.flags().as_ref());
 }
 
 /// Writes one slot group as `EVALSHA sha` laid out as `lua/batch.lua` reads
@@ -868,6 +866,7 @@ mod tests {
                     },
                     cost: 1,
                     enforce: true,
+                    penalty: None,
                 })
                 .collect(),
             now_ms: None,

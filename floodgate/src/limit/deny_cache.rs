@@ -42,6 +42,8 @@ struct Entry {
     until: Instant,
     /// When the request surely fits again (for `Retry-After`).
     free_by: Instant,
+    /// A ban, not a limit, denies (any cost).
+    banned: bool,
 }
 
 #[derive(Debug)]
@@ -103,22 +105,47 @@ impl DenyCache {
     /// If `cost` units on `key` are certainly denied at `now`: how long
     /// until they surely fit again.
     pub fn denied(&self, key: &str, cost: u32, now: Instant) -> Option<Duration> {
+        self.denial(key, cost, now).map(|(wait, _)| wait)
+    }
+
+    /// As [`DenyCache::denied`], and whether a ban (rather than the limit)
+    /// denies.
+    pub fn denial(&self, key: &str, cost: u32, now: Instant) -> Option<(Duration, bool)> {
         let (mut shard, _) = self.shard(key);
         let entry = *shard.entries.get(key)?;
         if entry.until <= now {
             shard.entries.remove(key);
             return None;
         }
-        (entry.cost <= cost).then(|| entry.free_by.saturating_duration_since(now))
+        (entry.cost <= cost).then(|| (entry.free_by.saturating_duration_since(now), entry.banned))
+    }
+
+    /// Remembers that Redis denied `key` because its identity is banned for
+    /// `wait` (every cost is denied), as [`DenyCache::remember`] does.
+    pub fn remember_ban(&self, key: &str, wait: Duration, sent: Instant, answered: Instant) {
+        self.insert(key, 1, wait, sent, answered, true);
     }
 
     /// Remembers that Redis denied `cost` units on `key` with `wait`, for a
     /// call sent at `sent` and answered at `answered`.
     pub fn remember(&self, key: &str, cost: u32, wait: Duration, sent: Instant, answered: Instant) {
+        self.insert(key, cost, wait, sent, answered, false);
+    }
+
+    fn insert(
+        &self,
+        key: &str,
+        cost: u32,
+        wait: Duration,
+        sent: Instant,
+        answered: Instant,
+        banned: bool,
+    ) {
         let entry = Entry {
             cost,
             until: sent + wait,
             free_by: answered + wait,
+            banned,
         };
         if entry.until <= Instant::now() {
             return;

@@ -170,6 +170,8 @@ impl LocalLimiter {
                 allowed: p.allowed,
                 remaining: p.remaining,
                 wait: Duration::from_millis(p.wait_ms.max(0.0).ceil() as u64),
+                banned: false,
+                ban_started: false,
             })
             .collect();
         (Decision { outcomes, allowed }, now)
@@ -452,6 +454,7 @@ mod tests {
             algorithm,
             cost: 1,
             enforce,
+            penalty: None,
         }
     }
 

@@ -30,6 +30,7 @@ mod error;
 pub(crate) mod give_back;
 pub(crate) mod local;
 mod masters;
+pub mod operator;
 mod peek;
 pub(crate) mod redis;
 mod settings;
@@ -39,6 +40,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 pub use self::error::LimiterError;
+pub use self::operator::{Action, Inspection, OverrideState, Penalty};
 pub use self::redis::Limiter;
 pub use self::settings::{without_password, RedisConfig};
 pub use self::source::RedisConn;
@@ -158,6 +160,28 @@ pub struct Check {
     pub cost: u32,
     /// `false` for shadow rules: counted, but their denial does not deny.
     pub enforce: bool,
+    /// Escalating bans: denials of this identity that ban it (see
+    /// [`Penalty`]); `None`: none.
+    pub penalty: Option<Penalty>,
+}
+
+impl Check {
+    /// The `flags` argument of the check, as `lua/batch.lua` reads it:
+    /// enforce (1) or shadow (0), and the penalty's numbers in ms.
+    pub(crate) fn flags(&self) -> std::borrow::Cow<'static, str> {
+        let enforce = if self.enforce { "1" } else { "0" };
+        match &self.penalty {
+            None => enforce.into(),
+            Some(p) => format!(
+                "{enforce}:{}:{}:{}:{}",
+                p.after,
+                p.within.as_millis(),
+                p.ban.as_millis(),
+                p.max.as_millis()
+            )
+            .into(),
+        }
+    }
 }
 
 /// Redis's answer to one [`Check`].
@@ -171,6 +195,25 @@ pub struct Outcome {
     /// window closes, the bucket is full). Denied: time until the same
     /// request would be allowed.
     pub wait: Duration,
+    /// Denied because the identity is banned under the rule (by an
+    /// operator, or a penalty): `wait` is the time left on the ban.
+    pub banned: bool,
+    /// This very denial started the ban (the rule's penalty).
+    pub ban_started: bool,
+}
+
+impl Outcome {
+    /// The outcome the scripts write as three numbers: a code (1 allowed,
+    /// 0 denied, 2 banned, 3 banned from now on), remaining, ms.
+    pub(crate) fn from_reply(code: i64, remaining: i64, ms: i64) -> Outcome {
+        Outcome {
+            allowed: code == 1,
+            remaining: remaining.max(0) as u64,
+            wait: Duration::from_millis(ms.max(0) as u64),
+            banned: code == 2 || code == 3,
+            ban_started: code == 3,
+        }
+    }
 }
 
 impl Outcome {

@@ -47,6 +47,7 @@ impl Limiter {
     ///     },
     ///     cost: 1,
     ///     enforce: true,
+    ///     penalty: None,
     /// };
     /// let now = limiter.peek(vec![check]).await?;
     /// // A request now would leave `remaining`; nothing was counted.
@@ -161,11 +162,7 @@ fn read(checks: &[Check], values: &[i64], into: &mut Vec<Outcome>) -> Result<(),
                 _ => format!("the peek failed on {key} (the Redis log says why)"),
             }));
         }
-        into.push(Outcome {
-            allowed: v[0] == 1,
-            remaining: v[1].max(0) as u64,
-            wait: Duration::from_millis(v[2].max(0) as u64),
-        });
+        into.push(Outcome::from_reply(v[0], v[1], v[2]));
     }
     Ok(())
 }

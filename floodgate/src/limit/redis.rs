@@ -286,6 +286,8 @@ pub struct Limiter {
     script: Arc<redis::Script>,
     /// Redis Cluster mode: keys carry hash tags, and batches go by slot.
     cluster: bool,
+    /// Where operator changes are published (see `operator.rs`).
+    channel: String,
 }
 
 /// `FLOODGATE_DISPATCH=threads` (or `worker`) overrides the dispatch the
@@ -611,7 +613,11 @@ impl Limiter {
                 .spawn(move || dispatcher.run())
                 .map_err(|e| LimiterError::Other(format!("cannot start a dispatcher: {e}")))?;
         }
+        if shared.deny_cache.is_some() {
+            super::operator::listen(config, manager.source.clone(), &shared);
+        }
         Ok(Limiter {
+            channel: super::operator::channel(&config.key_prefix),
             queue,
             pool,
             timeout: config.timeout,
@@ -824,6 +830,11 @@ impl Limiter {
     /// identity then share a slot, so their all-or-nothing stays one call.
     pub fn hash_tags(&self) -> bool {
         self.cluster
+    }
+
+    /// The channel operator changes are published on.
+    pub(super) fn channel(&self) -> &str {
+        &self.channel
     }
 
     /// The configured bound on every Redis operation.
@@ -1225,7 +1236,7 @@ fn write_batch(
                 }
                 Algorithm::TokenBucket { rate, burst } => cmd.arg(3).arg(rate).arg(burst.get()),
             };
-            cmd.arg(c.cost).arg(u8::from(c.enforce));
+            cmd.arg(c.cost).arg(c.flags().as_ref());
         }
     }
     3 * keys
@@ -1278,11 +1289,7 @@ fn decision(checks: &[Check], values: &[i64], at: &mut usize) -> Result<Decision
     let mut outcomes = Vec::with_capacity(checks.len());
     let mut allowed = true;
     for (check, v) in checks.iter().zip(values.chunks_exact(3)) {
-        let outcome = Outcome {
-            allowed: v[0] == 1,
-            remaining: v[1].max(0) as u64,
-            wait: Duration::from_millis(v[2].max(0) as u64),
-        };
+        let outcome = Outcome::from_reply(v[0], v[1], v[2]);
         if check.enforce && !outcome.allowed {
             allowed = false;
         }
@@ -1374,6 +1381,7 @@ mod tests {
             algorithm,
             cost,
             enforce,
+            penalty: None,
         }
     }
 

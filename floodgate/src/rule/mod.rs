@@ -2,6 +2,7 @@
 //! what it counts by (its key), how much, and what a denied request gets.
 //! Configuration builds these; the filter applies them.
 
+mod identity;
 mod key;
 mod normalize;
 mod options;
@@ -9,6 +10,7 @@ mod path;
 
 use std::time::Duration;
 
+pub use self::identity::identity_key;
 pub use self::key::{compose, hashed_id, redis_key, redis_key_for, CustomKey, Key, KeyFn, KeyKind};
 pub use self::normalize::{e164, normalize, Region};
 pub use self::options::{Identity, LookupFn, LookupFuture, OnMissingKey, Skip};
@@ -144,6 +146,8 @@ pub struct Rule {
     pub hash_key: bool,
     /// Requests this predicate holds for skip the rule (rules made in code).
     pub skip: Option<Skip>,
+    /// Escalating bans (`None`: none).
+    pub penalty: Option<crate::limit::Penalty>,
 }
 
 impl Rule {

@@ -10,9 +10,12 @@
 --         Redis at or after it is skipped, because its caller has given up,
 --         number of checks, then per check:
 --           algorithm (1 sliding_window, 2 fixed_window, 3 token_bucket),
---           p1, p2 (see each algorithm), cost, enforce (1) or shadow (0)
+--           p1, p2 (see each algorithm), cost, flags: enforce (1) or
+--           shadow (0), then for a rule with a penalty
+--           ":AFTER:WITHIN_MS:BAN_MS:MAX_MS" (see common.lua)
 -- Returns a flat array, three values per check:
---   decided:  allowed (1/0), remaining, ms
+--   decided:  allowed (1), denied (0), denied by a ban (2), denied by a
+--             ban this denial started (3); remaining, ms
 --             (ms: retry-after when denied, time to reset when allowed)
 --   failed:   -1, error code (see common.lua), index of the failing check
 --             within its job (every check of a failed job says the same)
@@ -60,40 +63,83 @@ local out = {}
 -- The check being decided, counted from 0 within its job (for errors).
 local failing = 0
 
-local function emit(k, allowed, remaining, ms)
+-- code: 1 allowed, 0 denied, 2 denied by a ban, 3 denied by a ban that
+-- this very denial started (a penalty).
+local function emit(k, code, remaining, ms)
   local at = 3 * k - 2
-  out[at] = allowed and 1 or 0
+  out[at] = code
   out[at + 1] = math.max(0, math.floor(remaining))
   out[at + 2] = math.max(0, math.ceil(ms))
 end
 
+-- The TTL of an operator record the decision wrote.
+local function ops_written(key, op, now)
+  local ms = ops_lifetime(op, now)
+  if ms then
+    set_ttl(ops_key(key), ms)
+  end
+end
+
 -- Decides the n checks of one job: KEYS from k, ARGV from a.
+-- Each check first reads its identity's operator record: a ban denies it
+-- (and, for an enforce check, the whole request, which then records
+-- nothing at all), an override replaces the rule's numbers.
 local function decide_job(n, now, k, a)
   if n == 1 then
     -- One rule (the common case): no bookkeeping across checks.
     failing = 0
     local alg, p1, p2, cost = params(a)
+    local enforce, pen = check_flags(ARGV[a + 4])
     local key = KEYS[k]
+    local op = ops_read(key)
+    local banned = ops_banned(op, now)
+    if banned then
+      emit(k, 2, 0, banned)
+      return
+    end
+    p1, p2 = ops_params(op, alg, p1, p2, cost, now)
     local allowed, remaining, ms, state = peek(alg, key, now, p1, p2, cost)
     if allowed then
       commits[alg](key, now, p1, p2, cost, state)
+      emit(k, 1, remaining, ms)
+      return
     end
-    emit(k, allowed, remaining, ms)
+    if enforce and pen then
+      local ban = ops_penalize(key, op, pen, now)
+      ops_written(key, op, now)
+      if ban then
+        emit(k, 3, 0, ban)
+        return
+      end
+    end
+    emit(k, 0, remaining, ms)
     return
   end
   -- Several rules: peek every check, commit them all only if every
-  -- enforce check allows.
+  -- enforce check allows and none is banned.
   local checks = {}
   local all_enforced_allow = true
+  local any_banned = false
   for i = 1, n do
     failing = i - 1
     local alg, p1, p2, cost = params(a)
-    local enforce = ARGV[a + 4] == '1'
+    local enforce, pen = check_flags(ARGV[a + 4])
     local key = KEYS[k + i - 1]
-    local allowed, remaining, ms, state = peek(alg, key, now, p1, p2, cost)
-    checks[i] = { key, alg, p1, p2, cost, allowed, remaining, ms, state }
-    if enforce and not allowed then
-      all_enforced_allow = false
+    local op = ops_read(key)
+    local banned = ops_banned(op, now)
+    if banned then
+      checks[i] = { key, alg, p1, p2, cost, false, 0, banned, nil, enforce, pen, op, 2 }
+      if enforce then
+        all_enforced_allow = false
+        any_banned = true
+      end
+    else
+      p1, p2 = ops_params(op, alg, p1, p2, cost, now)
+      local allowed, remaining, ms, state = peek(alg, key, now, p1, p2, cost)
+      checks[i] = { key, alg, p1, p2, cost, allowed, remaining, ms, state, enforce, pen, op, allowed and 1 or 0 }
+      if enforce and not allowed then
+        all_enforced_allow = false
+      end
     end
     a = a + 5
   end
@@ -102,10 +148,21 @@ local function decide_job(n, now, k, a)
     local c = checks[i]
     if all_enforced_allow and c[6] then
       commits[c[2]](c[1], now, c[3], c[4], c[5], c[9])
+    elseif c[13] == 0 and c[10] and c[11] and not any_banned then
+      -- Denied by its own limit: one more denial towards a penalty.
+      local ban = ops_penalize(c[1], c[12], c[11], now)
+      ops_written(c[1], c[12], now)
+      if ban then
+        c[13], c[7], c[8] = 3, 0, ban
+      end
     end
-    emit(k + i - 1, c[6], c[7], c[8])
+    emit(k + i - 1, c[13], c[7], c[8])
   end
 end
+
+-- Most identities have no operator record: one EXISTS for the whole call
+-- spares every check its HMGET then.
+ops_maybe = ops_any(KEYS)
 
 local a = 2
 local k = 1

@@ -108,3 +108,157 @@ local function owner(key)
   end
   return nil
 end
+
+-- Operator state: beside each state key KEY, the hash '!' .. KEY (the same
+-- hash tag on a Cluster, so the same slot; no state key starts with '!',
+-- which key_prefix may not) holds what operators and penalties set for the
+-- identity, as times in ms on the deciding clock:
+--   ban, by   the ban's end, and who set it ('operator' or 'penalty')
+--   ol, ow, oe  an override: limit (token bucket: burst), window in ms
+--             (absent: the rule's), end (absent: none)
+--   pc, pce   penalty: denials counted, and when that count is forgotten
+--   lv, lve   penalty: bans so far, and when they are forgotten
+-- The hash lives as long as its longest part (no TTL while an override
+-- without an end holds). The batch asks once whether any of its records
+-- exists (ops_any), then reads each that may with one HMGET, in this order:
+local OPS_FIELDS = { 'ban', 'ol', 'ow', 'oe', 'pc', 'pce', 'lv', 'lve' }
+
+local function ops_key(key)
+  return '!' .. key
+end
+
+-- False once the caller knows that no record it will read exists (the
+-- batch asks once for all its keys); any write of a record sets it again.
+local ops_maybe = true
+
+local function ops_read(key)
+  if not ops_maybe then
+    return {}
+  end
+  return redis.call('HMGET', ops_key(key), unpack(OPS_FIELDS))
+end
+
+-- Whether any of `keys` has an operator record: one EXISTS per 1000 keys.
+local function ops_any(keys)
+  local names = {}
+  for i = 1, #keys do
+    names[#names + 1] = ops_key(keys[i])
+    if #names == 1000 or i == #keys then
+      if redis.call('EXISTS', unpack(names)) > 0 then
+        return true
+      end
+      names = {}
+    end
+  end
+  return false
+end
+
+-- Ms left on the ban at `now`, or nil.
+local function ops_banned(op, now)
+  local ends = tonumber(op[1])
+  if ends and ends > now then
+    return ends - now
+  end
+  return nil
+end
+
+-- The override in force at `now`: limit, window ms or nil, end or nil.
+local function ops_override(op, now)
+  local ol = tonumber(op[2])
+  if not ol then
+    return nil
+  end
+  local oe = tonumber(op[4])
+  if oe and oe <= now then
+    return nil
+  end
+  return ol, tonumber(op[3]), oe
+end
+
+-- The check's parameters with the identity's override applied: windows
+-- take its limit and window; a token bucket takes its limit as the burst,
+-- and its rate scales with it (or refills the burst in its window). An
+-- override that does not fit the check's cost is not applied.
+local function ops_params(op, alg, p1, p2, cost, now)
+  local ol, ow = ops_override(op, now)
+  if not ol or ol < cost or ol ~= math.floor(ol) then
+    return p1, p2
+  end
+  if alg == 3 then
+    if ow and ow > 0 then
+      return ol * 1000 / ow, ol
+    end
+    return p1 * ol / p2, ol
+  end
+  if ol > MAX_LIMIT then
+    return p1, p2
+  end
+  return ol, ow or p2
+end
+
+-- Ms until the last part of the record ends (nil: a part never ends),
+-- from its fields after a write, indexed as OPS_FIELDS.
+local function ops_lifetime(op, now)
+  local last = now
+  if op[2] and not op[4] then
+    return nil
+  end
+  for _, i in ipairs({ 1, 4, 6, 8 }) do
+    local t = tonumber(op[i])
+    if t and t > last then
+      last = t
+    end
+  end
+  return last - now
+end
+
+-- A check's flags: "1" / "0" (enforce / shadow), or "1:AFTER:WITHIN:BAN:MAX"
+-- with the rule's penalty (durations in ms). Returns enforce, penalty.
+local function check_flags(v)
+  if #v == 1 then
+    return v == '1', nil
+  end
+  local e, after, within, ban, max = string.match(v, '^([01]):(%d+):(%d+):(%d+):(%d+)$')
+  if not e then
+    fail(ERR_PARAMS)
+  end
+  return e == '1', { tonumber(after), tonumber(within), tonumber(ban), tonumber(max) }
+end
+
+-- One more denial of the identity under a rule with penalty `pen`: counts
+-- it, and when it is the AFTER-th within WITHIN, bans the identity for BAN
+-- doubled for each ban still remembered (at most MAX). Returns the ban's
+-- length in ms, or nil. The record's fields in `op` are updated as written;
+-- the caller sets its TTL from them.
+local function ops_penalize(key, op, pen, now)
+  local after, within, ban, max = pen[1], pen[2], pen[3], pen[4]
+  local okey = ops_key(key)
+  ops_maybe = true
+  local pc, pce = tonumber(op[5]), tonumber(op[6])
+  if not (pc and pce and pce > now) then
+    pc, pce = 0, now + within
+  end
+  pc = pc + 1
+  if pc < after then
+    redis.call('HSET', okey, 'pc', pc, 'pce', pce)
+    op[5], op[6] = pc, pce
+    return nil
+  end
+  local lv, lve = tonumber(op[7]), tonumber(op[8])
+  if not (lv and lve and lve > now) then
+    lv = 0
+  end
+  local length = ban
+  for _ = 1, lv do
+    if length >= max then
+      break
+    end
+    length = length * 2
+  end
+  length = math.min(length, max)
+  local ends = now + length
+  redis.call('HSET', okey, 'ban', ends, 'by', 'penalty', 'lv', lv + 1, 'lve', ends + max)
+  redis.call('HDEL', okey, 'pc', 'pce')
+  op[1], op[5], op[6], op[7], op[8] = ends, nil, nil, lv + 1, ends + max
+  return length
+end

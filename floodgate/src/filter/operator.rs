@@ -1,0 +1,142 @@
+//! Operators' actions named as a person writes them: a rule by name and
+//! the values of its key kinds, checked here (unknown rule, wrong number of
+//! values, a bad value or limit), then run by the limiter (see
+//! `limit/operator.rs`). The `floodgate` command and the demo's admin API
+//! are thin layers over [`operator_check`] and [`Filter::operate`].
+
+use std::time::Duration;
+
+use super::Filter;
+use crate::config::MAX_LIMIT;
+use crate::limit::{Action, Algorithm, Check, Inspection, LimiterError};
+use crate::rule::{identity_key, Mode, Rule};
+
+/// Why an operator's action was not done.
+#[derive(Debug)]
+pub enum OperatorError {
+    /// The request itself is wrong (unknown rule, wrong number of values,
+    /// a bad value, limit or duration): one sentence.
+    Input(String),
+    /// Redis did not do it.
+    Redis(LimiterError),
+}
+
+impl std::fmt::Display for OperatorError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OperatorError::Input(what) => f.write_str(what),
+            OperatorError::Redis(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for OperatorError {}
+
+/// The check an action on the identity `values` under the rule `rule` (of
+/// `rules`) runs with, after checking that the action fits the rule (an
+/// override's limit holds at least one request and is within the rule
+/// algorithm's bounds).
+pub fn operator_check(
+    rules: &[Rule],
+    key_prefix: &str,
+    hash_tags: bool,
+    rule: &str,
+    values: &[&str],
+    action: &Action,
+) -> Result<Check, String> {
+    let Some(r) = rules.iter().find(|r| r.name == rule) else {
+        let names: Vec<&str> = rules.iter().map(|r| r.name.as_str()).collect();
+        return Err(format!(
+            "unknown rule {rule:?} (the rules are: {})",
+            names.join(", ")
+        ));
+    };
+    let key = identity_key(r, values, key_prefix, hash_tags)?;
+    if let Action::Override { limit, window, .. } = *action {
+        if limit < r.cost || limit > MAX_LIMIT {
+            return Err(format!(
+                "limit must be between {} (the rule's cost) and {MAX_LIMIT}, got {limit}",
+                r.cost
+            ));
+        }
+        if let (Some(w), Algorithm::TokenBucket { .. }) = (window, r.algorithm) {
+            // The refill rate it makes: at most what a rule may have.
+            if f64::from(limit) / w.as_secs_f64() > crate::config::MAX_RATE {
+                return Err(format!(
+                    "a bucket of {limit} refilled in {} refills faster than {} per second",
+                    crate::rule::human_duration(w),
+                    crate::config::MAX_RATE
+                ));
+            }
+        }
+    }
+    Ok(Check {
+        key,
+        algorithm: r.algorithm,
+        cost: r.cost,
+        enforce: r.mode == Mode::Enforce,
+        penalty: r.penalty,
+    })
+}
+
+/// The override action for `limit` (as written), with an optional window
+/// and lifetime (durations as written, like `"1m"`).
+pub fn override_action(
+    limit: i64,
+    window: Option<&str>,
+    lasts: Option<&str>,
+) -> Result<Action, String> {
+    let limit = u32::try_from(limit)
+        .ok()
+        .filter(|l| *l >= 1)
+        .ok_or_else(|| format!("limit must be a whole number of at least 1, got {limit}"))?;
+    let window = window
+        .map(|w| crate::config::operator_duration("window", w))
+        .transpose()?;
+    let lasts = lasts
+        .map(|d| crate::config::operator_duration("the override's length", d))
+        .transpose()?;
+    Ok(Action::Override {
+        limit,
+        window,
+        lasts,
+    })
+}
+
+/// The ban action for a length as written (at most 366 days).
+pub fn ban_action(length: &str) -> Result<Action, String> {
+    let d: Duration = crate::config::operator_duration("the ban's length", length)?;
+    Ok(Action::Ban(d))
+}
+
+impl Filter {
+    /// Runs an operator's `action` on the identity `values` under the
+    /// filter's rule `rule`, and answers what the rule holds for it
+    /// afterwards (see [`Limiter::operate`](crate::Limiter::operate)).
+    pub async fn operate(
+        &self,
+        rule: &str,
+        values: &[&str],
+        action: Action,
+    ) -> Result<Inspection, OperatorError> {
+        let check = operator_check(
+            &self.rules(),
+            &self.state.key_prefix,
+            self.state.limiter.hash_tags(),
+            rule,
+            values,
+            &action,
+        )
+        .map_err(OperatorError::Input)?;
+        let done = self
+            .state
+            .limiter
+            .operate(check, action)
+            .await
+            .map_err(OperatorError::Redis)?;
+        if let Action::Ban(_) = action {
+            self.state.metrics.ban(rule, "operator");
+        }
+        Ok(done)
+    }
+}

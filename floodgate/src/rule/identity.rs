@@ -1,0 +1,95 @@
+//! An identity named from outside a request: the values an operator types
+//! for a rule's key kinds, turned into the Redis key a request carrying
+//! them would be counted under (the rule's `normalize` applies, addresses
+//! are keyed as clients are).
+
+use std::net::IpAddr;
+
+use super::{compose, normalize, redis_key_for, KeyKind, Normalize, Rule};
+
+/// The Redis key of the identity whose values, one per key kind of `rule`
+/// in the rule's order, are `values` (`global` takes none). Errors say
+/// which value is wrong, in one sentence.
+pub fn identity_key(
+    rule: &Rule,
+    values: &[&str],
+    key_prefix: &str,
+    hash_tags: bool,
+) -> Result<String, String> {
+    let kinds: Vec<&KeyKind> = rule
+        .key
+        .kinds()
+        .iter()
+        .filter(|k| **k != KeyKind::Global)
+        .collect();
+    if values.len() != kinds.len() {
+        let wanted: Vec<String> = kinds.iter().map(|k| k.to_string()).collect();
+        return Err(format!(
+            "rule {:?} takes {} value{} ({}), got {}",
+            rule.name,
+            kinds.len(),
+            if kinds.len() == 1 { "" } else { "s" },
+            if wanted.is_empty() {
+                "its key is global".to_string()
+            } else {
+                wanted.join(", ")
+            },
+            values.len()
+        ));
+    }
+    let mut parts: Vec<(&'static str, String)> = Vec::with_capacity(rule.key.kinds().len());
+    let mut given = values.iter();
+    for kind in rule.key.kinds() {
+        if *kind == KeyKind::Global {
+            parts.push((kind.kind(), "all".to_string()));
+            continue;
+        }
+        let value = given.next().copied().unwrap_or_default();
+        parts.push((kind.kind(), identity_value(kind, rule.normalize, value)?));
+    }
+    let (kind, id) = match parts.as_slice() {
+        [(kind, id)] => ((*kind).to_string(), id.clone()),
+        _ => compose(&parts),
+    };
+    Ok(redis_key_for(hash_tags, key_prefix, &rule.name, &kind, &id))
+}
+
+/// One value as a request would be keyed by it.
+fn identity_value(kind: &KeyKind, how: Normalize, value: &str) -> Result<String, String> {
+    match kind {
+        KeyKind::Ip => value
+            .trim()
+            .parse::<IpAddr>()
+            .map(crate::net::ip_id)
+            .map_err(|_| format!("{value:?} is not an IP address")),
+        KeyKind::Global => Ok("all".to_string()),
+        KeyKind::Path => {
+            if value.starts_with('/') {
+                Ok(value.to_string())
+            } else {
+                Err(format!(
+                    "{value:?} is not a path (it must start with \"/\")"
+                ))
+            }
+        }
+        KeyKind::Session => {
+            if value.is_empty() {
+                Err("the account must not be empty".to_string())
+            } else {
+                Ok(value.to_string())
+            }
+        }
+        KeyKind::Header(_)
+        | KeyKind::Query(_)
+        | KeyKind::Form(_)
+        | KeyKind::Json(_)
+        | KeyKind::Body(_) => normalize(value, how).ok_or_else(|| match how {
+            Normalize::E164(_) => format!("{value:?} is not a possible phone number"),
+            _ => format!("{value:?} leaves nothing to key by for {kind}"),
+        }),
+        KeyKind::Custom(c) => Err(format!(
+            "the key function {:?} reads requests only; its identities cannot be named",
+            c.name()
+        )),
+    }
+}

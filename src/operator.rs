@@ -1,0 +1,170 @@
+//! The operator commands: `floodgate inspect | reset | ban | unban |
+//! override`, thin over the library's operator actions. They read the same
+//! file and Redis as `serve`. Exit 0 with the rule's view of the identity
+//! as JSON on stdout; 2 with one line on stderr for bad input; 1 with one
+//! line when Redis cannot be reached.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use floodgate::filter::{ban_action, operator_check, override_action};
+use floodgate::limit::{Action, Dispatch, LimiterOptions};
+use floodgate::Limiter;
+use floodgate_site::config::Config;
+
+/// The arguments of one command, as written.
+#[derive(Default)]
+struct Args<'a> {
+    config: Option<&'a str>,
+    positional: Vec<&'a str>,
+    lasts: Option<&'a str>,
+    limit: Option<&'a str>,
+    window: Option<&'a str>,
+    clear: bool,
+}
+
+fn parse<'a>(rest: &[&'a str]) -> Result<Args<'a>, String> {
+    let mut args = Args::default();
+    let mut it = rest.iter().copied();
+    let mut flags = true;
+    while let Some(arg) = it.next() {
+        if !flags || !arg.starts_with("--") {
+            args.positional.push(arg);
+            continue;
+        }
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (arg, None),
+        };
+        let mut value = || -> Result<&'a str, String> {
+            inline
+                .or_else(|| it.next())
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match name {
+            "--" => flags = false,
+            "--config" => args.config = Some(value()?),
+            "--for" => args.lasts = Some(value()?),
+            "--limit" => args.limit = Some(value()?),
+            "--window" => args.window = Some(value()?),
+            "--clear" if inline.is_none() => args.clear = true,
+            _ => return Err(format!("unknown option {arg:?}")),
+        }
+    }
+    Ok(args)
+}
+
+/// The action `command` asks for, from its options.
+fn action(command: &str, args: &Args<'_>) -> Result<Action, String> {
+    let none_of = |names: &[(&str, bool)]| -> Result<(), String> {
+        match names.iter().find(|(_, given)| *given) {
+            Some((name, _)) => Err(format!("{command} takes no {name}")),
+            None => Ok(()),
+        }
+    };
+    let (lasts, limit, window) = (
+        args.lasts.is_some(),
+        args.limit.is_some(),
+        args.window.is_some(),
+    );
+    match command {
+        "inspect" | "reset" | "unban" => {
+            none_of(&[
+                ("--for", lasts),
+                ("--limit", limit),
+                ("--window", window),
+                ("--clear", args.clear),
+            ])?;
+            Ok(match command {
+                "inspect" => Action::Inspect,
+                "reset" => Action::Reset,
+                _ => Action::Unban,
+            })
+        }
+        "ban" => {
+            none_of(&[
+                ("--limit", limit),
+                ("--window", window),
+                ("--clear", args.clear),
+            ])?;
+            ban_action(
+                args.lasts
+                    .ok_or("ban needs --for DURATION, like --for 10m")?,
+            )
+        }
+        _ if args.clear => {
+            none_of(&[("--limit", limit), ("--window", window), ("--for", lasts)])?;
+            Ok(Action::Clear)
+        }
+        _ => {
+            let text = args.limit.ok_or("override needs --limit N, or --clear")?;
+            let n: i64 = text
+                .parse()
+                .map_err(|_| format!("--limit must be a whole number, got {text:?}"))?;
+            override_action(n, args.window, args.lasts)
+        }
+    }
+}
+
+/// Runs an operator command.
+pub fn run(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
+    let bad = |what: &str| {
+        eprintln!("floodgate {command}: {what}");
+        ExitCode::from(2)
+    };
+    let args = match parse(rest) {
+        Ok(a) => a,
+        Err(e) => return bad(&e),
+    };
+    let path = args.config.map_or(default, PathBuf::from);
+    // The same file as `serve` (the site's own sections included).
+    let config = match Config::load(&path) {
+        Ok(c) => c.filter,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let Some((rule, values)) = args.positional.split_first() else {
+        return bad("name a rule (and its key values)");
+    };
+    let action = match action(command, &args) {
+        Ok(a) => a,
+        Err(e) => return bad(&e),
+    };
+    let hash_tags = !config.redis.cluster.is_empty();
+    let check = match operator_check(
+        &config.rules,
+        &config.redis.key_prefix,
+        hash_tags,
+        rule,
+        values,
+        &action,
+    ) {
+        Ok(c) => c,
+        Err(e) => return bad(&e),
+    };
+    let options = LimiterOptions {
+        // A command decides nothing: no denial cache to keep fresh.
+        deny_cache: false,
+        dispatch: Dispatch::Threads,
+        ..LimiterOptions::default()
+    };
+    let limiter = match Limiter::new(&config.redis, options) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("floodgate {command}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match limiter.operate_blocking(&check, action) {
+        Ok(seen) => {
+            println!("{}", seen.to_json(rule));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("floodgate {command}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

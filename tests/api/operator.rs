@@ -1,0 +1,970 @@
+//! Operators: the `floodgate inspect | reset | ban | unban | override`
+//! commands (their output and exit codes), their effect on every serving
+//! process sharing the Redis (denial caches included), overrides, escalating
+//! bans exact under concurrency, bans taking no quota from other rules, and
+//! the admin HTTP API; on one server, a Cluster and Sentinel.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use floodgate::limit::{Action, Algorithm, Check, LimiterOptions, Penalty};
+use floodgate::Limiter;
+use serde_json::Value;
+
+use crate::cluster_helpers::{Cluster, Sentinel, MASTER_NAME};
+use crate::helpers::{
+    free_port, raw_request, spawn_app_with, wait_until, RawResponse, RedisServer, TestApp,
+};
+
+const CHECK: &str = r#"
+[server]
+workers = 1
+
+[[rule]]
+name = "check"
+paths = ["/check"]
+methods = ["GET"]
+limit = 3
+window = "1h"
+deny = "status"
+
+[[rule]]
+name = "sms"
+paths = ["/sms/send"]
+methods = ["POST"]
+key = ["form:phone", "ip"]
+normalize = "e164"
+limit = 3
+window = "1m"
+"#;
+
+fn config_file(name: &str, toml: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("operator-{name}-{}.toml", std::process::id()));
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+/// What one command did.
+struct Ran {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Ran {
+    fn json(&self) -> Value {
+        assert_eq!(self.code, 0, "stderr: {}", self.stderr);
+        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", self.stdout))
+    }
+}
+
+/// `floodgate ARGS` with the config file and Redis URL given.
+fn floodgate(config: &PathBuf, redis: &str, args: &[&str]) -> Ran {
+    let out = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .args(&args[..1])
+        .arg("--config")
+        .arg(config)
+        .args(&args[1..])
+        .env("FLOODGATE_REDIS_URL", redis)
+        .env_remove("FLOODGATE_CONFIG")
+        .env_remove("FLOODGATE_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    Ran {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// A `floodgate serve` process on `redis`.
+struct Serving {
+    child: Child,
+    port: u16,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Serving {
+    fn start(config: &PathBuf, redis: &str) -> Serving {
+        let port = free_port();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .env("FLOODGATE_BIND", format!("127.0.0.1:{port}"))
+            .env("FLOODGATE_REDIS_URL", redis)
+            .env("RUST_LOG", "info")
+            .env_remove("FLOODGATE_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let mut serving = Serving { child, port, log };
+        wait_until(
+            Duration::from_secs(20),
+            "GET /healthz to answer 200",
+            || {
+                if let Some(status) = serving.child.try_wait().unwrap() {
+                    panic!(
+                        "floodgate exited with {status}: {:?}",
+                        serving.log.lock().unwrap()
+                    );
+                }
+                std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+                    && serving.get("/healthz").status == 200
+            },
+        );
+        serving
+    }
+
+    fn get(&self, path: &str) -> RawResponse {
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        raw_request(self.port, request.as_bytes())
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn retry_after(res: &RawResponse) -> Option<u64> {
+    res.head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("retry-after")
+            .then(|| v.trim().parse().ok())
+            .flatten()
+    })
+}
+
+#[test]
+fn operator_commands_print_the_rules_view_and_exit_0_2_or_1() {
+    let redis = RedisServer::start();
+    let config = config_file("commands", CHECK);
+    let url = redis.url();
+
+    let seen = floodgate(&config, &url, &["inspect", "check", "127.0.0.1"]).json();
+    assert_eq!(
+        seen,
+        serde_json::json!({"rule":"check","key":"floodgate:check:ip:127.0.0.1",
+            "algorithm":"sliding_window","limit":3,"window_s":3600,"used":0,"remaining":3,
+            "reset_s":3600,"banned_s":0,"override":null})
+    );
+    // Values are written as requests carry them: one identity either way.
+    let a = floodgate(
+        &config,
+        &url,
+        &["inspect", "sms", "+1 (555) 010-9999", "203.0.113.7"],
+    );
+    let b = floodgate(
+        &config,
+        &url,
+        &["inspect", "sms", "+15550109999", "203.0.113.7"],
+    );
+    assert_eq!(
+        a.json()["key"],
+        "floodgate:sms:form+ip:+15550109999|203.0.113.7"
+    );
+    assert_eq!(a.json(), b.json());
+    // IPv6 by its /64.
+    let v6 = floodgate(&config, &url, &["inspect", "check", "2001:db8::7"]).json();
+    assert_eq!(v6["key"], "floodgate:check:ip:2001:db8::/64");
+
+    let banned = floodgate(
+        &config,
+        &url,
+        &["ban", "check", "127.0.0.1", "--for", "10m"],
+    )
+    .json();
+    assert!(
+        (590..=600).contains(&banned["banned_s"].as_u64().unwrap()),
+        "{banned}"
+    );
+    let over = floodgate(
+        &config,
+        &url,
+        &[
+            "override",
+            "check",
+            "127.0.0.1",
+            "--limit",
+            "10",
+            "--window",
+            "2m",
+            "--for",
+            "1h",
+        ],
+    )
+    .json();
+    assert_eq!(over["limit"], 10);
+    assert_eq!(over["window_s"], 120);
+    assert_eq!(over["override"]["limit"], 10);
+    assert_eq!(over["override"]["window_s"], 120);
+    assert!((3590..=3600).contains(&over["override"]["expires_s"].as_u64().unwrap()));
+    let unbanned = floodgate(&config, &url, &["unban", "check", "127.0.0.1"]).json();
+    assert_eq!(unbanned["banned_s"], 0);
+    assert_eq!(
+        unbanned["override"]["limit"], 10,
+        "unban leaves the override"
+    );
+    let cleared = floodgate(
+        &config,
+        &url,
+        &["override", "check", "127.0.0.1", "--clear"],
+    )
+    .json();
+    assert_eq!(cleared["override"], Value::Null);
+    assert_eq!(cleared["limit"], 3);
+    let reset = floodgate(&config, &url, &["reset", "check", "127.0.0.1"]).json();
+    assert_eq!(reset["used"], 0);
+    assert!(
+        redis.keys("*").is_empty(),
+        "nothing is left: {:?}",
+        redis.keys("*")
+    );
+
+    // Bad input: exit 2, one line on stderr, nothing on stdout.
+    for args in [
+        &["inspect", "nope", "127.0.0.1"][..],
+        &["inspect", "check"],
+        &["inspect", "check", "1.2.3.4", "5.6.7.8"],
+        &["inspect", "check", "not-an-address"],
+        &["inspect", "sms", "12", "1.2.3.4"],
+        &["ban", "check", "1.2.3.4"],
+        &["ban", "check", "1.2.3.4", "--for", "10 minutes"],
+        &["ban", "check", "1.2.3.4", "--for", "367d"],
+        &["ban", "check", "1.2.3.4", "--for", "0s"],
+        &["override", "check", "1.2.3.4"],
+        &["override", "check", "1.2.3.4", "--limit", "0"],
+        &["override", "check", "1.2.3.4", "--limit", "ten"],
+        &["override", "check", "1.2.3.4", "--limit", "1000001"],
+        &["override", "check", "1.2.3.4", "--limit", "5", "--clear"],
+        &["reset", "check", "1.2.3.4", "--for", "1m"],
+        &["unban", "check", "1.2.3.4", "--bogus"],
+    ] {
+        let ran = floodgate(&config, &url, args);
+        assert_eq!(ran.code, 2, "{args:?}: {}", ran.stderr);
+        assert_eq!(
+            ran.stderr.trim().lines().count(),
+            1,
+            "{args:?}: {}",
+            ran.stderr
+        );
+        assert!(ran.stdout.is_empty(), "{args:?}: {}", ran.stdout);
+    }
+    assert!(redis.keys("*").is_empty(), "bad input wrote nothing");
+
+    // Redis unreachable: exit 1 with one line.
+    let closed = format!("redis://127.0.0.1:{}/0", free_port());
+    for args in [
+        &["inspect", "check", "1.2.3.4"][..],
+        &["ban", "check", "1.2.3.4", "--for", "1m"],
+    ] {
+        let ran = floodgate(&config, &closed, args);
+        assert_eq!(ran.code, 1, "{args:?}: {}", ran.stderr);
+        assert_eq!(ran.stderr.trim().lines().count(), 1, "{}", ran.stderr);
+    }
+    let _ = std::fs::remove_file(&config);
+}
+
+#[test]
+fn a_ban_unban_and_reset_reach_every_serving_process_and_their_cached_denials() {
+    let redis = RedisServer::start();
+    let config = config_file("processes", CHECK);
+    let url = redis.url();
+    let a = Serving::start(&config, &url);
+    let b = Serving::start(&config, &url);
+    let used =
+        || floodgate(&config, &url, &["inspect", "check", "127.0.0.1"]).json()["used"].clone();
+
+    // A ban is read by the deciding call itself: the very next request to
+    // either process is denied, for the ban's time.
+    floodgate(
+        &config,
+        &url,
+        &["ban", "check", "127.0.0.1", "--for", "10m"],
+    )
+    .json();
+    for p in [&a, &b] {
+        for _ in 0..3 {
+            let res = p.get("/check");
+            assert_eq!(res.status, 429);
+            assert!(retry_after(&res).unwrap() > 500, "{}", res.head);
+        }
+    }
+    assert_eq!(used(), 0, "banned requests take no quota");
+
+    // Both processes now remember the ban's denial for 10 minutes; an unban
+    // makes them forget it.
+    floodgate(&config, &url, &["unban", "check", "127.0.0.1"]).json();
+    let mut admitted = 0;
+    for p in [&a, &b] {
+        wait_until(
+            Duration::from_secs(10),
+            "the unban to reach the process",
+            || {
+                let ok = p.get("/check").status == 200;
+                admitted += u64::from(ok);
+                ok
+            },
+        );
+    }
+    assert_eq!(used(), admitted);
+
+    // Use up the limit, so both remember an hour-long denial; a reset
+    // makes them forget it.
+    while a.get("/check").status == 200 {}
+    assert_eq!(a.get("/check").status, 429);
+    assert_eq!(b.get("/check").status, 429);
+    assert_eq!(used(), 3);
+    floodgate(&config, &url, &["reset", "check", "127.0.0.1"]).json();
+    let mut admitted = 0;
+    for p in [&a, &b] {
+        wait_until(
+            Duration::from_secs(10),
+            "the reset to reach the process",
+            || {
+                let ok = p.get("/check").status == 200;
+                admitted += u64::from(ok);
+                ok
+            },
+        );
+    }
+    // Every admission after the reset was decided by Redis: counted.
+    assert_eq!(used(), admitted);
+
+    // An override that lowers the limit applies at the next decision.
+    floodgate(
+        &config,
+        &url,
+        &["override", "check", "127.0.0.1", "--limit", "1"],
+    )
+    .json();
+    for p in [&a, &b] {
+        assert_eq!(p.get("/check").status, 429);
+    }
+    let _ = std::fs::remove_file(&config);
+}
+
+fn window_check(key: &str, limit: u32, penalty: Option<Penalty>) -> Check {
+    Check {
+        key: key.into(),
+        algorithm: Algorithm::SlidingWindow {
+            limit: std::num::NonZeroU32::new(limit).unwrap(),
+            window: Duration::from_secs(3600),
+        },
+        cost: 1,
+        enforce: true,
+        penalty,
+    }
+}
+
+const PENALTY: Penalty = Penalty {
+    after: 3,
+    within: Duration::from_secs(600),
+    ban: Duration::from_secs(10),
+    max: Duration::from_secs(40),
+};
+
+#[test]
+fn a_penalty_bans_after_n_denials_and_each_ban_doubles_up_to_max() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let check = window_check("floodgate:p:ip:198.51.100.1", 1, Some(PENALTY));
+    let mut at = |ms: u64| {
+        let mut r =
+            floodgate::__private::decide_batch(&mut conn, vec![(Some(ms), vec![check.clone()])])
+                .unwrap();
+        r.remove(0).unwrap().outcomes[0]
+    };
+    let t0 = 1_800_000_000_000u64;
+    assert!(at(t0).allowed);
+    // Two denials by the limit, then the third bans for 10 s.
+    for i in 1..=2 {
+        let o = at(t0 + i);
+        assert!(!o.allowed && !o.banned, "{o:?}");
+    }
+    let o = at(t0 + 3);
+    assert!(o.banned && o.ban_started, "{o:?}");
+    assert_eq!(o.wait, Duration::from_secs(10));
+    // While banned: denied for the time left, nothing counted.
+    let o = at(t0 + 5_003);
+    assert!(o.banned && !o.ban_started);
+    assert_eq!(o.wait, Duration::from_secs(5));
+    // After the ban, three more denials: 20 s, then 40 s, then 40 s (max).
+    let mut t = t0 + 10_003;
+    for expected in [20, 40, 40] {
+        for _ in 0..2 {
+            let o = at(t);
+            assert!(!o.allowed && !o.banned, "at {t}: {o:?}");
+            t += 1;
+        }
+        let o = at(t);
+        assert!(o.ban_started, "at {t}: {o:?}");
+        assert_eq!(o.wait, Duration::from_secs(expected));
+        t += expected * 1000;
+    }
+    // Once the last ban is forgotten (max after its end), bans start over.
+    t += 40_000;
+    for _ in 0..2 {
+        assert!(!at(t).banned);
+        t += 1;
+    }
+    let o = at(t);
+    assert_eq!((o.ban_started, o.wait), (true, Duration::from_secs(10)));
+    // The record expires with its last part.
+    let ttl = redis.pttl("!floodgate:p:ip:198.51.100.1");
+    assert!(ttl > 0, "{ttl}");
+}
+
+#[actix_web::test]
+async fn a_penalty_is_exact_under_concurrent_denials() {
+    let redis = RedisServer::start();
+    let config = floodgate::Config::parse("", std::path::Path::new("x.toml")).unwrap();
+    let mut redis_config = config.redis.clone();
+    redis_config.url = redis.url();
+    let limiter = Arc::new(Limiter::new(&redis_config, LimiterOptions::default()).unwrap());
+    let penalty = Penalty {
+        after: 5,
+        ..PENALTY
+    };
+    let check = window_check("floodgate:c:ip:198.51.100.2", 1, Some(penalty));
+    // 40 requests at once: 1 admitted, 4 denied by the limit, the 5th
+    // denial bans, and the other 34 meet the ban.
+    let decisions = futures_util::future::join_all((0..40).map(|_| {
+        let limiter = Arc::clone(&limiter);
+        let check = check.clone();
+        async move { limiter.decide(vec![check]).await.unwrap().outcomes[0] }
+    }))
+    .await;
+    let allowed = decisions.iter().filter(|o| o.allowed).count();
+    let limited = decisions.iter().filter(|o| !o.allowed && !o.banned).count();
+    let started = decisions.iter().filter(|o| o.ban_started).count();
+    let banned = decisions.iter().filter(|o| o.banned).count();
+    assert_eq!((allowed, limited, started, banned), (1, 4, 1, 35));
+    assert_eq!(redis.llen("floodgate:c:ip:198.51.100.2"), 1);
+}
+
+const TWO_RULES: &str = r#"
+[admin]
+token = "s3cret-token-for-tests"
+
+[[rule]]
+name = "check"
+paths = ["/check"]
+limit = 3
+window = "1h"
+deny = "status"
+
+[[rule]]
+name = "guess"
+paths = ["/guess"]
+limit = 1
+window = "1h"
+deny = "status"
+penalty = { after = 2, within = "10m", ban = "1m", max = "4m" }
+
+[[rule]]
+name = "site"
+paths = ["/", "/check", "/guess", "/admin", "/admin/*"]
+key = "global"
+limit = 1000
+window = "1h"
+deny = "status"
+"#;
+
+async fn inspect(app: &TestApp, rule: &str, values: &[&str]) -> floodgate::limit::Inspection {
+    app.filter
+        .operate(rule, values, Action::Inspect)
+        .await
+        .unwrap()
+}
+
+async fn status(app: &TestApp, path: &str) -> u16 {
+    app.client
+        .get(app.url(path))
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[actix_web::test]
+async fn a_banned_request_takes_no_quota_from_any_rule() {
+    let app = spawn_app_with(TWO_RULES, |_| {}).await;
+    app.filter
+        .operate(
+            "check",
+            &["127.0.0.1"],
+            Action::Ban(Duration::from_secs(600)),
+        )
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        assert_eq!(status(&app, "/check").await, 429);
+    }
+    assert_eq!(inspect(&app, "site", &[]).await.used, 0);
+    assert_eq!(inspect(&app, "check", &["127.0.0.1"]).await.used, 0);
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains("floodgate_decisions_total{rule=\"check\",decision=\"banned\"} 5"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("floodgate_bans_total{rule=\"check\",source=\"operator\"} 1"));
+    // Another page is not under the ban.
+    assert_eq!(status(&app, "/").await, 200);
+    assert_eq!(inspect(&app, "site", &[]).await.used, 1);
+}
+
+#[actix_web::test]
+async fn an_override_raises_and_lowers_a_limit_and_counts_are_kept() {
+    let app = spawn_app_with(TWO_RULES, |_| {}).await;
+    let ip = ["127.0.0.1"];
+    for _ in 0..2 {
+        assert_eq!(status(&app, "/check").await, 200);
+    }
+    let raise = Action::Override {
+        limit: 5,
+        window: None,
+        lasts: Some(Duration::from_secs(3600)),
+    };
+    let seen = app.filter.operate("check", &ip, raise).await.unwrap();
+    assert_eq!((seen.limit, seen.used, seen.remaining), (5, 2, 3));
+    for _ in 0..3 {
+        assert_eq!(status(&app, "/check").await, 200);
+    }
+    assert_eq!(status(&app, "/check").await, 429);
+    // Lowered below what was used: denied until enough leaves.
+    let lower = Action::Override {
+        limit: 2,
+        window: None,
+        lasts: None,
+    };
+    let seen = app.filter.operate("check", &ip, lower).await.unwrap();
+    assert_eq!((seen.limit, seen.used, seen.remaining), (2, 5, 0));
+    assert_eq!(seen.override_state.unwrap().expires_s, None);
+    assert_eq!(status(&app, "/check").await, 429);
+    // A reload keeps it (it lives in Redis).
+    app.filter.replace_rules(app.filter.rules().to_vec());
+    assert_eq!(inspect(&app, "check", &ip).await.limit, 2);
+    let seen = app
+        .filter
+        .operate("check", &ip, Action::Clear)
+        .await
+        .unwrap();
+    assert_eq!((seen.limit, seen.used, seen.override_state), (3, 5, None));
+    // Another identity never had it.
+    assert_eq!(inspect(&app, "check", &["192.0.2.1"]).await.limit, 3);
+}
+
+#[actix_web::test]
+async fn a_token_bucket_override_is_the_burst_and_the_rate_scales() {
+    let toml = r#"
+[[rule]]
+name = "api"
+paths = ["/api/ping"]
+algorithm = "token_bucket"
+rate = 1.0
+burst = 2
+deny = "status"
+"#;
+    let app = spawn_app_with(toml, |_| {}).await;
+    let over = Action::Override {
+        limit: 10,
+        window: None,
+        lasts: None,
+    };
+    let seen = app
+        .filter
+        .operate("api", &["127.0.0.1"], over)
+        .await
+        .unwrap();
+    // Burst 10 at rate 5/s: 2 s to refill from empty, as the rule's 2 at 1/s.
+    assert_eq!((seen.limit, seen.window_s, seen.remaining), (10, 2, 10));
+    for _ in 0..10 {
+        assert_eq!(status(&app, "/api/ping").await, 200);
+    }
+}
+
+/// `POST /admin/ACTION` with `body`, as `token` (None: no Authorization).
+async fn admin(
+    app: &TestApp,
+    action: &str,
+    token: Option<&str>,
+    body: &str,
+) -> (u16, Value, String) {
+    let mut req = app
+        .client
+        .post(app.url(&format!("/admin/{action}")))
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let res = req.send().await.unwrap();
+    let status = res.status().as_u16();
+    let cache = res
+        .headers()
+        .get("cache-control")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let text = res.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+        cache,
+    )
+}
+
+const TOKEN: &str = "s3cret-token-for-tests";
+
+#[actix_web::test]
+async fn the_admin_api_needs_its_token_and_an_allowed_address_and_is_never_counted() {
+    let app = spawn_app_with(TWO_RULES, |_| {}).await;
+    let body = r#"{"rule":"check","values":["127.0.0.1"]}"#;
+    assert_eq!(admin(&app, "inspect", None, body).await.0, 401);
+    assert_eq!(
+        admin(&app, "inspect", Some("s3cret-token-for-testz"), body)
+            .await
+            .0,
+        401
+    );
+    let (code, seen, cache) = admin(&app, "inspect", Some(TOKEN), body).await;
+    assert_eq!((code, cache.as_str()), (200, "no-store"));
+    assert_eq!(seen["key"], "floodgate:check:ip:127.0.0.1");
+
+    let (code, seen, _) = admin(
+        &app,
+        "ban",
+        Some(TOKEN),
+        r#"{"rule":"check","values":["127.0.0.1"],"for":"10m"}"#,
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert!(seen["banned_s"].as_u64().unwrap() > 590);
+    assert_eq!(status(&app, "/check").await, 429);
+    assert_eq!(admin(&app, "unban", Some(TOKEN), body).await.0, 200);
+    assert_eq!(status(&app, "/check").await, 200);
+    let (code, seen, _) = admin(
+        &app,
+        "override",
+        Some(TOKEN),
+        r#"{"rule":"check","values":["127.0.0.1"],"limit":100,"window":"1m","for":"1d"}"#,
+    )
+    .await;
+    assert_eq!((code, seen["limit"].as_u64()), (200, Some(100)));
+    assert_eq!(seen["override"]["expires_s"], 86_400);
+    let (code, seen, _) = admin(
+        &app,
+        "override",
+        Some(TOKEN),
+        r#"{"rule":"check","values":["127.0.0.1"],"clear":true}"#,
+    )
+    .await;
+    assert_eq!((code, &seen["override"]), (200, &Value::Null));
+    let (code, seen, _) = admin(&app, "reset", Some(TOKEN), body).await;
+    assert_eq!((code, seen["used"].as_u64()), (200, Some(0)));
+
+    for (action, bad) in [
+        ("inspect", r#"{"rule":"nope","values":["127.0.0.1"]}"#),
+        ("inspect", r#"{"rule":"check","values":[]}"#),
+        ("inspect", r#"{"rule":"check","values":["x"]}"#),
+        (
+            "ban",
+            r#"{"rule":"check","values":["127.0.0.1"],"for":"forever"}"#,
+        ),
+        (
+            "ban",
+            r#"{"rule":"check","values":["127.0.0.1"],"for":"400d"}"#,
+        ),
+        (
+            "override",
+            r#"{"rule":"check","values":["127.0.0.1"],"limit":0}"#,
+        ),
+        ("override", r#"{"rule":"check","values":["127.0.0.1"]}"#),
+        ("inspect", "not json"),
+    ] {
+        let (code, seen, cache) = admin(&app, action, Some(TOKEN), bad).await;
+        assert_eq!(code, 400, "{bad}");
+        assert!(seen["error"].is_string(), "{bad}: {seen}");
+        assert_eq!(cache, "no-store");
+    }
+    assert_eq!(admin(&app, "nothing", Some(TOKEN), body).await.0, 404);
+
+    // Dozens of admin requests, and the catch-all rule counted none of them.
+    for _ in 0..30 {
+        assert_eq!(admin(&app, "inspect", Some(TOKEN), body).await.0, 200);
+    }
+    assert_eq!(
+        inspect(&app, "site", &[]).await.used,
+        1,
+        "only the one GET /check admitted"
+    );
+}
+
+#[actix_web::test]
+async fn without_a_token_every_admin_path_is_404_and_other_addresses_get_403() {
+    let none = spawn_app_with(
+        &TWO_RULES.replace("token = \"s3cret-token-for-tests\"", ""),
+        |_| {},
+    )
+    .await;
+    let body = r#"{"rule":"check","values":["127.0.0.1"]}"#;
+    assert_eq!(admin(&none, "inspect", Some(TOKEN), body).await.0, 404);
+    assert_eq!(status(&none, "/admin").await, 404);
+    assert_eq!(status(&none, "/admin/x/y").await, 404);
+
+    let elsewhere = spawn_app_with(
+        &TWO_RULES.replace("[admin]", "[admin]\nallow = [\"10.0.0.0/8\"]"),
+        |_| {},
+    )
+    .await;
+    assert_eq!(admin(&elsewhere, "inspect", Some(TOKEN), body).await.0, 403);
+}
+
+#[actix_web::test]
+async fn limits_shows_the_viewers_own_ban_and_override() {
+    let app = spawn_app_with(TWO_RULES, |_| {}).await;
+    let ip = ["127.0.0.1"];
+    app.filter
+        .operate("check", &ip, Action::Ban(Duration::from_secs(600)))
+        .await
+        .unwrap();
+    let over = Action::Override {
+        limit: 7,
+        window: None,
+        lasts: None,
+    };
+    app.filter.operate("site", &[], over).await.unwrap();
+    let page = app.get("/limits").await.text().await.unwrap();
+    assert!(page.contains("banned"), "{page}");
+    assert!(page.contains("your own limit: 7"), "{page}");
+}
+
+/// Two apps (each with its own limiter and denial cache, as two processes
+/// have) on one Cluster or one Sentinel-watched master.
+async fn shared_pair(
+    edit: impl Fn(&mut floodgate_site::config::Config) + Clone,
+) -> (TestApp, TestApp) {
+    let a = spawn_app_with(TWO_RULES, edit.clone()).await;
+    let b = spawn_app_with(TWO_RULES, edit).await;
+    (a, b)
+}
+
+async fn ban_reset_across(a: &TestApp, b: &TestApp) {
+    let ip = ["127.0.0.1"];
+    a.filter
+        .operate("check", &ip, Action::Ban(Duration::from_secs(600)))
+        .await
+        .unwrap();
+    for app in [a, b] {
+        assert_eq!(status(app, "/check").await, 429);
+    }
+    assert_eq!(inspect(a, "site", &[]).await.used, 0);
+    a.filter.operate("check", &ip, Action::Unban).await.unwrap();
+    for app in [a, b] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while status(app, "/check").await != 200 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the unban did not arrive"
+            );
+            actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // The limit used up, both remember the denial; a reset from one
+    // reaches the other.
+    while status(a, "/check").await == 200 {}
+    assert_eq!(status(b, "/check").await, 429);
+    b.filter.operate("check", &ip, Action::Reset).await.unwrap();
+    for app in [a, b] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while status(app, "/check").await != 200 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the reset did not arrive"
+            );
+            actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[actix_web::test]
+async fn on_a_cluster_operator_records_share_the_identitys_slot_and_reach_every_process() {
+    let cluster = Cluster::start();
+    let seeds = cluster.seeds();
+    let (a, b) = shared_pair(move |c| c.filter.redis.cluster = seeds.clone()).await;
+    ban_reset_across(&a, &b).await;
+    let seen = inspect(&a, "check", &["127.0.0.1"]).await;
+    assert_eq!(seen.key, "floodgate:check:ip:{127.0.0.1}");
+    let mut conn = cluster.connection();
+    let mut slot = |k: &str| -> u16 {
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(k)
+            .query(&mut conn)
+            .unwrap()
+    };
+    assert_eq!(slot(&seen.key), slot(&format!("!{}", seen.key)));
+    // An override set through one process applies in the other.
+    let over = Action::Override {
+        limit: 1,
+        window: None,
+        lasts: None,
+    };
+    a.filter
+        .operate("check", &["127.0.0.1"], over)
+        .await
+        .unwrap();
+    assert_eq!(status(&b, "/check").await, 429);
+    penalty_bans(&a, &b).await;
+}
+
+/// The `guess` rule (1 per hour, banned for 1 min at the 2nd denial): one
+/// admission, one denial, then the ban, whichever process asks.
+async fn penalty_bans(a: &TestApp, b: &TestApp) {
+    assert_eq!(status(a, "/guess").await, 404, "admitted (no such page)");
+    assert_eq!(status(b, "/guess").await, 429);
+    let res = a
+        .client
+        .get(a.url("/guess"))
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 429);
+    let retry: u64 = res.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((50..=60).contains(&retry), "{retry}");
+    let seen = inspect(b, "guess", &["127.0.0.1"]).await;
+    assert!((50..=60).contains(&seen.banned_s), "{seen:?}");
+    assert_eq!(seen.used, 1);
+    assert!(a
+        .metrics()
+        .await
+        .contains("floodgate_bans_total{rule=\"guess\",source=\"penalty\"} 1"));
+}
+
+#[actix_web::test]
+async fn on_sentinel_operator_actions_reach_every_process() {
+    let sentinel = Sentinel::start();
+    let url = sentinel.url();
+    let (a, b) = shared_pair(move |c| {
+        c.filter.redis.sentinel = vec![url.clone()];
+        c.filter.redis.sentinel_master = MASTER_NAME.into();
+    })
+    .await;
+    ban_reset_across(&a, &b).await;
+    penalty_bans(&a, &b).await;
+}
+
+#[actix_web::test]
+async fn after_a_redis_restart_operator_changes_still_reach_the_denial_cache() {
+    let mut app = spawn_app_with(TWO_RULES, |_| {}).await;
+    let ip = ["127.0.0.1"];
+    let ban = Action::Ban(Duration::from_secs(600));
+    app.filter.operate("check", &ip, ban).await.unwrap();
+    assert_eq!(status(&app, "/check").await, 429);
+    // A new, empty server: the ban is gone with it, and the listener,
+    // subscribed again, forgets what it may have missed.
+    app.redis.restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while status(&app, "/check").await != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cached ban outlived the server"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Subscribed again: a new ban and its unban arrive.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        app.filter.operate("check", &ip, ban).await.unwrap();
+        assert_eq!(status(&app, "/check").await, 429);
+        app.filter
+            .operate("check", &ip, Action::Unban)
+            .await
+            .unwrap();
+        let mut tries = 0;
+        while status(&app, "/check").await != 200 && tries < 20 {
+            tries += 1;
+            actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+        }
+        if tries < 20 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the unban never arrived"
+        );
+    }
+}
+
+#[actix_web::test]
+async fn after_a_sentinel_failover_operator_changes_still_reach_the_denial_cache() {
+    let mut sentinel = Sentinel::start();
+    let url = sentinel.url();
+    // No decision without Redis: a request allowed during the failover
+    // must not pass for one the unban let through.
+    let toml = format!("[defaults]\non_redis_error = \"deny\"\n{}", TWO_RULES);
+    let app = spawn_app_with(&toml, move |c| {
+        c.filter.redis.sentinel = vec![url];
+        c.filter.redis.sentinel_master = MASTER_NAME.into();
+    })
+    .await;
+    let ip = ["127.0.0.1"];
+    let ban = Action::Ban(Duration::from_secs(600));
+    let seen = app.filter.operate("check", &ip, ban).await.unwrap();
+    let record = format!("!{}", seen.key);
+    wait_until(
+        Duration::from_secs(10),
+        "the ban to reach the replica",
+        || {
+            sentinel
+                .replica
+                .query::<bool>(redis::cmd("EXISTS").arg(&record))
+                .unwrap_or(false)
+        },
+    );
+    assert_eq!(status(&app, "/check").await, 429, "remembered from here on");
+    sentinel.fail_master();
+    // The new master holds the ban too; once decisions reach it, unban there.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if app
+            .filter
+            .operate("check", &ip, Action::Unban)
+            .await
+            .is_ok()
+            && status(&app, "/check").await == 200
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the unban never reached the denial cache after the failover"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(100)).await;
+    }
+}
