@@ -114,6 +114,12 @@
 //!   `phonenumber` and `regex`).
 //! - `cluster`: `[redis] cluster`, a Redis Cluster.
 //! - `sentinel`: `[redis] sentinel`, a master found through Redis Sentinel.
+//!
+//! Every build reads the same file format; a file (or a [`FilterBuilder`]
+//! given a [`limit::RedisConfig`]) that asks for what the build lacks is
+//! refused with the key and the feature it needs: `config.toml: [redis]
+//! cluster: this build of floodgate has no Redis Cluster support (feature
+//! "cluster")`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 

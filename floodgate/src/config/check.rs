@@ -10,10 +10,18 @@ use super::units::{amount_of_time, invalid_duration, number, parse_duration_ms, 
 use super::{ConfigError, MAX_ERROR_PAGE, MAX_LIMIT, MAX_RATE, MAX_WINDOW};
 use crate::limit::Algorithm;
 use crate::net::Cidr;
+#[cfg(feature = "e164")]
+use crate::rule::Region;
 use crate::rule::{
     Count, Deny, HeaderDialect, Key, KeyKind, Mode, Normalize, OnMissingKey, OnRedisError,
-    PathPattern, Region, Rule, Skip,
+    PathPattern, Rule, Skip,
 };
+
+/// Why `normalize = "e164"` or a `region` is refused by a build without the
+/// `e164` feature.
+#[cfg(not(feature = "e164"))]
+pub(crate) const NO_E164: &str =
+    "this build of floodgate has no phone number support (feature \"e164\")";
 
 /// Checks `[defaults]` and every `[[rule]]`; used at start and on SIGHUP.
 pub(crate) fn rules_from_raw(
@@ -48,6 +56,7 @@ pub(super) struct Policy {
     error_page: String,
     on_redis_error: OnRedisError,
     mode: Mode,
+    #[cfg(feature = "e164")]
     pub(super) region: Region,
     pub(super) count: Count,
     on_missing_key: OnMissingKey,
@@ -63,6 +72,7 @@ impl Policy {
             error_page: "/err".into(),
             on_redis_error: OnRedisError::Allow,
             mode: Mode::Enforce,
+            #[cfg(feature = "e164")]
             region: Region::us(),
             count: Count::All,
             on_missing_key: OnMissingKey::Ip,
@@ -87,12 +97,7 @@ pub(super) fn check_policy(
     p.on_redis_error = raw.on_redis_error.unwrap_or(p.on_redis_error);
     p.mode = raw.mode.unwrap_or(p.mode);
     if let Some(r) = &raw.region {
-        p.region = Region::parse(r).ok_or_else(|| {
-            (
-                "region",
-                format!("unknown region {r:?}, expected a two-letter region code such as \"US\" or \"GB\""),
-            )
-        })?;
+        check_region(&mut p, r)?;
     }
     p.count = raw.count.unwrap_or(p.count);
     p.on_missing_key = raw.on_missing_key.unwrap_or(p.on_missing_key);
@@ -102,6 +107,26 @@ pub(super) fn check_policy(
         p.exempt = list.clone();
     }
     Ok(p)
+}
+
+/// `region`: a two-letter region code with phone number data.
+#[cfg(feature = "e164")]
+fn check_region(p: &mut Policy, r: &str) -> Result<(), (&'static str, String)> {
+    p.region = Region::parse(r).ok_or_else(|| {
+        (
+            "region",
+            format!(
+                "unknown region {r:?}, expected a two-letter region code such as \"US\" or \"GB\""
+            ),
+        )
+    })?;
+    Ok(())
+}
+
+/// `region` is for phone numbers, which this build cannot read.
+#[cfg(not(feature = "e164"))]
+fn check_region(_: &mut Policy, r: &str) -> Result<(), (&'static str, String)> {
+    Err(("region", format!("region = {r:?}: {NO_E164}")))
 }
 
 /// `exempt`: addresses or networks of clients (`10.0.0.0/8`, `::1`).
@@ -483,7 +508,10 @@ pub(super) fn check_rule(r: RawRule, defaults: &Policy, earlier: &[Rule]) -> Res
         NormalizeName::None => Normalize::None,
         NormalizeName::Digits => Normalize::Digits,
         NormalizeName::Lowercase => Normalize::Lowercase,
+        #[cfg(feature = "e164")]
         NormalizeName::E164 => Normalize::E164(policy.region),
+        #[cfg(not(feature = "e164"))]
+        NormalizeName::E164 => return Err(format!("normalize = \"e164\": {NO_E164}")),
     };
 
     let amount = match policy.algorithm {
@@ -576,6 +604,9 @@ pub(super) fn check_topology(
     sentinel: &[String],
     master: &str,
 ) -> Result<(), (&'static str, String)> {
+    if let Some((key, why)) = crate::limit::settings::missing_feature(cluster, sentinel) {
+        return Err((key, why.into()));
+    }
     if !cluster.is_empty() && !sentinel.is_empty() {
         return Err((
             "[redis] cluster",

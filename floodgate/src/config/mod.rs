@@ -63,7 +63,9 @@ mod raw;
 mod units;
 
 pub(crate) use self::check::rules_from_raw;
-use self::check::{check_policy, check_redis_url, check_topology, duration_setting, Policy};
+#[cfg(feature = "e164")]
+use self::check::{check_policy, Policy};
+use self::check::{check_redis_url, check_topology, duration_setting};
 pub(crate) use self::check::{check_spec, Amount, RuleSpec};
 pub use self::operator::{operator_duration, AdminConfig};
 pub(crate) use self::raw::*;
@@ -72,7 +74,9 @@ use self::units::parse_duration;
 pub use self::units::{format_duration, human_duration, parse_size};
 pub use crate::limit::RedisConfig;
 use crate::net::{Cidr, ProxyHeader};
-use crate::rule::{Region, Rule};
+#[cfg(feature = "e164")]
+use crate::rule::Region;
+use crate::rule::Rule;
 
 /// Largest `limit` a window rule may have.
 pub const MAX_LIMIT: u32 = 100_000;
@@ -141,7 +145,8 @@ pub struct Config {
     pub rules: Vec<Rule>,
     /// `[defaults] region`: the region of phone numbers written without
     /// `+`, for an application that reads numbers the way the `e164` rules
-    /// do (see [`rule::e164`](crate::rule::e164)).
+    /// do (see [`rule::e164`](crate::rule::e164)). (The `e164` feature.)
+    #[cfg(feature = "e164")]
     pub region: Region,
     /// `[admin]`: the operators' HTTP API.
     pub admin: AdminConfig,
@@ -361,6 +366,7 @@ impl Config {
             breaker: duration_setting(l.breaker.as_deref().unwrap_or("1s"), MAX_BREAKER)
                 .map_err(|w| err("[limiter] breaker", w.text()))?,
         };
+        #[cfg(feature = "e164")]
         let region = check_policy(&raw.defaults, &Policy::builtin())
             .map(|p| p.region)
             .map_err(|(key, what)| err(&format!("[defaults] {key}"), what))?;
@@ -374,6 +380,7 @@ impl Config {
             redis,
             limiter,
             rules,
+            #[cfg(feature = "e164")]
             region,
         })
     }
@@ -424,7 +431,6 @@ mod tests {
     use super::check::{check_error_page, duration_setting};
     use super::units::SettingError;
     use super::*;
-    use crate::rule::{Count, Key, KeyKind, Normalize};
     use std::time::Duration;
 
     #[test]
@@ -555,7 +561,9 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "e164")]
     fn keys_regions_and_counts() {
+        use crate::rule::{Count, Key, KeyKind, Normalize};
         let r = rules(
             "[defaults]\nregion = \"gb\"\ncount = \"failures\"\n[[rule]]\nname = \"a\"\npaths = [\"/a\"]\nkey = [\"form:phone\", \"ip\"]\nnormalize = \"e164\"\nlimit = 1\nwindow = \"1m\"\n",
         )
@@ -584,5 +592,30 @@ mod tests {
         }
         let err = rules(&format!("[defaults]\nregion = \"Mars\"\n{base}")).unwrap_err();
         assert!(err.contains("[defaults] region"), "{err}");
+    }
+
+    /// A build without the `e164` feature reads the same keys, and refuses
+    /// the ones that ask for phone numbers, naming the feature.
+    #[test]
+    #[cfg(not(feature = "e164"))]
+    fn phone_numbers_need_the_e164_feature() {
+        let base = "[[rule]]\nname = \"a\"\npaths = [\"/a\"]\nlimit = 1\nwindow = \"1m\"\n";
+        assert_eq!(
+            rules(&format!("{base}normalize = \"e164\"\n")).unwrap_err(),
+            "t.toml: rule \"a\" (rule 1): normalize = \"e164\": this build of floodgate has \
+             no phone number support (feature \"e164\")"
+        );
+        assert_eq!(
+            rules(&format!("[defaults]\nregion = \"GB\"\n{base}")).unwrap_err(),
+            "t.toml: [defaults] region: region = \"GB\": this build of floodgate has no phone \
+             number support (feature \"e164\")"
+        );
+        assert_eq!(
+            rules(&format!("{base}region = \"GB\"\n")).unwrap_err(),
+            "t.toml: rule \"a\" (rule 1): region = \"GB\": this build of floodgate has no \
+             phone number support (feature \"e164\")"
+        );
+        // The other normalizations need nothing optional.
+        assert!(rules(&format!("{base}normalize = \"digits\"\n")).is_ok());
     }
 }

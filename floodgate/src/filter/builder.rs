@@ -907,6 +907,7 @@ impl Limit {
             Normalize::None => {}
             Normalize::Digits => parts.push("digits".into()),
             Normalize::Lowercase => parts.push("lowercase".into()),
+            #[cfg(feature = "e164")]
             Normalize::E164(region) => {
                 parts.push(format!("e164{}", word(region.code(), &mut exact)))
             }

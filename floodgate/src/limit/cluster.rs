@@ -48,7 +48,6 @@ use redis::{ConnectionLike as _, ErrorKind, RedisResult, ServerErrorKind, Value}
 
 use super::masters::{Masters, Unwritten};
 use super::redis::{next_batch, retain_waiting, spoils, Breaker, Gate, Job, RedisClock, Shared};
-use super::source::{cluster_client, key_slot};
 use super::LimiterError;
 use super::{Algorithm, Check, Decision, Outcome};
 use crate::config::RedisConfig;
@@ -845,6 +844,56 @@ fn write_group(
     3 * keys + 1
 }
 
+/// Retries of one command on a cluster (redirections, TRYAGAIN,
+/// CLUSTERDOWN), and the waits between them: short, so that a decision
+/// still comes within the timeout or fails.
+const CLUSTER_RETRIES: u32 = 5;
+const CLUSTER_MIN_WAIT_MS: u64 = 5;
+const CLUSTER_MAX_WAIT_MS: u64 = 50;
+
+/// A cluster client whose connects and replies are bounded by the timeout.
+pub(crate) fn cluster_client(config: &RedisConfig) -> RedisResult<ClusterClient> {
+    ClusterClient::builder(config.cluster.iter().map(String::as_str))
+        .connection_timeout(config.timeout)
+        .response_timeout(config.timeout)
+        .retries(CLUSTER_RETRIES)
+        .min_retry_wait(CLUSTER_MIN_WAIT_MS)
+        .max_retry_wait(CLUSTER_MAX_WAIT_MS)
+        .build()
+}
+
+/// Number of hash slots in a Redis Cluster.
+pub(crate) const SLOTS: u16 = 16384;
+
+/// The cluster hash slot of a key: CRC16 (XMODEM) of the key, or of its
+/// hash tag (the part between the first `{` and the next `}`, when not
+/// empty), modulo 16384.
+pub(crate) fn key_slot(key: &[u8]) -> u16 {
+    let hashed = match key.iter().position(|&b| b == b'{') {
+        Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
+            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
+            _ => key,
+        },
+        None => key,
+    };
+    crc16(hashed) % SLOTS
+}
+
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in data {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
 #[cfg(test)]
 mod tests {
     use std::num::NonZeroU32;
@@ -852,6 +901,18 @@ mod tests {
     use tokio::sync::oneshot;
 
     use super::*;
+
+    #[test]
+    fn slots_match_redis_cluster() {
+        // Values from the Redis Cluster specification and CLUSTER KEYSLOT.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"{user1000}.followers"), key_slot(b"user1000"));
+        // An empty tag hashes the whole key; only the first tag counts.
+        assert_eq!(key_slot(b"foo{}{bar}"), crc16(b"foo{}{bar}") % SLOTS);
+        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
+    }
 
     fn job(keys: &[&str]) -> Job {
         let (reply, _) = oneshot::channel();

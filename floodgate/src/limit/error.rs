@@ -40,6 +40,9 @@ pub enum LimiterError {
     Overloaded,
     /// The dispatcher threads are gone (the process is stopping).
     Stopped,
+    /// The configuration asks for what this build of floodgate lacks (a
+    /// Redis mode whose Cargo feature is off): the key, and which feature.
+    Unsupported(String),
 }
 
 impl LimiterError {
@@ -76,6 +79,7 @@ impl fmt::Display for LimiterError {
             ),
             LimiterError::Overloaded => f.write_str("too many decisions waiting for redis"),
             LimiterError::Stopped => f.write_str("the limiter is stopped"),
+            LimiterError::Unsupported(e) => f.write_str(e),
         }
     }
 }

@@ -30,8 +30,8 @@ use redis::cluster::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
 
+use super::cluster::SLOTS;
 use super::redis::{Breaker, Conn, RedisClock, Shared};
-use super::source::SLOTS;
 use super::{LimiterError, RedisConfig};
 
 /// What the dispatchers know of one master: its breaker, and the estimate

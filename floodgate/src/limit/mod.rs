@@ -24,16 +24,18 @@ macro_rules! lua_with_algorithms {
     };
 }
 
+#[cfg(feature = "cluster")]
 pub(crate) mod cluster;
 pub(crate) mod deny_cache;
 mod error;
 pub(crate) mod give_back;
 pub(crate) mod local;
+#[cfg(feature = "cluster")]
 mod masters;
 pub mod operator;
 mod peek;
 pub(crate) mod redis;
-mod settings;
+pub(crate) mod settings;
 pub(crate) mod source;
 
 use std::num::NonZeroU32;

@@ -39,6 +39,7 @@ use tokio::sync::oneshot;
 
 use super::deny_cache::DenyCache;
 use super::local::LocalLimiter;
+#[cfg(feature = "cluster")]
 use super::masters::MasterHealths;
 use super::source::{Master, RedisConn, Source};
 use super::{
@@ -208,6 +209,7 @@ impl Breaker {
 
     /// Whether the next call would probe: open, its period over, and no
     /// probe on its way.
+    #[cfg(feature = "cluster")]
     pub(super) fn probe_due(&self) -> bool {
         let until = self.open_until.load(Ordering::Acquire);
         until != 0 && self.now_us() >= until && !self.probing.load(Ordering::Acquire)
@@ -251,7 +253,12 @@ impl Breaker {
             }
             // No call was made: the probe's guard lets the next request
             // probe.
-            Err(LimiterError::Overloaded | LimiterError::Stopped | LimiterError::BreakerOpen) => {}
+            Err(
+                LimiterError::Overloaded
+                | LimiterError::Stopped
+                | LimiterError::BreakerOpen
+                | LimiterError::Unsupported(_),
+            ) => {}
         }
     }
 }
@@ -266,6 +273,7 @@ pub(super) struct Shared {
     breaker: Breaker,
     pub(super) deny_cache: Option<DenyCache>,
     /// Redis Cluster: each master's breaker and clock, by address.
+    #[cfg(feature = "cluster")]
     pub(super) masters: MasterHealths,
 }
 
@@ -361,7 +369,8 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// Wraps a connection to one server, just opened.
+    /// Wraps a connection to one server, just opened (a cluster master's).
+    #[cfg(feature = "cluster")]
     pub(super) fn single(conn: redis::Connection) -> Conn {
         Conn {
             inner: RedisConn::Single(conn),
@@ -560,6 +569,9 @@ fn pool_of(config: &RedisConfig, manager: Manager) -> Pool {
 }
 
 fn manager(config: &RedisConfig) -> Result<Manager, LimiterError> {
+    if let Some((key, why)) = config.missing_feature() {
+        return Err(LimiterError::Unsupported(format!("{key}: {why}")));
+    }
     let source = Source::from_config(config).map_err(LimiterError::from)?;
     Ok(Manager {
         source,
@@ -584,9 +596,11 @@ impl Limiter {
             clock: RedisClock::new(),
             breaker: Breaker::new(options.breaker),
             deny_cache: options.deny_cache.then(DenyCache::default),
+            #[cfg(feature = "cluster")]
             masters: MasterHealths::new(config, options.breaker),
         });
         let cluster = !config.cluster.is_empty();
+        #[cfg(feature = "cluster")]
         if cluster {
             // A cluster's batches are split by slot: see `cluster.rs`.
             super::cluster::start(
@@ -659,7 +673,11 @@ impl Limiter {
     /// Whether the breaker is open (Redis failed and has not answered
     /// since); on a cluster, whether any master's is.
     pub fn breaker_open(&self) -> bool {
-        self.shared.breaker.is_open() || self.shared.masters.any_open()
+        #[cfg(feature = "cluster")]
+        if self.shared.masters.any_open() {
+            return true;
+        }
+        self.shared.breaker.is_open()
     }
 
     /// Decisions the script skipped because their caller had given up.
@@ -852,6 +870,7 @@ impl Limiter {
     /// its own too.
     pub fn ping(&self) -> Result<(), LimiterError> {
         self.ping_pool()?;
+        #[cfg(feature = "cluster")]
         if self.cluster {
             return self.shared.masters.ping_open(self.timeout);
         }

@@ -21,6 +21,37 @@ pub struct RedisConfig {
     pub key_prefix: String,
 }
 
+/// Why a file or a builder that names Redis Cluster seeds is refused by a
+/// build without the `cluster` feature.
+pub(crate) const NO_CLUSTER: &str =
+    "this build of floodgate has no Redis Cluster support (feature \"cluster\")";
+/// As [`NO_CLUSTER`], for Sentinels and the `sentinel` feature.
+pub(crate) const NO_SENTINEL: &str =
+    "this build of floodgate has no Redis Sentinel support (feature \"sentinel\")";
+
+impl RedisConfig {
+    /// The first mode asked for that this build lacks (its Cargo feature
+    /// is off): the `[redis]` key that asks, and why it is refused.
+    pub(crate) fn missing_feature(&self) -> Option<(&'static str, &'static str)> {
+        missing_feature(&self.cluster, &self.sentinel)
+    }
+}
+
+/// As [`RedisConfig::missing_feature`], from the cluster seeds and the
+/// Sentinels alone (the file's check, before the rest is read).
+pub(crate) fn missing_feature(
+    cluster: &[String],
+    sentinel: &[String],
+) -> Option<(&'static str, &'static str)> {
+    if !cfg!(feature = "cluster") && !cluster.is_empty() {
+        return Some(("[redis] cluster", NO_CLUSTER));
+    }
+    if !cfg!(feature = "sentinel") && !sentinel.is_empty() {
+        return Some(("[redis] sentinel", NO_SENTINEL));
+    }
+    None
+}
+
 impl std::fmt::Debug for RedisConfig {
     /// Passwords in URLs are shown as `***`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

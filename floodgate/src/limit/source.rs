@@ -4,75 +4,78 @@
 //! plain connection (single server, Sentinel) or their own cluster
 //! connection (see [`super::cluster`]).
 
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+#[cfg(feature = "cluster")]
 use redis::cluster::{ClusterClient, ClusterConnection};
-use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::{
-    ConnectionAddr, ConnectionInfo, ConnectionLike, IntoConnectionInfo, RedisConnectionInfo,
-    RedisResult, Role, Value,
-};
+use redis::{ConnectionLike, RedisResult, Value};
 
 use crate::config::RedisConfig;
+
+#[cfg(feature = "sentinel")]
+mod sentinel;
+#[cfg(feature = "sentinel")]
+use self::sentinel::Sentinels;
 
 /// A connection to Redis: to one server, or to a whole cluster.
 pub enum RedisConn {
     /// One server (a single node, or the master the Sentinels named).
     Single(redis::Connection),
     /// A cluster: every command goes to the master of its key's slot, and
-    /// MOVED / ASK redirections are followed.
+    /// MOVED / ASK redirections are followed (the `cluster` feature).
+    #[cfg(feature = "cluster")]
     Cluster(Box<ClusterConnection>),
+}
+
+/// `$body` on whichever connection `$conn` holds, as `$c`.
+macro_rules! on_either {
+    ($conn:expr, $c:ident => $body:expr) => {
+        match $conn {
+            RedisConn::Single($c) => $body,
+            #[cfg(feature = "cluster")]
+            RedisConn::Cluster($c) => $body,
+        }
+    };
 }
 
 impl RedisConn {
     /// Writes a packed command without reading its reply (one server only:
     /// the limiter's single-server dispatcher uses it).
     pub fn send_packed_command(&mut self, cmd: &[u8]) -> RedisResult<()> {
-        match self {
-            RedisConn::Single(c) => c.send_packed_command(cmd),
-            RedisConn::Cluster(_) => Err(not_on_a_cluster()),
-        }
+        self.single()?.send_packed_command(cmd)
     }
 
     /// Reads one reply (one server only).
     pub fn recv_response(&mut self) -> RedisResult<Value> {
+        self.single()?.recv_response()
+    }
+
+    /// The one server's connection; an error on a cluster.
+    fn single(&mut self) -> RedisResult<&mut redis::Connection> {
         match self {
-            RedisConn::Single(c) => c.recv_response(),
-            RedisConn::Cluster(_) => Err(not_on_a_cluster()),
+            RedisConn::Single(c) => Ok(c),
+            #[cfg(feature = "cluster")]
+            RedisConn::Cluster(_) => Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "raw commands are not sent on a cluster connection",
+            ))),
         }
     }
 
     /// Bounds every read.
     pub fn set_read_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
-        match self {
-            RedisConn::Single(c) => c.set_read_timeout(dur),
-            RedisConn::Cluster(c) => c.set_read_timeout(dur),
-        }
+        on_either!(self, c => c.set_read_timeout(dur))
     }
 
     /// Bounds every write.
     pub fn set_write_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
-        match self {
-            RedisConn::Single(c) => c.set_write_timeout(dur),
-            RedisConn::Cluster(c) => c.set_write_timeout(dur),
-        }
+        on_either!(self, c => c.set_write_timeout(dur))
     }
-}
-
-fn not_on_a_cluster() -> redis::RedisError {
-    redis::RedisError::from((
-        redis::ErrorKind::Client,
-        "raw commands are not sent on a cluster connection",
-    ))
 }
 
 impl ConnectionLike for RedisConn {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
-        match self {
-            RedisConn::Single(c) => c.req_packed_command(cmd),
-            RedisConn::Cluster(c) => c.req_packed_command(cmd),
-        }
+        on_either!(self, c => c.req_packed_command(cmd))
     }
 
     /// A pipeline on a cluster goes whole to the master of its first key's
@@ -84,24 +87,15 @@ impl ConnectionLike for RedisConn {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        match self {
-            RedisConn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            RedisConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-        }
+        on_either!(self, c => c.req_packed_commands(cmd, offset, count))
     }
 
     fn req_command(&mut self, cmd: &redis::Cmd) -> RedisResult<Value> {
-        match self {
-            RedisConn::Single(c) => c.req_command(cmd),
-            RedisConn::Cluster(c) => c.req_command(cmd),
-        }
+        on_either!(self, c => c.req_command(cmd))
     }
 
     fn get_db(&self) -> i64 {
-        match self {
-            RedisConn::Single(c) => c.get_db(),
-            RedisConn::Cluster(c) => c.get_db(),
-        }
+        on_either!(self, c => c.get_db())
     }
 
     /// Pipelines work on both (see `req_packed_commands`).
@@ -110,17 +104,11 @@ impl ConnectionLike for RedisConn {
     }
 
     fn check_connection(&mut self) -> bool {
-        match self {
-            RedisConn::Single(c) => c.check_connection(),
-            RedisConn::Cluster(c) => c.check_connection(),
-        }
+        on_either!(self, c => c.check_connection())
     }
 
     fn is_open(&self) -> bool {
-        match self {
-            RedisConn::Single(c) => c.is_open(),
-            RedisConn::Cluster(c) => c.is_open(),
-        }
+        on_either!(self, c => c.is_open())
     }
 }
 
@@ -132,8 +120,10 @@ pub(crate) enum Source {
     /// The master the Sentinels name (see [`Sentinels`]): every new
     /// connection goes to the master they name, and a connection to a
     /// server they no longer name is not used again.
-    Sentinel(Arc<Sentinels>),
+    #[cfg(feature = "sentinel")]
+    Sentinel(std::sync::Arc<Sentinels>),
     /// A Redis Cluster, from its seed nodes.
+    #[cfg(feature = "cluster")]
     Cluster(ClusterClient),
 }
 
@@ -141,27 +131,26 @@ impl std::fmt::Debug for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Source::Url(_) => "Url",
+            #[cfg(feature = "sentinel")]
             Source::Sentinel(_) => "Sentinel",
+            #[cfg(feature = "cluster")]
             Source::Cluster(_) => "Cluster",
         })
     }
 }
 
-/// Retries of one command on a cluster (redirections, TRYAGAIN,
-/// CLUSTERDOWN), and the waits between them: short, so that a decision
-/// still comes within the timeout or fails.
-const CLUSTER_RETRIES: u32 = 5;
-const CLUSTER_MIN_WAIT_MS: u64 = 5;
-const CLUSTER_MAX_WAIT_MS: u64 = 50;
-
 impl Source {
     /// The source `config` names: cluster seeds, Sentinels, or the URL.
+    /// A mode this build lacks has been refused before (see
+    /// [`RedisConfig::missing_feature`]).
     pub(crate) fn from_config(config: &RedisConfig) -> RedisResult<Source> {
+        #[cfg(feature = "cluster")]
         if !config.cluster.is_empty() {
-            return cluster_client(config).map(Source::Cluster);
+            return super::cluster::cluster_client(config).map(Source::Cluster);
         }
+        #[cfg(feature = "sentinel")]
         if !config.sentinel.is_empty() {
-            let sentinels = Arc::new(Sentinels::from_config(config)?);
+            let sentinels = std::sync::Arc::new(Sentinels::from_config(config)?);
             Sentinels::watch(&sentinels)?;
             return Ok(Source::Sentinel(sentinels));
         }
@@ -180,10 +169,12 @@ impl Source {
                 RedisConn::Single(client.get_connection_with_timeout(within)?),
                 None,
             ),
+            #[cfg(feature = "sentinel")]
             Source::Sentinel(sentinels) => {
                 let (conn, master) = sentinels.open(within)?;
                 (RedisConn::Single(conn), master)
             }
+            #[cfg(feature = "cluster")]
             Source::Cluster(client) => {
                 (RedisConn::Cluster(Box::new(client.get_connection()?)), None)
             }
@@ -198,358 +189,24 @@ impl Source {
     /// (see [`Sentinels::names`]).
     pub(crate) fn still_named(&self, master: Option<&Master>) -> bool {
         match (self, master) {
+            #[cfg(feature = "sentinel")]
             (Source::Sentinel(sentinels), Some(master)) => sentinels.names(master),
             _ => true,
         }
     }
 }
 
-/// The address of a master, as the Sentinels name it.
+/// The address of a master, as the Sentinels name it (none is, without
+/// the `sentinel` feature).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
 pub(crate) struct Master {
     host: String,
     port: u16,
 }
 
-impl Master {
-    /// The master a client connects to (a TCP address; `None` for a socket).
-    fn of(addr: &ConnectionAddr) -> Option<Master> {
-        match addr {
-            ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
-                Some(Master {
-                    host: host.clone(),
-                    port: *port,
-                })
-            }
-            _ => None,
-        }
-    }
-}
-
 impl std::fmt::Display for Master {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}:{}", self.host, self.port)
-    }
-}
-
-/// How long the master the Sentinels named is taken as theirs before one
-/// of them is asked again. A switchover (the old master still up, and still
-/// a master until the Sentinels demote it) moves the writes to the new
-/// master this long after the Sentinels name it, at most.
-const ASK_EVERY: Duration = Duration::from_millis(250);
-
-/// After no Sentinel answered, the next question waits twice as long as
-/// the last, up to this: Sentinels that do not answer at all cost a wait of
-/// the timeout on one call now and then, not on every fourth of a second.
-const ASK_AT_MOST_EVERY: Duration = Duration::from_secs(4);
-
-/// The Sentinels of one master name, and what they last said.
-///
-/// Each connection remembers the master it was opened to. Before one is
-/// used, [`Sentinels::names`] compares that with the master the Sentinels
-/// named when last asked. One watcher thread asks a Sentinel every
-/// [`ASK_EVERY`] (`SENTINEL GET-MASTER-ADDR-BY-NAME`, on a connection it
-/// keeps, bounded by the timeout, the next Sentinel on error), so no call
-/// waits behind the question, even when a Sentinel holds it until the
-/// timeout. When no Sentinel answers, the last answer stands: Sentinels
-/// that are down do not stop a master that works.
-pub(crate) struct Sentinels {
-    /// Each Sentinel, as configured.
-    nodes: Vec<ConnectionInfo>,
-    /// The name the Sentinels know the master by.
-    name: String,
-    /// The master's database, user and password.
-    settings: RedisConnectionInfo,
-    /// Bounds connecting to a Sentinel and each question.
-    timeout: Duration,
-    /// What the Sentinels said last.
-    named: Mutex<Named>,
-    /// The one thread asking, and its connection to a Sentinel.
-    asker: Mutex<Asker>,
-    /// Finds the master before any Sentinel has answered our own question.
-    client: Mutex<SentinelClient>,
-}
-
-/// The master the Sentinels named, and how long that answer stands.
-struct Named {
-    master: Option<Master>,
-    /// How long that answer stands.
-    stands: Duration,
-}
-
-/// A kept connection to one Sentinel (its index in `nodes`), and how many
-/// questions in a row no Sentinel answered.
-struct Asker {
-    conn: Option<(usize, redis::Connection)>,
-    failures: u32,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    match mutex.lock() {
-        Ok(guard) => guard,
-        Err(poisoned) => poisoned.into_inner(),
-    }
-}
-
-impl Sentinels {
-    fn from_config(config: &RedisConfig) -> RedisResult<Sentinels> {
-        // The master's database, user and password come from `url`.
-        let settings = redis::IntoConnectionInfo::into_connection_info(config.url.as_str())
-            .map(|info| info.redis_settings().clone())
-            .unwrap_or_default();
-        let node = redis::sentinel::SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(settings.clone());
-        let client = SentinelClient::build(
-            config.sentinel.iter().map(String::as_str).collect(),
-            config.sentinel_master.clone(),
-            Some(node),
-            SentinelServerType::Master,
-        )?;
-        let nodes = config
-            .sentinel
-            .iter()
-            .map(|url| {
-                let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())?;
-                // A Sentinel has no databases to select.
-                let settings = info.redis_settings().clone().set_db(0);
-                Ok(info.set_redis_settings(settings))
-            })
-            .collect::<RedisResult<Vec<_>>>()?;
-        Ok(Sentinels {
-            nodes,
-            name: config.sentinel_master.clone(),
-            settings,
-            timeout: config.timeout,
-            named: Mutex::new(Named {
-                master: None,
-                stands: ASK_EVERY,
-            }),
-            asker: Mutex::new(Asker {
-                conn: None,
-                failures: 0,
-            }),
-            client: Mutex::new(client),
-        })
-    }
-
-    /// Whether `master` is the master the Sentinels name (or they have not
-    /// named any yet). Cheap: a lock and a comparison; the question itself
-    /// is asked by the watcher thread (see [`Sentinels::watch`]).
-    pub(crate) fn names(&self, master: &Master) -> bool {
-        lock(&self.named)
-            .master
-            .as_ref()
-            .is_none_or(|named| named == master)
-    }
-
-    /// The master the Sentinels named when last asked.
-    fn named(&self) -> Option<Master> {
-        lock(&self.named).master.clone()
-    }
-
-    /// Starts the one thread that asks the Sentinels, every [`ASK_EVERY`]
-    /// while they answer and less often while they do not. No connection
-    /// checkout and no decision ever waits for a Sentinel: a Sentinel that
-    /// holds the question until the timeout costs this thread alone. The
-    /// thread ends once the last user of `sentinels` is gone.
-    fn watch(sentinels: &Arc<Sentinels>) -> RedisResult<()> {
-        let watched = Arc::downgrade(sentinels);
-        std::thread::Builder::new()
-            .name("floodgate-sentinels".into())
-            .spawn(move || loop {
-                let Some(sentinels) = watched.upgrade() else {
-                    return;
-                };
-                let next = sentinels.ask_now();
-                drop(sentinels);
-                std::thread::sleep(next);
-            })?;
-        Ok(())
-    }
-
-    /// Asks a Sentinel which server is the master, keeps the answer (or
-    /// the last one, when none answers) and returns how long it stands.
-    fn ask_now(&self) -> Duration {
-        let mut asker = lock(&self.asker);
-        let answer = self.ask(&mut asker);
-        let mut named = lock(&self.named);
-        match answer {
-            Ok(master) => {
-                if named.master.as_ref() != Some(&master) {
-                    log::info!(
-                        "the Sentinels name {master} as the master of \"{}\"",
-                        self.name
-                    );
-                }
-                named.master = Some(master);
-                named.stands = ASK_EVERY;
-                asker.failures = 0;
-            }
-            Err(e) => {
-                if asker.failures == 0 {
-                    log::warn!(
-                        "no Sentinel says which server is the master of \"{}\" ({e}); \
-                         connections stay with the last one named",
-                        self.name
-                    );
-                }
-                asker.failures = asker.failures.saturating_add(1);
-                named.stands = ASK_EVERY
-                    .saturating_mul(1 << asker.failures.min(8))
-                    .min(ASK_AT_MOST_EVERY);
-            }
-        }
-        named.stands
-    }
-
-    /// Asks the Sentinels in turn, starting with the one that answered
-    /// last, which server is the master now.
-    fn ask(&self, asker: &mut Asker) -> RedisResult<Master> {
-        let first = asker.conn.as_ref().map_or(0, |(at, _)| *at);
-        let mut last = None;
-        for i in 0..self.nodes.len() {
-            let at = (first + i) % self.nodes.len();
-            match self.ask_one(asker, at) {
-                Ok(master) => return Ok(master),
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| {
-            redis::RedisError::from((redis::ErrorKind::EmptySentinelList, "no Sentinel"))
-        }))
-    }
-
-    /// Asks Sentinel `at`, on the kept connection when it goes there (a
-    /// kept connection found broken is opened again once), else on a new one.
-    fn ask_one(&self, asker: &mut Asker, at: usize) -> RedisResult<Master> {
-        if let Some((kept_at, conn)) = asker.conn.as_mut() {
-            if *kept_at == at {
-                match self.question(conn) {
-                    Ok(master) => return Ok(master),
-                    Err(e) => {
-                        asker.conn = None;
-                        // A Sentinel that does not answer in time would not
-                        // answer a new connection sooner.
-                        if e.is_timeout()
-                            || e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel
-                        {
-                            return Err(e);
-                        }
-                    }
-                }
-            }
-        }
-        asker.conn = None;
-        let node = self.nodes.get(at).ok_or_else(|| {
-            redis::RedisError::from((redis::ErrorKind::EmptySentinelList, "no such Sentinel"))
-        })?;
-        let mut conn =
-            redis::Client::open(node.clone())?.get_connection_with_timeout(self.timeout)?;
-        conn.set_read_timeout(Some(self.timeout))?;
-        conn.set_write_timeout(Some(self.timeout))?;
-        let master = self.question(&mut conn)?;
-        asker.conn = Some((at, conn));
-        Ok(master)
-    }
-
-    fn question(&self, conn: &mut redis::Connection) -> RedisResult<Master> {
-        let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg(&self.name)
-            .query(conn)?;
-        match addr {
-            Some((host, port)) => Ok(Master { host, port }),
-            None => Err(redis::RedisError::from((
-                redis::ErrorKind::MasterNameNotFoundBySentinel,
-                "the Sentinel knows no master by the name",
-                self.name.clone(),
-            ))),
-        }
-    }
-
-    /// A connection, open within `within`, to the master the Sentinels
-    /// name, confirmed by its own `ROLE`. Before any Sentinel has answered
-    /// our own question, the Sentinel client finds the master.
-    fn open(&self, within: Duration) -> RedisResult<(redis::Connection, Option<Master>)> {
-        if let Some(master) = self.named() {
-            let info = ConnectionAddr::Tcp(master.host.clone(), master.port)
-                .into_connection_info()?
-                .set_redis_settings(self.settings.clone());
-            let mut conn = redis::Client::open(info)?.get_connection_with_timeout(within)?;
-            conn.set_read_timeout(Some(self.timeout))?;
-            conn.set_write_timeout(Some(self.timeout))?;
-            return match redis::cmd("ROLE").query::<Role>(&mut conn)? {
-                Role::Primary { .. } => Ok((conn, Some(master))),
-                _ => Err(redis::RedisError::from((
-                    redis::ErrorKind::MasterNameNotFoundBySentinel,
-                    "the server the Sentinels name is not a master (yet)",
-                    master.to_string(),
-                ))),
-            };
-        }
-        // Which server is master now, confirmed by its own ROLE.
-        let client = lock(&self.client).get_client()?;
-        let master = Master::of(client.get_connection_info().addr());
-        Ok((client.get_connection_with_timeout(within)?, master))
-    }
-}
-
-/// A cluster client whose connects and replies are bounded by the timeout.
-pub(crate) fn cluster_client(config: &RedisConfig) -> RedisResult<ClusterClient> {
-    ClusterClient::builder(config.cluster.iter().map(String::as_str))
-        .connection_timeout(config.timeout)
-        .response_timeout(config.timeout)
-        .retries(CLUSTER_RETRIES)
-        .min_retry_wait(CLUSTER_MIN_WAIT_MS)
-        .max_retry_wait(CLUSTER_MAX_WAIT_MS)
-        .build()
-}
-
-/// Number of hash slots in a Redis Cluster.
-pub(crate) const SLOTS: u16 = 16384;
-
-/// The cluster hash slot of a key: CRC16 (XMODEM) of the key, or of its
-/// hash tag (the part between the first `{` and the next `}`, when not
-/// empty), modulo 16384.
-pub(crate) fn key_slot(key: &[u8]) -> u16 {
-    let hashed = match key.iter().position(|&b| b == b'{') {
-        Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
-            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
-            _ => key,
-        },
-        None => key,
-    };
-    crc16(hashed) % SLOTS
-}
-
-fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in data {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slots_match_redis_cluster() {
-        // Values from the Redis Cluster specification and CLUSTER KEYSLOT.
-        assert_eq!(crc16(b"123456789"), 0x31C3);
-        assert_eq!(key_slot(b"foo"), 12182);
-        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
-        assert_eq!(key_slot(b"{user1000}.followers"), key_slot(b"user1000"));
-        // An empty tag hashes the whole key; only the first tag counts.
-        assert_eq!(key_slot(b"foo{}{bar}"), crc16(b"foo{}{bar}") % SLOTS);
-        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
     }
 }

@@ -4,6 +4,7 @@
 
 mod identity;
 mod key;
+#[cfg(feature = "e164")]
 mod normalize;
 mod options;
 mod path;
@@ -12,7 +13,8 @@ use std::time::Duration;
 
 pub use self::identity::identity_key;
 pub use self::key::{compose, hashed_id, redis_key, redis_key_for, CustomKey, Key, KeyFn, KeyKind};
-pub use self::normalize::{e164, normalize, Region};
+#[cfg(feature = "e164")]
+pub use self::normalize::{e164, Region};
 pub use self::options::{Identity, LookupFn, LookupFuture, OnMissingKey, Skip};
 pub use self::path::PathPattern;
 use crate::limit::Algorithm;
@@ -29,7 +31,22 @@ pub enum Normalize {
     Lowercase,
     /// A phone number in E.164 (`+DIGITS`); numbers written without `+`
     /// are read with this region's prefixes. Not a possible number: none.
+    /// (The `e164` feature.)
+    #[cfg(feature = "e164")]
     E164(Region),
+}
+
+/// Applies a rule's `normalize` to a header, query or form value; `None`
+/// when nothing is left (the request is then keyed by its address).
+pub fn normalize(value: &str, how: Normalize) -> Option<String> {
+    let v = match how {
+        Normalize::None => value.to_string(),
+        Normalize::Digits => value.chars().filter(char::is_ascii_digit).collect(),
+        Normalize::Lowercase => value.trim().to_lowercase(),
+        #[cfg(feature = "e164")]
+        Normalize::E164(region) => return e164(value, region),
+    };
+    (!v.is_empty()).then_some(v)
 }
 
 /// Which requests a rule charges.

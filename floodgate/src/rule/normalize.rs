@@ -1,25 +1,11 @@
-//! Key values as the rules compare them: digits, lower case, or a phone
-//! number in E.164 read with a region's dialling conventions.
+//! Phone numbers in E.164, read with a region's dialling conventions (the
+//! `e164` feature).
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use phonenumber::metadata::{Descriptor, Metadata, DATABASE};
 use regex::{Regex, RegexBuilder};
-
-use super::Normalize;
-
-/// Applies a rule's `normalize` to a header, query or form value; `None`
-/// when nothing is left (the request is then keyed by its address).
-pub fn normalize(value: &str, how: Normalize) -> Option<String> {
-    let v = match how {
-        Normalize::None => value.to_string(),
-        Normalize::Digits => value.chars().filter(char::is_ascii_digit).collect(),
-        Normalize::Lowercase => value.trim().to_lowercase(),
-        Normalize::E164(region) => return e164(value, region),
-    };
-    (!v.is_empty()).then_some(v)
-}
 
 /// A region whose dialling conventions apply to numbers written without a
 /// leading `+` (its national prefix, its international prefix).
