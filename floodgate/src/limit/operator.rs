@@ -334,6 +334,7 @@ pub(super) fn listen(config: &RedisConfig, source: Source, shared: &Arc<Shared>)
 }
 
 struct Listener {
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     seeds: Vec<String>,
     source: Source,
     channel: String,
@@ -374,10 +375,12 @@ impl Listener {
     /// A connection to listen on: the server (or the master the Sentinels
     /// name); on a Cluster, a seed node (a Cluster delivers every message
     /// to every node).
+    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
     fn connect(
         &self,
         seed: &mut usize,
     ) -> redis::RedisResult<(redis::Connection, Option<super::source::Master>)> {
+        #[cfg(feature = "cluster")]
         if let Source::Cluster(_) = self.source {
             let url = &self.seeds[*seed % self.seeds.len().max(1)];
             *seed += 1;
@@ -387,6 +390,7 @@ impl Listener {
         }
         match self.source.open(self.timeout, self.timeout)? {
             (RedisConn::Single(conn), master) => Ok((conn, master)),
+            #[cfg(feature = "cluster")]
             (RedisConn::Cluster(_), _) => Err(redis::RedisError::from((
                 redis::ErrorKind::Client,
                 "a cluster connection cannot subscribe",

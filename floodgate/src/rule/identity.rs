@@ -84,6 +84,7 @@ fn identity_value(kind: &KeyKind, how: Normalize, value: &str) -> Result<String,
         | KeyKind::Form(_)
         | KeyKind::Json(_)
         | KeyKind::Body(_) => normalize(value, how).ok_or_else(|| match how {
+            #[cfg(feature = "e164")]
             Normalize::E164(_) => format!("{value:?} is not a possible phone number"),
             _ => format!("{value:?} leaves nothing to key by for {kind}"),
         }),
