@@ -110,7 +110,7 @@
 //! All on by default; `default-features = false` gives the filter for a
 //! single Redis server without phone-number parsing.
 //!
-//! - `e164`: `normalize = "e164"` and [`rule::e164`] (pulls in
+//! - `e164`: `normalize = "e164"` and `rule::e164` (pulls in
 //!   `phonenumber` and `regex`).
 //! - `cluster`: `[redis] cluster`, a Redis Cluster.
 //! - `sentinel`: `[redis] sentinel`, a master found through Redis Sentinel.

@@ -53,7 +53,7 @@ pub enum Action {
     Inspect,
     /// Forget its counts, its ban and its penalty history (not its override).
     Reset,
-    /// Deny it for this long (at most [`MAX_BAN`]).
+    /// Deny it for this long (at most 366 days).
     Ban(Duration),
     /// End its ban (counts stay).
     Unban,
