@@ -30,7 +30,8 @@ pub fn wait_until(limit: Duration, what: &str, mut condition: impl FnMut() -> bo
 
 /// A redis-server of our own on a free port, without persistence; killed on drop.
 pub struct RedisServer {
-    port: u16,
+    /// The port it listens on.
+    pub port: u16,
     child: Option<Child>,
 }
 
