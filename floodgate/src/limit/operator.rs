@@ -23,7 +23,7 @@ use super::{Algorithm, Check, Limiter, LimiterError, RedisConfig};
 
 /// The Lua of an operator's action: the shared helpers, the algorithm
 /// files, then the action's driver.
-pub const OPERATOR_SOURCE: &str = lua_with_algorithms!("lua/operator.lua");
+pub const OPERATOR_SOURCE: &str = lua_with_algorithms!("lua/read_only.lua", "lua/operator.lua");
 
 fn script() -> &'static redis::Script {
     static SCRIPT: OnceLock<redis::Script> = OnceLock::new();

@@ -11,7 +11,7 @@ use super::{Algorithm, Check, Limiter, LimiterError, Outcome};
 
 /// The Lua of a peek: the shared helpers, the algorithm files (the same
 /// ones the decisions run), then the read-only driver.
-pub(super) const PEEK_SOURCE: &str = lua_with_algorithms!("lua/peek.lua");
+pub(super) const PEEK_SOURCE: &str = lua_with_algorithms!("lua/read_only.lua", "lua/peek.lua");
 
 fn script() -> &'static redis::Script {
     static SCRIPT: OnceLock<redis::Script> = OnceLock::new();

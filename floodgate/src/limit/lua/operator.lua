@@ -62,29 +62,12 @@ elseif action == 'clear' then
 end
 
 READ_ONLY = {}
-local peeks = { sliding_window_peek, fixed_window_peek, token_bucket_peek }
 
 local function look()
   local alg, p1, p2, cost = params(2)
   local op = ops_read(key)
   p1, p2 = ops_params(op, alg, p1, p2, cost, now)
-  local ok, allowed, remaining, ms = pcall(peeks[alg], key, now, p1, p2, cost)
-  if not ok then
-    if not wrong_type(allowed) then
-      error(allowed, 0)
-    end
-    local who = owner(key)
-    if who == nil or who == alg then
-      fail(ERR_TYPE)
-    end
-    memo[key] = nil
-    if who == 'legacy' and alg == 2 then
-      fixed_window_adopt(key, now, p2)
-    else
-      READ_ONLY[key] = {}
-    end
-    allowed, remaining, ms = peeks[alg](key, now, p1, p2, cost)
-  end
+  local allowed, remaining, ms = read_only_peek(alg, key, now, p1, p2, cost)
   -- What is left now, before a request of `cost`.
   local left = remaining
   if allowed then

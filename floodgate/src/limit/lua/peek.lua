@@ -15,8 +15,6 @@
 --   failed:   -1, error code (see common.lua), 0
 READ_ONLY = {}
 
-local peeks = { sliding_window_peek, fixed_window_peek, token_bucket_peek }
-
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
@@ -25,27 +23,7 @@ end
 
 local function peek_one(key, a)
   local alg, p1, p2, cost = params(a)
-  local ok, allowed, remaining, ms = pcall(peeks[alg], key, now, p1, p2, cost)
-  if ok then
-    return allowed, remaining, ms
-  end
-  if not wrong_type(allowed) then
-    error(allowed, 0)
-  end
-  local who = owner(key)
-  if who == nil or who == alg then
-    fail(ERR_TYPE)
-  end
-  -- A decision would start the key afresh (or adopt the old counter):
-  -- read it as that.
-  memo[key] = nil
-  if who == 'legacy' and alg == 2 then
-    fixed_window_adopt(key, now, p2)
-  else
-    READ_ONLY[key] = {}
-  end
-  allowed, remaining, ms = peeks[alg](key, now, p1, p2, cost)
-  return allowed, remaining, ms
+  return read_only_peek(alg, key, now, p1, p2, cost)
 end
 
 local out = {}
