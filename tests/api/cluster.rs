@@ -1075,15 +1075,14 @@ async fn cluster_a_request_answered_without_its_decision_keeps_no_quota() {
     }
 }
 
-/// Ignored: its outcome depends on timing. A dispatcher that has to open
-/// a new cluster connection (to read the slot map after the stalled
-/// master's connection was dropped) can wait on the stalled node for the
-/// timeout, and the healthy requests of its batch then go undecided; how
-/// often depends on how the probes and the reconnect interleave. Kept to be
-/// run by hand (`--ignored`) until the map is read over the per-master
-/// connections only.
+/// Ignored: its outcome depends on timing. In some runs (2 of 8 on a quiet
+/// machine, 0 of 9 before the operator records joined the script) a few of
+/// the healthy masters' requests go undecided while the stalled master is
+/// probed. The cause is not found yet; reading the slot map over a healthy
+/// master's own connection instead of the cluster client did not change it.
+/// Run it by hand with `--ignored`.
 #[actix_web::test]
-#[ignore = "timing-dependent: a reconnecting dispatcher can wait on the stalled node"]
+#[ignore = "timing-dependent: healthy requests beside a probe sometimes go undecided"]
 async fn cluster_probes_of_a_stalled_master_do_not_hold_the_others() {
     let cluster = Cluster::start();
     // A short breaker: the stalled master is probed again and again.
