@@ -87,6 +87,8 @@ pub fn is_script_call(chunk: &[u8]) -> bool {
 // library's own tests (which build no demo).
 #[path = "../../floodgate/tests/common/mod.rs"]
 mod common;
+// The browser tests include this file too and use only some of them.
+#[allow(unused_imports)]
 pub use common::{free_port, wait_until, RedisServer};
 
 /// The app under test, its own Redis, and a client that does not follow redirects.
