@@ -153,6 +153,7 @@ impl Application {
                 .configure(site::routes)
                 .default_service(web::to(site::pages::not_found))
                 .wrap(app_filter.clone())
+                .wrap(actix_web::middleware::from_fn(api_answers_json))
                 .wrap(body_timeout)
                 .wrap(security_headers())
         })
@@ -257,6 +258,25 @@ async fn stop_on_signals(handle: ServerHandle) {
 
 /// Headers every response carries: no framing, no sniffing, scripts and
 /// styles only from this site.
+/// The JSON API answers JSON: a request to it that does not ask for HTML
+/// is taken as asking for JSON (an app's HTTP client often sends no
+/// `Accept`, or `*/*`), so that its denials are the 429 JSON rather than a
+/// redirect to the error page. Runs before the filter.
+async fn api_answers_json(
+    mut req: actix_web::dev::ServiceRequest,
+    next: actix_web::middleware::Next<impl MessageBody>,
+) -> Result<actix_web::dev::ServiceResponse<impl MessageBody>, Error> {
+    if req.path().starts_with("/api/sms/")
+        && !floodgate::filter::accepts(req.request(), "text/html")
+    {
+        req.headers_mut().insert(
+            actix_web::http::header::ACCEPT,
+            actix_web::http::header::HeaderValue::from_static("application/json"),
+        );
+    }
+    next.call(req).await
+}
+
 fn security_headers() -> DefaultHeaders {
     DefaultHeaders::new()
         .add((

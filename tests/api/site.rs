@@ -1097,6 +1097,25 @@ async fn the_json_api_sends_codes_under_the_forms_limits_and_counters() {
     let v: Value = res.json().await.unwrap();
     assert_eq!(v["error"], "rate_limited");
     assert_eq!(v["rule"], "sms-per-phone");
+    // An app's client that sends no Accept (or */*) gets the same 429 JSON,
+    // not a redirect to the error page.
+    for accept in [None, Some("*/*")] {
+        let mut req = app
+            .client
+            .post(app.url("/api/sms/send"))
+            .header("content-type", "application/json");
+        if let Some(a) = accept {
+            req = req.header("accept", a);
+        }
+        let res = req
+            .body(r#"{"phone":"+15550100040"}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 429, "Accept {accept:?}");
+        let v: Value = res.json().await.unwrap();
+        assert_eq!(v["error"], "rate_limited", "Accept {accept:?}");
+    }
     // The form is over the limit too: one counter.
     let res = user.post("/sms/send", &[("phone", "+15550100040")]).await;
     assert_eq!(res.status(), 303);
