@@ -5,10 +5,10 @@
 //! finishes the request in flight and exits 0; a body that does not arrive
 //! within `[server] body_timeout` gets 408 and a closed connection.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,27 +38,12 @@ impl Served {
             .join(format!("cli-{name}-{}.toml", std::process::id()));
         write_config(&config, toml);
         let port = free_port();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
-            .arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .env("FLOODGATE_BIND", format!("{host}:{port}"))
-            .env("FLOODGATE_REDIS_URL", redis.url())
-            .env("RUST_LOG", "info,floodgate=debug")
-            .env_remove("FLOODGATE_CONFIG")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&log);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                sink.lock().unwrap().push(line);
-            }
-        });
+        let (child, log) = crate::helpers::serve_binary(
+            &config,
+            &format!("{host}:{port}"),
+            &redis.url(),
+            "info,floodgate=debug",
+        );
         let mut served = Served {
             child,
             port,

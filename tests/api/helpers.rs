@@ -91,6 +91,45 @@ mod common;
 #[allow(unused_imports)]
 pub use common::{free_port, wait_until, RedisServer};
 
+/// The `floodgate` binary serving `config` on `bind` against `redis`, with
+/// `RUST_LOG` set to `log`; its stderr lines are collected in the returned
+/// log as they come.
+pub fn serve_binary(
+    config: &Path,
+    bind: &str,
+    redis: &str,
+    log: &str,
+) -> (
+    std::process::Child,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::sync::{Arc, Mutex};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .env("FLOODGATE_BIND", bind)
+        .env("FLOODGATE_REDIS_URL", redis)
+        .env("RUST_LOG", log)
+        .env_remove("FLOODGATE_CONFIG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&lines);
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            sink.lock().unwrap().push(line);
+        }
+    });
+    (child, lines)
+}
+
 /// The app under test, its own Redis, and a client that does not follow redirects.
 pub struct TestApp {
     /// `http://127.0.0.1:PORT`

@@ -4,9 +4,8 @@
 //! bans exact under concurrency, bans taking no quota from other rules, and
 //! the admin HTTP API; on one server, a Cluster and Sentinel.
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -89,29 +88,10 @@ struct Serving {
 }
 
 impl Serving {
-    fn start(config: &PathBuf, redis: &str) -> Serving {
+    fn start(config: &std::path::Path, redis: &str) -> Serving {
         let port = free_port();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
-            .arg("serve")
-            .arg("--config")
-            .arg(config)
-            .env("FLOODGATE_BIND", format!("127.0.0.1:{port}"))
-            .env("FLOODGATE_REDIS_URL", redis)
-            .env("RUST_LOG", "info")
-            .env_remove("FLOODGATE_CONFIG")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&log);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                sink.lock().unwrap().push(line);
-            }
-        });
+        let (child, log) =
+            crate::helpers::serve_binary(config, &format!("127.0.0.1:{port}"), redis, "info");
         let mut serving = Serving { child, port, log };
         wait_until(
             Duration::from_secs(20),
