@@ -1,0 +1,604 @@
+//! One request through the filter: the rules that match it, the values its
+//! keys read (the body, when a rule keys by a field of it), its Redis keys,
+//! the decision, and the response.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use actix_service::Service;
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
+use actix_web::http::header;
+use actix_web::http::StatusCode;
+use actix_web::web::{Bytes, BytesMut};
+use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse};
+use futures_util::StreamExt;
+
+use super::deny::{denial, denying, plain, unreadable};
+use super::policy::{self, Verdict};
+use super::{fields, json, key, limits, Filter, Limits, MAX_HEADER_BYTES};
+use crate::limit::{Check, Decision, Outcome};
+use crate::logging::{self, Escaped};
+use crate::metrics::{Metrics, Outcome as Counted};
+use crate::net;
+use crate::rule::{self, Count, KeyKind, Mode, OnMissingKey, Rule};
+
+impl Filter {
+    /// The Redis key a rule uses for a request. `form` is the urlencoded
+    /// body already decoded from its charset (see `form_text`), when one
+    /// was read. A value the rule must read but cannot read exactly as a
+    /// handler would is an error: the request is refused, never keyed by
+    /// something else.
+    pub fn key_for(
+        &self,
+        rule: &Rule,
+        req: &HttpRequest,
+        path: &str,
+        form: Option<&[u8]>,
+    ) -> Result<String, key::Unreadable> {
+        let body = key::BodyRead { form, json: None };
+        self.key_of(rule, req, path, &body, &[]).map(|k| k.key)
+    }
+
+    /// [`Filter::key_for`], with the JSON body too, and what the rule's
+    /// [`Key::lookup`](crate::Key::lookup) parts found (in their order).
+    pub(crate) fn key_of(
+        &self,
+        rule: &Rule,
+        req: &HttpRequest,
+        path: &str,
+        body: &key::BodyRead<'_>,
+        looked_up: &[Option<rule::Identity>],
+    ) -> Result<key::Keyed, key::Unreadable> {
+        let mut parts: Vec<(&'static str, String)> = Vec::with_capacity(rule.key.kinds().len());
+        let mut lookups = looked_up.iter();
+        let mut limit = None;
+        let normalize = |v: Option<String>| v.and_then(|v| rule::normalize(&v, rule.normalize));
+        for (at, kind) in rule.key.kinds().iter().enumerate() {
+            let value = match kind {
+                KeyKind::Ip => Some(net::ip_id(self.client_addr(req))),
+                KeyKind::Global => Some("all".to_string()),
+                KeyKind::Path => Some(path.to_string()),
+                KeyKind::Session => self.state.session.as_ref().and_then(|f| f(req)),
+                KeyKind::Header(name) => normalize(key::header_value(req.headers(), name)?),
+                KeyKind::Query(name) => {
+                    normalize(key::urlencoded_value(req.query_string().as_bytes(), name)?)
+                }
+                KeyKind::Form(name) => match body.form {
+                    Some(form) => normalize(key::urlencoded_value(form, name)?),
+                    None => None,
+                },
+                KeyKind::Json(name) => match body.json {
+                    Some(json) => normalize(json::json_value(json, name)?),
+                    None => None,
+                },
+                KeyKind::Body(name) => match (body.form, body.json) {
+                    (Some(form), _) => normalize(key::urlencoded_value(form, name)?),
+                    (None, Some(json)) => normalize(json::json_value(json, name)?),
+                    (None, None) => None,
+                },
+                KeyKind::Custom(f) if f.is_lookup() => match lookups.next() {
+                    Some(Some(found)) => {
+                        limit = found.limit().or(limit);
+                        Some(f.prefixed(found.id()))
+                    }
+                    _ => None,
+                },
+                KeyKind::Custom(f) => f.key(req),
+            };
+            match value.filter(|v| !v.is_empty()) {
+                Some(v) => parts.push((kind.kind(), v)),
+                None if rule.on_missing_key == OnMissingKey::Reject => {
+                    return Err(key::Unreadable::Missing(at));
+                }
+                // Without a value of its own kind, a request is keyed by
+                // its address alone (a part missing makes no combination),
+                // with the rule's own quota.
+                None => {
+                    log::debug!(
+                        "rule {}: no {kind} value, keyed by the client address",
+                        rule.name
+                    );
+                    parts.clear();
+                    parts.push(("ip", net::ip_id(self.client_addr(req))));
+                    limit = None;
+                    break;
+                }
+            }
+        }
+        let (kind, mut id) = match parts.as_slice() {
+            [(kind, id)] => ((*kind).to_string(), id.clone()),
+            _ => rule::compose(&parts),
+        };
+        if rule.hash_key {
+            id = rule::hashed_id(&id);
+        }
+        Ok(key::Keyed {
+            key: rule::redis_key_for(
+                self.state.limiter.hash_tags(),
+                &self.state.key_prefix,
+                &rule.name,
+                &kind,
+                &id,
+            ),
+            limit,
+        })
+    }
+}
+
+/// The text of an urlencoded body as `web::Form` reads it: the charset of
+/// `Content-Type` (actix's own `encoding()`, through `encoding_rs` labels),
+/// decoded without replacement; UTF-8 as it is. A body with a content
+/// coding, an unknown charset, or bytes its charset cannot decode is
+/// refused (415) rather than read in some other way than the handler's.
+pub(crate) fn form_text<'a>(
+    req: &impl HttpMessage,
+    body: &'a [u8],
+) -> Result<std::borrow::Cow<'a, [u8]>, key::Unreadable> {
+    use std::borrow::Cow;
+    let unsupported = key::Unreadable::Unsupported;
+    for coding in req.headers().get_all(header::CONTENT_ENCODING) {
+        let identity = coding
+            .to_str()
+            .is_ok_and(|c| c.trim().eq_ignore_ascii_case("identity"));
+        if !identity {
+            return Err(unsupported("a form with a content coding cannot be read\n"));
+        }
+    }
+    let encoding = req
+        .encoding()
+        .map_err(|_| unsupported("unknown form charset\n"))?;
+    // actix hands UTF-8 bodies to serde as bytes, anything else decoded.
+    if encoding.name() == "UTF-8" {
+        return Ok(Cow::Borrowed(body));
+    }
+    match encoding.decode_without_bom_handling_and_without_replacement(body) {
+        Some(text) => Ok(Cow::Owned(text.into_owned().into_bytes())),
+        None => Err(unsupported("the form is not in its charset\n")),
+    }
+}
+
+/// Why a body could not be read for a `form:` key.
+enum BodyError {
+    TooLarge,
+    Broken,
+}
+
+pub(super) async fn filter_request<S, B>(
+    filter: Filter,
+    service: Rc<S>,
+    mut req: ServiceRequest,
+) -> Result<ServiceResponse<EitherBody<B>>, Error>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
+    B: MessageBody,
+{
+    let header_bytes: usize = req
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if header_bytes > MAX_HEADER_BYTES {
+        return Ok(plain(
+            req,
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "request header fields too large\n",
+        ));
+    }
+    let rules = filter.rules();
+    // Match on the decoded path; copy it only when a rule matched, so an
+    // unguarded request allocates nothing here.
+    let (matched, path) = {
+        let Ok(decoded) = percent_encoding::percent_decode_str(req.path()).decode_utf8() else {
+            return Ok(plain(req, StatusCode::BAD_REQUEST, "bad request path\n"));
+        };
+        let method = req.method().as_str();
+        let unguarded = filter
+            .state
+            .unguarded
+            .as_deref()
+            .is_some_and(|p| is_under(&decoded, p) || is_under(req.path(), p));
+        let mut matched: Vec<&Rule> = if unguarded {
+            Vec::new()
+        } else {
+            rules
+                .iter()
+                .filter(|r| r.matches(method, &decoded) && r.applies_to(req.request()))
+                .collect()
+        };
+        // A rule's exempt clients are neither counted nor denied by it.
+        if matched.iter().any(|r| !r.exempt.is_empty()) {
+            let client = filter.client_addr(req.request());
+            matched.retain(|r| !r.exempts(client));
+        }
+        let path = (!matched.is_empty()).then(|| decoded.into_owned());
+        (matched, path)
+    };
+    let Some(path) = path else {
+        return service.call(req).await.map(|r| r.map_into_left_body());
+    };
+    let method = req.method().clone();
+    // The path as the log shows it: a decoded newline cannot forge a line.
+    let shown = Escaped(&path);
+
+    // A rule keyed by a body field reads the urlencoded or JSON body (only
+    // the types its keys read), then hands it on intact.
+    let form_wanted = matched.iter().any(|r| r.key.reads_form()) && is_urlencoded(&req);
+    let json_wanted =
+        !form_wanted && matched.iter().any(|r| r.key.reads_json()) && json::is_json(req.headers());
+    if json_wanted {
+        if let Err(e) = json::check_json_headers(req.headers()) {
+            return Ok(unreadable(req, e, None));
+        }
+    }
+    let mut body: Option<Bytes> = None;
+    if form_wanted || json_wanted {
+        match read_body(&mut req, filter.state.max_form).await {
+            Ok(read) => {
+                req.set_payload(Payload::from(read.clone()));
+                body = Some(read);
+            }
+            Err(BodyError::TooLarge) => {
+                return Ok(plain(
+                    req,
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body too large\n",
+                ))
+            }
+            Err(BodyError::Broken) => {
+                return Ok(plain(req, StatusCode::BAD_REQUEST, "unreadable body\n"))
+            }
+        }
+    }
+
+    // The form as the handler will read it: decoded from its charset.
+    let form = match body
+        .as_deref()
+        .filter(|_| form_wanted)
+        .map(|body| form_text(&req, body))
+        .transpose()
+    {
+        Ok(text) => text,
+        Err(e) => return Ok(unreadable(req, e, None)),
+    };
+    let read = key::BodyRead {
+        form: form.as_deref(),
+        json: body.as_deref().filter(|_| json_wanted),
+    };
+
+    // Key functions that look the caller up are awaited first, in order.
+    let mut looked_up: Vec<Vec<Option<rule::Identity>>> = Vec::new();
+    if matched.iter().any(|r| r.key.has_lookup()) {
+        for rule in &matched {
+            let mut found = Vec::new();
+            for kind in rule.key.kinds() {
+                if let KeyKind::Custom(f) = kind {
+                    if let Some(lookup) = f.lookup(req.request()) {
+                        found.push(lookup.await);
+                    }
+                }
+            }
+            looked_up.push(found);
+        }
+    }
+
+    // A rule whose key chose the identity's own quota decides (and shows)
+    // that quota for this request.
+    let mut own: Vec<(usize, Rule)> = Vec::new();
+    let mut checks: Vec<Check> = Vec::with_capacity(matched.len());
+    for (i, rule) in matched.iter().enumerate() {
+        let found = looked_up.get(i).map_or(&[][..], Vec::as_slice);
+        let keyed = match filter.key_of(rule, req.request(), &path, &read, found) {
+            Ok(keyed) => keyed,
+            Err(e) => return Ok(unreadable(req, e, Some(rule))),
+        };
+        let mut algorithm = rule.algorithm;
+        if let Some(limit) = keyed.limit {
+            match with_quota(rule, limit) {
+                Some(a) => {
+                    algorithm = a;
+                    let mut r = (*rule).clone();
+                    r.algorithm = a;
+                    own.push((i, r));
+                }
+                None => crate::logging::repeated!(
+                    &logging::BAD_QUOTA,
+                    "rule {}: a key function chose the quota {limit}, which the rule cannot have (1 ..= {}, at least its cost {}); the rule's own applies",
+                    rule.name,
+                    crate::config::MAX_LIMIT,
+                    rule.cost
+                ),
+            }
+        }
+        checks.push(Check {
+            key: keyed.key,
+            algorithm,
+            cost: rule.cost,
+            enforce: rule.mode == Mode::Enforce,
+            penalty: rule.penalty,
+        });
+    }
+    drop(form);
+    let mut matched = matched;
+    for (i, r) in &own {
+        matched[*i] = r;
+    }
+
+    let metrics = &filter.state.metrics;
+    let started = Instant::now();
+    // Rules that count failures only need the keys again afterwards.
+    let charged = matched.iter().any(|r| r.count == Count::Failures);
+    // The keys again, for a give-back and for the handler's `Limits`.
+    let kept = checks.clone();
+    let verdict = policy::decide(&filter.state.limiter, metrics, &matched, checks, started).await;
+    metrics.observe(started.elapsed());
+
+    match verdict {
+        Verdict::Redis(decision) if decision.allowed => {
+            count_allowed(metrics, &matched, &decision);
+            log::debug!(
+                "{method} {shown}: allowed ({})",
+                summary(&matched, &decision)
+            );
+            let taken = Limits::record(
+                req.request(),
+                filter.limiter(),
+                &matched,
+                &kept,
+                &decision,
+                started,
+            );
+            let mut res = service.call(req).await?;
+            // Whether an inner filter's denial gave our units back.
+            let mut withdrawn = false;
+            if res
+                .request()
+                .extensions()
+                .get::<limits::Withdrawn>()
+                .is_some()
+            {
+                // An inner filter denied the request: it takes nothing from us.
+                match taken.withdraw(&filter).await {
+                    Ok(_) => withdrawn = true,
+                    Err(e) => crate::logging::repeated!(
+                        &logging::GIVE_BACK_FAILED,
+                        "could not give units back ({}); the request stays charged",
+                        Escaped(&e.to_string())
+                    ),
+                }
+            }
+            let mut decision = decision;
+            if charged && res.status().as_u16() < 400 {
+                give_back(&filter, &matched, &taken, &mut decision).await;
+            }
+            fields::on_response(&mut res, &matched, &decision.outcomes, withdrawn);
+            Ok(res.map_into_left_body())
+        }
+        Verdict::Redis(decision) => {
+            // The denying rule that frees last names the denial, so that
+            // Retry-After holds for every rule.
+            let Some((rule, outcome)) = denying(&matched, &decision) else {
+                // Not reachable: a request is denied only by an enforce rule.
+                return service.call(req).await.map(|r| r.map_into_left_body());
+            };
+            for (r, o) in matched.iter().zip(&decision.outcomes) {
+                if r.mode == Mode::Enforce && !o.allowed {
+                    let counted = if o.banned {
+                        Counted::Banned
+                    } else {
+                        Counted::Denied
+                    };
+                    metrics.decision(&r.name, counted);
+                }
+                if o.ban_started {
+                    metrics.ban(&r.name, "penalty");
+                }
+            }
+            log::debug!(
+                "{method} {shown}: denied by {} for {}s ({})",
+                rule.name,
+                outcome.retry_after_secs(),
+                summary(&matched, &decision)
+            );
+            let mut response = denial(&filter, req.request(), rule, outcome.retry_after_secs());
+            fields::on_denial(&mut response, req.request(), &matched, &decision.outcomes);
+            // Limits an outer filter already took for this request go back.
+            Limits::deny_outer(req.request());
+            Ok(req.into_response(response).map_into_right_body())
+        }
+        Verdict::Cached { rule, wait } => {
+            let rule = matched[rule];
+            let remembered = Outcome {
+                allowed: false,
+                remaining: 0,
+                wait,
+                banned: false,
+                ban_started: false,
+            };
+            let retry = remembered.retry_after_secs();
+            log::debug!(
+                "{method} {shown}: denied by {} for {retry}s (remembered denial)",
+                rule.name
+            );
+            let mut response = denial(&filter, req.request(), rule, retry);
+            // Only the denying rule's state is known without Redis.
+            fields::on_denial(&mut response, req.request(), &[rule], &[remembered]);
+            Limits::deny_outer(req.request());
+            Ok(req.into_response(response).map_into_right_body())
+        }
+        Verdict::Unavailable(e) => {
+            Limits::deny_outer(req.request());
+            crate::logging::repeated!(
+                &logging::NO_DECISION,
+                "{method} {shown}: no decision ({}), error_denied",
+                Escaped(&e.to_string())
+            );
+            let response = HttpResponse::ServiceUnavailable()
+                .insert_header((header::RETRY_AFTER, "1"))
+                .insert_header((header::CACHE_CONTROL, "no-store"))
+                .content_type("text/plain; charset=utf-8")
+                .body("the rate limiter is unavailable; try again in a second\n");
+            Ok(req.into_response(response).map_into_right_body())
+        }
+        Verdict::Fallback {
+            error,
+            local,
+            checks,
+            decision,
+            at,
+        } => {
+            // Only the rules this process decided have outcomes.
+            let rules: Vec<&Rule> = local.iter().map(|&i| matched[i]).collect();
+            if !decision.allowed {
+                let Some((rule, outcome)) = denying(&rules, &decision) else {
+                    return service.call(req).await.map(|r| r.map_into_left_body());
+                };
+                crate::logging::repeated!(
+                    &logging::NO_DECISION,
+                    "{method} {shown}: no decision ({}), denied here by {} for {}s",
+                    Escaped(&error.to_string()),
+                    rule.name,
+                    outcome.retry_after_secs()
+                );
+                let mut response = denial(&filter, req.request(), rule, outcome.retry_after_secs());
+                fields::on_denial(&mut response, req.request(), &rules, &decision.outcomes);
+                Limits::deny_outer(req.request());
+                return Ok(req.into_response(response).map_into_right_body());
+            }
+            crate::logging::repeated!(
+                &logging::NO_DECISION,
+                "{method} {shown}: no decision ({}), allowed{}",
+                Escaped(&error.to_string()),
+                if rules.is_empty() { "" } else { " here" }
+            );
+            let mut res = service.call(req).await?;
+            let mut decision = decision;
+            if res.status().as_u16() < 400 {
+                // Units taken here go back here; Redis took none.
+                for ((r, c), o) in rules.iter().zip(&checks).zip(&mut decision.outcomes) {
+                    if r.count == Count::Failures && o.allowed {
+                        filter.state.limiter.local().give_back(c, at);
+                        o.remaining =
+                            (o.remaining + u64::from(c.cost)).min(u64::from(r.algorithm.quota()));
+                    }
+                }
+            }
+            fields::on_response(&mut res, &rules, &decision.outcomes, false);
+            Ok(res.map_into_left_body())
+        }
+    }
+}
+
+/// `count = "failures"`: a request answered below 400 gets back the units
+/// its failures-only rules took (those that admitted it, and that nothing
+/// gave back already: the handler, or an inner filter's denial), and the
+/// `RateLimit` fields then show them as remaining again.
+async fn give_back(
+    filter: &Filter,
+    matched: &[&Rule],
+    taken: &limits::Taken,
+    decision: &mut Decision,
+) {
+    let (places, given) = taken
+        .give_back(filter, |i| {
+            matched.get(i).is_some_and(|r| r.count == Count::Failures)
+        })
+        .await;
+    match given {
+        Ok(0) => {}
+        Ok(_) => {
+            for i in places {
+                if let (Some(o), Some(r)) = (decision.outcomes.get_mut(i), matched.get(i)) {
+                    o.remaining =
+                        (o.remaining + u64::from(r.cost)).min(u64::from(r.algorithm.quota()));
+                }
+            }
+        }
+        Err(e) => crate::logging::repeated!(
+            &logging::GIVE_BACK_FAILED,
+            "could not give units back ({}); the request stays charged",
+            Escaped(&e.to_string())
+        ),
+    }
+}
+
+/// The rule's algorithm with `limit` as its quota (a token bucket's rate
+/// scales with its burst), when the rule can have that quota.
+fn with_quota(rule: &Rule, limit: u32) -> Option<crate::limit::Algorithm> {
+    use crate::limit::Algorithm;
+    let quota = std::num::NonZeroU32::new(limit)
+        .filter(|q| q.get() <= crate::config::MAX_LIMIT && q.get() >= rule.cost)?;
+    Some(match rule.algorithm {
+        Algorithm::SlidingWindow { window, .. } => Algorithm::SlidingWindow {
+            limit: quota,
+            window,
+        },
+        Algorithm::FixedWindow { window, .. } => Algorithm::FixedWindow {
+            limit: quota,
+            window,
+        },
+        Algorithm::TokenBucket { rate, burst } => Algorithm::TokenBucket {
+            rate: rate * f64::from(quota.get()) / f64::from(burst.get()),
+            burst: quota,
+        },
+    })
+}
+
+fn is_urlencoded(req: &ServiceRequest) -> bool {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| {
+            ct.split(';').next().is_some_and(|m| {
+                m.trim()
+                    .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+            })
+        })
+}
+
+async fn read_body(req: &mut ServiceRequest, max: usize) -> Result<Bytes, BodyError> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(BodyError::TooLarge);
+    }
+    let mut payload = req.take_payload();
+    let mut body = BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|_| BodyError::Broken)?;
+        if body.len() + chunk.len() > max {
+            return Err(BodyError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+fn count_allowed(metrics: &Metrics, matched: &[&Rule], decision: &Decision) {
+    for (r, o) in matched.iter().zip(&decision.outcomes) {
+        let outcome = match (o.allowed, r.mode) {
+            (true, _) => Counted::Allowed,
+            (false, Mode::Shadow) => Counted::ShadowDenied,
+            (false, Mode::Enforce) => Counted::Denied,
+        };
+        metrics.decision(&r.name, outcome);
+    }
+}
+
+fn summary(matched: &[&Rule], decision: &Decision) -> String {
+    matched
+        .iter()
+        .zip(&decision.outcomes)
+        .map(|(r, o)| format!("{}={}", r.name, if o.allowed { "ok" } else { "over" }))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Whether `path` is `prefix` or below it.
+fn is_under(path: &str, prefix: &str) -> bool {
+    path.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
