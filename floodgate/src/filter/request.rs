@@ -2,6 +2,7 @@
 //! keys read (the body, when a rule keys by a field of it), its Redis keys,
 //! the decision, and the response.
 
+use std::borrow::Cow;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -11,10 +12,10 @@ use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
 use actix_web::http::header;
 use actix_web::http::StatusCode;
 use actix_web::web::{Bytes, BytesMut};
-use actix_web::{Error, HttpMessage, HttpRequest, HttpResponse};
+use actix_web::{Error, HttpMessage, HttpRequest};
 use futures_util::StreamExt;
 
-use super::deny::{denial, denying, plain, unreadable};
+use super::deny::{deny, denying, refuse, DecidedBy, Denied, Refused};
 use super::policy::{self, Verdict};
 use super::{fields, json, key, limits, Filter, Limits, MAX_HEADER_BYTES};
 use crate::limit::{Check, Decision, Outcome};
@@ -134,8 +135,7 @@ impl Filter {
 pub(crate) fn form_text<'a>(
     req: &impl HttpMessage,
     body: &'a [u8],
-) -> Result<std::borrow::Cow<'a, [u8]>, key::Unreadable> {
-    use std::borrow::Cow;
+) -> Result<Cow<'a, [u8]>, key::Unreadable> {
     let unsupported = key::Unreadable::Unsupported;
     for coding in req.headers().get_all(header::CONTENT_ENCODING) {
         let identity = coding
@@ -164,6 +164,11 @@ enum BodyError {
     Broken,
 }
 
+/// A request through the filter, in stages: the rules that guard it
+/// ([`guarding`]), the bodies their keys read ([`read_bodies`]), each
+/// rule's check ([`checks`]), the decision ([`policy::decide`]), and the
+/// answer ([`respond`]). A stage that refuses the request says why, and
+/// [`refuse`] answers it.
 pub(super) async fn filter_request<S, B>(
     filter: Filter,
     service: Rc<S>,
@@ -173,103 +178,175 @@ where
     S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
     B: MessageBody,
 {
+    let rules = filter.rules();
+    let (matched, path) = match guarding(&filter, &req, &rules) {
+        Ok(Some(guarded)) => guarded,
+        Ok(None) => return service.call(req).await.map(|r| r.map_into_left_body()),
+        Err(refused) => return Ok(refuse(req, refused)),
+    };
+    let bodies = match read_bodies(&filter, &mut req, &matched).await {
+        Ok(bodies) => bodies,
+        Err(refused) => return Ok(refuse(req, refused)),
+    };
+    let looked_up = lookups(&req, &matched).await;
+    let keyed = checks(
+        &filter,
+        req.request(),
+        &path,
+        &bodies.read(),
+        &looked_up,
+        &matched,
+    );
+    drop(bodies);
+    let Checked { checks, own } = match keyed {
+        Ok(keyed) => keyed,
+        Err(refused) => return Ok(refuse(req, refused)),
+    };
+    // A rule whose key chose the identity's own quota decides (and shows)
+    // that quota for this request.
+    let mut matched = matched;
+    for (i, r) in &own {
+        matched[*i] = r;
+    }
+
+    let metrics = &filter.state.metrics;
+    let started = Instant::now();
+    // The keys again, for a give-back and for the handler's `Limits`.
+    let kept = checks.clone();
+    let verdict = policy::decide(&filter.state.limiter, metrics, &matched, checks, started).await;
+    metrics.observe(started.elapsed());
+    let asked = Asked {
+        filter: &filter,
+        path: &path,
+        matched: &matched,
+        checks: &kept,
+        started,
+    };
+    respond(asked, &*service, req, verdict).await
+}
+
+/// Stage 1: the rules that guard `req` (its method and decoded path, less
+/// the rules that skip or exempt it), and its decoded path; `None` when no
+/// rule does. Refused: a header block over [`MAX_HEADER_BYTES`], a path
+/// that does not decode. The path is copied only when a rule matched, so
+/// an unguarded request allocates nothing here.
+fn guarding<'r>(
+    filter: &Filter,
+    req: &ServiceRequest,
+    rules: &'r [Rule],
+) -> Result<Option<(Vec<&'r Rule>, String)>, Refused<'r>> {
     let header_bytes: usize = req
         .headers()
         .iter()
         .map(|(name, value)| name.as_str().len() + value.len() + 4)
         .sum();
     if header_bytes > MAX_HEADER_BYTES {
-        return Ok(plain(
-            req,
+        return Err(Refused::Plain(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             "request header fields too large\n",
         ));
     }
-    let rules = filter.rules();
-    // Match on the decoded path; copy it only when a rule matched, so an
-    // unguarded request allocates nothing here.
-    let (matched, path) = {
-        let Ok(decoded) = percent_encoding::percent_decode_str(req.path()).decode_utf8() else {
-            return Ok(plain(req, StatusCode::BAD_REQUEST, "bad request path\n"));
-        };
-        let method = req.method().as_str();
-        let unguarded = filter
-            .state
-            .unguarded
-            .as_deref()
-            .is_some_and(|p| is_under(&decoded, p) || is_under(req.path(), p));
-        let mut matched: Vec<&Rule> = if unguarded {
-            Vec::new()
-        } else {
-            rules
-                .iter()
-                .filter(|r| r.matches(method, &decoded) && r.applies_to(req.request()))
-                .collect()
-        };
-        // A rule's exempt clients are neither counted nor denied by it.
-        if matched.iter().any(|r| !r.exempt.is_empty()) {
-            let client = filter.client_addr(req.request());
-            matched.retain(|r| !r.exempts(client));
-        }
-        let path = (!matched.is_empty()).then(|| decoded.into_owned());
-        (matched, path)
+    let Ok(decoded) = percent_encoding::percent_decode_str(req.path()).decode_utf8() else {
+        return Err(Refused::Plain(
+            StatusCode::BAD_REQUEST,
+            "bad request path\n",
+        ));
     };
-    let Some(path) = path else {
-        return service.call(req).await.map(|r| r.map_into_left_body());
-    };
-    let method = req.method().clone();
-    // The path as the log shows it: a decoded newline cannot forge a line.
-    let shown = Escaped(&path);
+    let method = req.method().as_str();
+    let unguarded = filter
+        .state
+        .unguarded
+        .as_deref()
+        .is_some_and(|p| is_under(&decoded, p) || is_under(req.path(), p));
+    if unguarded {
+        return Ok(None);
+    }
+    let mut matched: Vec<&Rule> = rules
+        .iter()
+        .filter(|r| r.matches(method, &decoded) && r.applies_to(req.request()))
+        .collect();
+    // A rule's exempt clients are neither counted nor denied by it.
+    if matched.iter().any(|r| !r.exempt.is_empty()) {
+        let client = filter.client_addr(req.request());
+        matched.retain(|r| !r.exempts(client));
+    }
+    if matched.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some((matched, decoded.into_owned())))
+}
 
-    // A rule keyed by a body field reads the urlencoded or JSON body (only
-    // the types its keys read), then hands it on intact.
-    let form_wanted = matched.iter().any(|r| r.key.reads_form()) && is_urlencoded(&req);
+/// The bodies a request's keys read: the form as the handler will read it
+/// (decoded from its charset), or the JSON body.
+#[derive(Default)]
+struct Bodies {
+    form: Option<Bytes>,
+    json: Option<Bytes>,
+}
+
+impl Bodies {
+    fn read(&self) -> key::BodyRead<'_> {
+        key::BodyRead {
+            form: self.form.as_deref(),
+            json: self.json.as_deref(),
+        }
+    }
+}
+
+/// Stage 2: a rule keyed by a body field reads the urlencoded or JSON body
+/// (only the types its keys read), then hands it on intact. Refused: a
+/// body over `max_form` (413) or broken (400), a JSON body whose headers
+/// the filter cannot read as the handler would, a form in a charset or
+/// coding it cannot decode (415).
+async fn read_bodies(
+    filter: &Filter,
+    req: &mut ServiceRequest,
+    matched: &[&Rule],
+) -> Result<Bodies, Refused<'static>> {
+    let form_wanted = matched.iter().any(|r| r.key.reads_form()) && is_urlencoded(req);
     let json_wanted =
         !form_wanted && matched.iter().any(|r| r.key.reads_json()) && json::is_json(req.headers());
     if json_wanted {
-        if let Err(e) = json::check_json_headers(req.headers()) {
-            return Ok(unreadable(req, e, None));
-        }
+        json::check_json_headers(req.headers()).map_err(|e| Refused::Unreadable(e, None))?;
     }
-    let mut body: Option<Bytes> = None;
-    if form_wanted || json_wanted {
-        match read_body(&mut req, filter.state.max_form).await {
-            Ok(read) => {
-                req.set_payload(Payload::from(read.clone()));
-                body = Some(read);
-            }
-            Err(BodyError::TooLarge) => {
-                return Ok(plain(
-                    req,
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "body too large\n",
-                ))
-            }
-            Err(BodyError::Broken) => {
-                return Ok(plain(req, StatusCode::BAD_REQUEST, "unreadable body\n"))
-            }
-        }
+    if !form_wanted && !json_wanted {
+        return Ok(Bodies::default());
     }
-
-    // The form as the handler will read it: decoded from its charset.
-    let form = match body
-        .as_deref()
-        .filter(|_| form_wanted)
-        .map(|body| form_text(&req, body))
-        .transpose()
-    {
-        Ok(text) => text,
-        Err(e) => return Ok(unreadable(req, e, None)),
+    let body = match read_body(req, filter.state.max_form).await {
+        Ok(body) => body,
+        Err(BodyError::TooLarge) => {
+            return Err(Refused::Plain(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body too large\n",
+            ))
+        }
+        Err(BodyError::Broken) => {
+            return Err(Refused::Plain(StatusCode::BAD_REQUEST, "unreadable body\n"))
+        }
     };
-    let read = key::BodyRead {
-        form: form.as_deref(),
-        json: body.as_deref().filter(|_| json_wanted),
+    req.set_payload(Payload::from(body.clone()));
+    if json_wanted {
+        return Ok(Bodies {
+            form: None,
+            json: Some(body),
+        });
+    }
+    let decoded = match form_text(req, &body).map_err(|e| Refused::Unreadable(e, None))? {
+        Cow::Borrowed(_) => None,
+        Cow::Owned(text) => Some(text),
     };
+    Ok(Bodies {
+        form: Some(decoded.map_or(body, Bytes::from)),
+        json: None,
+    })
+}
 
-    // Key functions that look the caller up are awaited first, in order.
-    let mut looked_up: Vec<Vec<Option<rule::Identity>>> = Vec::new();
+/// Key functions that look the caller up, awaited in order: what each
+/// matched rule's lookups found (nothing when no rule has one).
+async fn lookups(req: &ServiceRequest, matched: &[&Rule]) -> Vec<Vec<Option<rule::Identity>>> {
+    let mut looked_up = Vec::new();
     if matched.iter().any(|r| r.key.has_lookup()) {
-        for rule in &matched {
+        for rule in matched {
             let mut found = Vec::new();
             for kind in rule.key.kinds() {
                 if let KeyKind::Custom(f) = kind {
@@ -281,17 +358,35 @@ where
             looked_up.push(found);
         }
     }
+    looked_up
+}
 
-    // A rule whose key chose the identity's own quota decides (and shows)
-    // that quota for this request.
+/// Each matched rule's check, and the rules with an identity's own quota.
+struct Checked {
+    checks: Vec<Check>,
+    /// A matched rule (by its index) with the quota its key chose.
+    own: Vec<(usize, Rule)>,
+}
+
+/// Stage 3: each matched rule's check (its Redis key, algorithm and cost),
+/// and the rules whose key chose the identity's own quota, with that quota
+/// (their index among `matched`). Refused: a key value that cannot be read
+/// as the handler would, or that is missing for a rule that rejects those.
+fn checks<'r>(
+    filter: &Filter,
+    req: &HttpRequest,
+    path: &str,
+    bodies: &key::BodyRead<'_>,
+    looked_up: &[Vec<Option<rule::Identity>>],
+    matched: &[&'r Rule],
+) -> Result<Checked, Refused<'r>> {
     let mut own: Vec<(usize, Rule)> = Vec::new();
     let mut checks: Vec<Check> = Vec::with_capacity(matched.len());
     for (i, rule) in matched.iter().enumerate() {
         let found = looked_up.get(i).map_or(&[][..], Vec::as_slice);
-        let keyed = match filter.key_of(rule, req.request(), &path, &read, found) {
-            Ok(keyed) => keyed,
-            Err(e) => return Ok(unreadable(req, e, Some(rule))),
-        };
+        let keyed = filter
+            .key_of(rule, req, path, bodies, found)
+            .map_err(|e| Refused::Unreadable(e, Some(rule)))?;
         let mut algorithm = rule.algorithm;
         if let Some(limit) = keyed.limit {
             match with_quota(rule, limit) {
@@ -318,93 +413,58 @@ where
             penalty: rule.penalty,
         });
     }
-    drop(form);
-    let mut matched = matched;
-    for (i, r) in &own {
-        matched[*i] = r;
-    }
+    Ok(Checked { checks, own })
+}
 
-    let metrics = &filter.state.metrics;
-    let started = Instant::now();
-    // Rules that count failures only need the keys again afterwards.
-    let charged = matched.iter().any(|r| r.count == Count::Failures);
-    // The keys again, for a give-back and for the handler's `Limits`.
-    let kept = checks.clone();
-    let verdict = policy::decide(&filter.state.limiter, metrics, &matched, checks, started).await;
-    metrics.observe(started.elapsed());
+/// What the filter asked of the limiter for a request: the rules (one
+/// check each), and when it asked.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    filter: &'a Filter,
+    /// The decoded path.
+    path: &'a str,
+    matched: &'a [&'a Rule],
+    checks: &'a [Check],
+    started: Instant,
+}
 
+/// Stage 4: the answer to a decided request: the handler's response with
+/// the rules' fields, or a denial ([`deny`]).
+async fn respond<S, B>(
+    asked: Asked<'_>,
+    service: &S,
+    req: ServiceRequest,
+    verdict: Verdict,
+) -> Result<ServiceResponse<EitherBody<B>>, Error>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
+    B: MessageBody,
+{
+    let Asked {
+        filter,
+        path,
+        matched,
+        ..
+    } = asked;
     match verdict {
         Verdict::Redis(decision) if decision.allowed => {
-            count_allowed(metrics, &matched, &decision);
-            log::debug!(
-                "{method} {shown}: allowed ({})",
-                summary(&matched, &decision)
-            );
-            let taken = Limits::record(
-                req.request(),
-                filter.limiter(),
-                &matched,
-                &kept,
-                &decision,
-                started,
-            );
-            let mut res = service.call(req).await?;
-            // Whether an inner filter's denial gave our units back.
-            let mut withdrawn = false;
-            if res
-                .request()
-                .extensions()
-                .get::<limits::Withdrawn>()
-                .is_some()
-            {
-                // An inner filter denied the request: it takes nothing from us.
-                match taken.withdraw(&filter).await {
-                    Ok(_) => withdrawn = true,
-                    Err(e) => crate::logging::repeated!(
-                        &logging::GIVE_BACK_FAILED,
-                        "could not give units back ({}); the request stays charged",
-                        Escaped(&e.to_string())
-                    ),
-                }
-            }
-            let mut decision = decision;
-            if charged && res.status().as_u16() < 400 {
-                give_back(&filter, &matched, &taken, &mut decision).await;
-            }
-            fields::on_response(&mut res, &matched, &decision.outcomes, withdrawn);
-            Ok(res.map_into_left_body())
+            allowed(asked, service, req, decision).await
         }
         Verdict::Redis(decision) => {
             // The denying rule that frees last names the denial, so that
             // Retry-After holds for every rule.
-            let Some((rule, outcome)) = denying(&matched, &decision) else {
+            let Some((rule, outcome)) = denying(matched, &decision) else {
                 // Not reachable: a request is denied only by an enforce rule.
                 return service.call(req).await.map(|r| r.map_into_left_body());
             };
-            for (r, o) in matched.iter().zip(&decision.outcomes) {
-                if r.mode == Mode::Enforce && !o.allowed {
-                    let counted = if o.banned {
-                        Counted::Banned
-                    } else {
-                        Counted::Denied
-                    };
-                    metrics.decision(&r.name, counted);
-                }
-                if o.ban_started {
-                    metrics.ban(&r.name, "penalty");
-                }
-            }
-            log::debug!(
-                "{method} {shown}: denied by {} for {}s ({})",
-                rule.name,
-                outcome.retry_after_secs(),
-                summary(&matched, &decision)
-            );
-            let mut response = denial(&filter, req.request(), rule, outcome.retry_after_secs());
-            fields::on_denial(&mut response, req.request(), &matched, &decision.outcomes);
-            // Limits an outer filter already took for this request go back.
-            Limits::deny_outer(req.request());
-            Ok(req.into_response(response).map_into_right_body())
+            let denied = Denied::Limited {
+                rule,
+                retry: outcome.retry_after_secs(),
+                rules: matched,
+                outcomes: &decision.outcomes,
+                by: DecidedBy::Redis,
+            };
+            Ok(deny(filter, req, path, denied))
         }
         Verdict::Cached { rule, wait } => {
             let rule = matched[rule];
@@ -415,31 +475,17 @@ where
                 banned: false,
                 ban_started: false,
             };
-            let retry = remembered.retry_after_secs();
-            log::debug!(
-                "{method} {shown}: denied by {} for {retry}s (remembered denial)",
-                rule.name
-            );
-            let mut response = denial(&filter, req.request(), rule, retry);
             // Only the denying rule's state is known without Redis.
-            fields::on_denial(&mut response, req.request(), &[rule], &[remembered]);
-            Limits::deny_outer(req.request());
-            Ok(req.into_response(response).map_into_right_body())
+            let denied = Denied::Limited {
+                rule,
+                retry: remembered.retry_after_secs(),
+                rules: &[rule],
+                outcomes: &[remembered],
+                by: DecidedBy::Remembered,
+            };
+            Ok(deny(filter, req, path, denied))
         }
-        Verdict::Unavailable(e) => {
-            Limits::deny_outer(req.request());
-            crate::logging::repeated!(
-                &logging::NO_DECISION,
-                "{method} {shown}: no decision ({}), error_denied",
-                Escaped(&e.to_string())
-            );
-            let response = HttpResponse::ServiceUnavailable()
-                .insert_header((header::RETRY_AFTER, "1"))
-                .insert_header((header::CACHE_CONTROL, "no-store"))
-                .content_type("text/plain; charset=utf-8")
-                .body("the rate limiter is unavailable; try again in a second\n");
-            Ok(req.into_response(response).map_into_right_body())
-        }
+        Verdict::Unavailable(e) => Ok(deny(filter, req, path, Denied::Unavailable(&e))),
         Verdict::Fallback {
             error,
             local,
@@ -453,21 +499,20 @@ where
                 let Some((rule, outcome)) = denying(&rules, &decision) else {
                     return service.call(req).await.map(|r| r.map_into_left_body());
                 };
-                crate::logging::repeated!(
-                    &logging::NO_DECISION,
-                    "{method} {shown}: no decision ({}), denied here by {} for {}s",
-                    Escaped(&error.to_string()),
-                    rule.name,
-                    outcome.retry_after_secs()
-                );
-                let mut response = denial(&filter, req.request(), rule, outcome.retry_after_secs());
-                fields::on_denial(&mut response, req.request(), &rules, &decision.outcomes);
-                Limits::deny_outer(req.request());
-                return Ok(req.into_response(response).map_into_right_body());
+                let denied = Denied::Limited {
+                    rule,
+                    retry: outcome.retry_after_secs(),
+                    rules: &rules,
+                    outcomes: &decision.outcomes,
+                    by: DecidedBy::Here(&error),
+                };
+                return Ok(deny(filter, req, path, denied));
             }
             crate::logging::repeated!(
                 &logging::NO_DECISION,
-                "{method} {shown}: no decision ({}), allowed{}",
+                "{} {}: no decision ({}), allowed{}",
+                req.method(),
+                Escaped(path),
                 Escaped(&error.to_string()),
                 if rules.is_empty() { "" } else { " here" }
             );
@@ -487,6 +532,70 @@ where
             Ok(res.map_into_left_body())
         }
     }
+}
+
+/// Redis allowed the request: the handler answers, with the rules' fields;
+/// units go back when an inner filter denied it, or (`count = "failures"`)
+/// when the answer is below 400.
+async fn allowed<S, B>(
+    asked: Asked<'_>,
+    service: &S,
+    req: ServiceRequest,
+    decision: Decision,
+) -> Result<ServiceResponse<EitherBody<B>>, Error>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
+    B: MessageBody,
+{
+    let Asked {
+        filter,
+        path,
+        matched,
+        checks,
+        started,
+    } = asked;
+    count_allowed(&filter.state.metrics, matched, &decision);
+    log::debug!(
+        "{} {}: allowed ({})",
+        req.method(),
+        Escaped(path),
+        summary(matched, &decision.outcomes)
+    );
+    let taken = Limits::record(
+        req.request(),
+        filter.limiter(),
+        matched,
+        checks,
+        &decision,
+        started,
+    );
+    // Rules that count failures only need the keys again afterwards.
+    let charged = matched.iter().any(|r| r.count == Count::Failures);
+    let mut res = service.call(req).await?;
+    // Whether an inner filter's denial gave our units back.
+    let mut withdrawn = false;
+    if res
+        .request()
+        .extensions()
+        .get::<limits::Withdrawn>()
+        .is_some()
+    {
+        // An inner filter denied the request: it takes nothing from us.
+        match taken.withdraw(filter).await {
+            Ok(_) => withdrawn = true,
+            Err(e) => crate::logging::repeated!(
+                &logging::GIVE_BACK_FAILED,
+                "could not give units back ({}); the request stays charged",
+                Escaped(&e.to_string())
+            ),
+        }
+    }
+    let mut decision = decision;
+    if charged && res.status().as_u16() < 400 {
+        give_back(filter, matched, &taken, &mut decision).await;
+    }
+    fields::on_response(&mut res, matched, &decision.outcomes, withdrawn);
+    Ok(res.map_into_left_body())
 }
 
 /// `count = "failures"`: a request answered below 400 gets back the units
@@ -588,10 +697,11 @@ fn count_allowed(metrics: &Metrics, matched: &[&Rule], decision: &Decision) {
     }
 }
 
-fn summary(matched: &[&Rule], decision: &Decision) -> String {
-    matched
+/// Each rule's name and whether it was over, for the log.
+pub(super) fn summary(rules: &[&Rule], outcomes: &[Outcome]) -> String {
+    rules
         .iter()
-        .zip(&decision.outcomes)
+        .zip(outcomes)
         .map(|(r, o)| format!("{}={}", r.name, if o.allowed { "ok" } else { "over" }))
         .collect::<Vec<_>>()
         .join(" ")
