@@ -7,6 +7,7 @@
 //! the error page, or 429), or apply the Redis error policy (see `policy.rs`:
 //! the denial cache, and `on_redis_error`).
 
+mod body;
 mod builder;
 mod code_limit;
 mod deny;
