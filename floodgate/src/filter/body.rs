@@ -12,7 +12,7 @@ use actix_web::HttpMessage;
 use futures_util::StreamExt;
 
 use super::deny::Refused;
-use super::{json, key, Filter};
+use super::{json, values, Filter};
 use crate::rule::Rule;
 
 /// The bodies a request's keys read: the form as the handler will read it
@@ -24,8 +24,8 @@ pub(super) struct Bodies {
 }
 
 impl Bodies {
-    pub(super) fn read(&self) -> key::BodyRead<'_> {
-        key::BodyRead {
+    pub(super) fn read(&self) -> values::BodyRead<'_> {
+        values::BodyRead {
             form: self.form.as_deref(),
             json: self.json.as_deref(),
         }
@@ -94,8 +94,8 @@ enum BodyError {
 pub(crate) fn form_text<'a>(
     req: &impl HttpMessage,
     body: &'a [u8],
-) -> Result<Cow<'a, [u8]>, key::Unreadable> {
-    let unsupported = key::Unreadable::Unsupported;
+) -> Result<Cow<'a, [u8]>, values::Unreadable> {
+    let unsupported = values::Unreadable::Unsupported;
     for coding in req.headers().get_all(header::CONTENT_ENCODING) {
         let identity = coding
             .to_str()

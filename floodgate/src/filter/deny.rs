@@ -9,7 +9,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse};
 
 use super::request::summary;
-use super::{fields, key, Denial, Filter, Limits};
+use super::{fields, values, Denial, Filter, Limits};
 use crate::limit::{Decision, LimiterError, Outcome};
 use crate::logging::{self, Escaped};
 use crate::metrics::Outcome as Counted;
@@ -145,7 +145,7 @@ pub(super) enum Refused<'r> {
     Plain(StatusCode, &'static str),
     /// A key value that cannot be read, or is missing for a rule that
     /// rejects those (the rule, when one rule's key is at fault).
-    Unreadable(key::Unreadable, Option<&'r Rule>),
+    Unreadable(values::Unreadable, Option<&'r Rule>),
 }
 
 /// The answer to a [`Refused`] request.
@@ -164,13 +164,13 @@ pub(super) fn refuse<B>(
 /// request without the key value of a rule (`rule`) that rejects those.
 fn unreadable<B>(
     req: ServiceRequest,
-    e: key::Unreadable,
+    e: values::Unreadable,
     rule: Option<&Rule>,
 ) -> ServiceResponse<EitherBody<B>> {
     match e {
-        key::Unreadable::Malformed(why) => plain(req, StatusCode::BAD_REQUEST, why),
-        key::Unreadable::Unsupported(why) => plain(req, StatusCode::UNSUPPORTED_MEDIA_TYPE, why),
-        key::Unreadable::Missing(at) => {
+        values::Unreadable::Malformed(why) => plain(req, StatusCode::BAD_REQUEST, why),
+        values::Unreadable::Unsupported(why) => plain(req, StatusCode::UNSUPPORTED_MEDIA_TYPE, why),
+        values::Unreadable::Missing(at) => {
             let (name, kind) = match rule {
                 Some(r) => (
                     r.name.as_str(),

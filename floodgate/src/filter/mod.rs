@@ -1,33 +1,37 @@
 //! The rate-limit filter: an actix-service `Transform` that wraps the whole
 //! app, so rules apply before routing (and guard paths with no handler).
 //!
-//! For each request: find the rules that match its method and decoded path;
-//! build each rule's key; ask the [`Limiter`] once for all of them; then
-//! pass the request on with `RateLimit` fields, or answer a denial (303 to
-//! the error page, or 429), or apply the Redis error policy (see `policy.rs`:
-//! the denial cache, and `on_redis_error`).
+//! Each request goes through stages (`request.rs`): find the rules that
+//! match its method and decoded path; read the body their keys need
+//! (`body.rs`); build each rule's key from the values it reads
+//! (`values.rs`, `json.rs`); decide all of them at once (`decision.rs`: the
+//! denial cache, one [`Limiter`] call, else each rule's `on_redis_error`);
+//! then pass the request on with `RateLimit` fields (`fields.rs`), or deny
+//! it (`deny.rs`: 303 to the error page, 429, or 503). The filter is built
+//! by `builder.rs` (a file, or code), and `code_limit.rs` holds the
+//! [`Limit`] declared in code beside a handler.
 
 mod body;
 mod builder;
 mod code_limit;
+mod decision;
 mod deny;
 mod error;
 mod fields;
 mod json;
-pub(crate) mod key;
 mod limits;
 mod operator;
-mod policy;
 mod request;
 mod text;
+mod values;
 
 pub use self::builder::FilterBuilder;
 pub use self::code_limit::Limit;
 pub use self::deny::accepts;
 pub use self::error::SetupError;
-pub use self::key::Unreadable;
 pub use self::limits::{Limits, RuleState};
 pub use self::operator::{ban_action, operator_check, override_action, OperatorError};
+pub use self::values::Unreadable;
 
 use std::collections::HashMap;
 use std::future::{ready, Future, Ready};

@@ -1,6 +1,6 @@
 //! One request through the filter, in stages: the rules that match it, the
 //! bodies its keys read (`body.rs`), its Redis keys, the decision
-//! (`policy.rs`), and the response (denials in `deny.rs`).
+//! (`decision.rs`), and the response (denials in `deny.rs`).
 
 use std::rc::Rc;
 use std::time::Instant;
@@ -12,9 +12,9 @@ use actix_web::http::StatusCode;
 use actix_web::{Error, HttpMessage, HttpRequest};
 
 use super::body::read_bodies;
+use super::decision::{self, Verdict};
 use super::deny::{deny, denying, refuse, DecidedBy, Denied, Refused};
-use super::policy::{self, Verdict};
-use super::{fields, json, key, limits, Filter, Limits, MAX_HEADER_BYTES};
+use super::{fields, json, limits, values, Filter, Limits, MAX_HEADER_BYTES};
 use crate::limit::{Check, Decision, Outcome};
 use crate::logging::{self, Escaped};
 use crate::metrics::{Metrics, Outcome as Counted};
@@ -33,8 +33,8 @@ impl Filter {
         req: &HttpRequest,
         path: &str,
         form: Option<&[u8]>,
-    ) -> Result<String, key::Unreadable> {
-        let body = key::BodyRead { form, json: None };
+    ) -> Result<String, values::Unreadable> {
+        let body = values::BodyRead { form, json: None };
         self.key_of(rule, req, path, &body, &[]).map(|k| k.key)
     }
 
@@ -45,9 +45,9 @@ impl Filter {
         rule: &Rule,
         req: &HttpRequest,
         path: &str,
-        body: &key::BodyRead<'_>,
+        body: &values::BodyRead<'_>,
         looked_up: &[Option<rule::Identity>],
-    ) -> Result<key::Keyed, key::Unreadable> {
+    ) -> Result<values::Keyed, values::Unreadable> {
         let mut parts: Vec<(&'static str, String)> = Vec::with_capacity(rule.key.kinds().len());
         let mut lookups = looked_up.iter();
         let mut limit = None;
@@ -58,12 +58,13 @@ impl Filter {
                 KeyKind::Global => Some("all".to_string()),
                 KeyKind::Path => Some(path.to_string()),
                 KeyKind::Session => self.state.session.as_ref().and_then(|f| f(req)),
-                KeyKind::Header(name) => normalize(key::header_value(req.headers(), name)?),
-                KeyKind::Query(name) => {
-                    normalize(key::urlencoded_value(req.query_string().as_bytes(), name)?)
-                }
+                KeyKind::Header(name) => normalize(values::header_value(req.headers(), name)?),
+                KeyKind::Query(name) => normalize(values::urlencoded_value(
+                    req.query_string().as_bytes(),
+                    name,
+                )?),
                 KeyKind::Form(name) => match body.form {
-                    Some(form) => normalize(key::urlencoded_value(form, name)?),
+                    Some(form) => normalize(values::urlencoded_value(form, name)?),
                     None => None,
                 },
                 KeyKind::Json(name) => match body.json {
@@ -71,7 +72,7 @@ impl Filter {
                     None => None,
                 },
                 KeyKind::Body(name) => match (body.form, body.json) {
-                    (Some(form), _) => normalize(key::urlencoded_value(form, name)?),
+                    (Some(form), _) => normalize(values::urlencoded_value(form, name)?),
                     (None, Some(json)) => normalize(json::json_value(json, name)?),
                     (None, None) => None,
                 },
@@ -87,7 +88,7 @@ impl Filter {
             match value.filter(|v| !v.is_empty()) {
                 Some(v) => parts.push((kind.kind(), v)),
                 None if rule.on_missing_key == OnMissingKey::Reject => {
-                    return Err(key::Unreadable::Missing(at));
+                    return Err(values::Unreadable::Missing(at));
                 }
                 // Without a value of its own kind, a request is keyed by
                 // its address alone (a part missing makes no combination),
@@ -111,7 +112,7 @@ impl Filter {
         if rule.hash_key {
             id = rule::hashed_id(&id);
         }
-        Ok(key::Keyed {
+        Ok(values::Keyed {
             key: rule::redis_key_for(
                 self.state.limiter.hash_tags(),
                 &self.state.key_prefix,
@@ -126,7 +127,7 @@ impl Filter {
 
 /// A request through the filter, in stages: the rules that guard it
 /// ([`guarding`]), the bodies their keys read ([`read_bodies`]), each
-/// rule's check ([`checks`]), the decision ([`policy::decide`]), and the
+/// rule's check ([`checks`]), the decision ([`decision::decide`]), and the
 /// answer ([`respond`]). A stage that refuses the request says why, and
 /// [`refuse`] answers it.
 pub(super) async fn filter_request<S, B>(
@@ -173,7 +174,7 @@ where
     let started = Instant::now();
     // The keys again, for a give-back and for the handler's `Limits`.
     let kept = checks.clone();
-    let verdict = policy::decide(&filter.state.limiter, metrics, &matched, checks, started).await;
+    let verdict = decision::decide(&filter.state.limiter, metrics, &matched, checks, started).await;
     metrics.observe(started.elapsed());
     let asked = Asked {
         filter: &filter,
@@ -271,7 +272,7 @@ fn checks<'r>(
     filter: &Filter,
     req: &HttpRequest,
     path: &str,
-    bodies: &key::BodyRead<'_>,
+    bodies: &values::BodyRead<'_>,
     looked_up: &[Vec<Option<rule::Identity>>],
     matched: &[&'r Rule],
 ) -> Result<Checked, Refused<'r>> {
