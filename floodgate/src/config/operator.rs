@@ -116,30 +116,6 @@ fn penalty_duration(what: &str, text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// The bounds of a penalty however it was given (a file's, or one made in
-/// code): `after` 1 to 1000000, durations above 0 and at most 366 days in
-/// whole milliseconds, the first ban at most `max`.
-pub(super) fn check_penalty_values(p: &Penalty) -> Result<(), String> {
-    if !(1..=1_000_000).contains(&p.after) {
-        return Err(format!(
-            "penalty after must be between 1 and 1000000, got {}",
-            p.after
-        ));
-    }
-    for (what, d) in [("within", p.within), ("ban", p.ban), ("max", p.max)] {
-        if d.is_zero() || d > MAX_WINDOW || !d.subsec_nanos().is_multiple_of(1_000_000) {
-            return Err(format!(
-                "penalty {what} must be a whole number of milliseconds above 0 and at most {}",
-                amount_of_time(MAX_WINDOW)
-            ));
-        }
-    }
-    if p.ban > p.max {
-        return Err("penalty ban must be at most max".into());
-    }
-    Ok(())
-}
-
 /// Checks a rule's `penalty`.
 pub(super) fn check_penalty(raw: &RawPenalty) -> Result<Penalty, String> {
     let after = u32::try_from(raw.after)

@@ -7,7 +7,7 @@ use actix_web::HttpRequest;
 use sha2::{Digest, Sha256};
 
 use super::{Filter, SetupError};
-use crate::config::{check_spec, Amount, RuleSpec};
+use crate::rule::spec::{Amount, Defaults, RuleSpec, CODE_DENY};
 use crate::rule::{
     Count, Deny, HeaderDialect, Key, KeyKind, Mode, Normalize, OnMissingKey, OnRedisError, Rule,
     Skip,
@@ -150,28 +150,29 @@ enum LimitAlgorithm {
 impl Limit {
     /// At most `limit` requests in any `window` (a sliding window).
     pub fn new(limit: u32, window: Duration) -> Limit {
+        let d = Defaults::default();
         Limit {
             algorithm: LimitAlgorithm::Window {
                 limit,
                 window,
                 fixed: false,
             },
-            key: Key::ip(),
+            key: d.key,
             name: None,
-            cost: 1,
-            deny: Deny::Status,
-            error_page: "/err".into(),
-            on_redis_error: OnRedisError::Allow,
-            mode: Mode::Enforce,
-            count: Count::All,
-            normalize: Normalize::None,
+            cost: d.cost,
+            deny: CODE_DENY,
+            error_page: d.error_page,
+            on_redis_error: d.on_redis_error,
+            mode: d.mode,
+            count: d.count,
+            normalize: d.normalize,
             description: None,
             methods: Vec::new(),
-            on_missing_key: OnMissingKey::Ip,
-            hash_key: false,
+            on_missing_key: d.on_missing_key,
+            hash_key: d.hash_key,
             skip: None,
-            headers: HeaderDialect::Ietf,
-            exempt: Vec::new(),
+            headers: d.headers,
+            exempt: d.exempt,
             penalty: None,
         }
     }
@@ -362,8 +363,8 @@ impl Limit {
 
     /// The checked rule: with `path`, a builder's rule guarding that
     /// pattern; without, a limit wrapped on a resource or scope (every
-    /// request it sees). The same checks, bounds and messages as a file's
-    /// `[[rule]]`; an error names the limit.
+    /// request it sees). Checked by [`RuleSpec::check`], as a file's
+    /// `[[rule]]` is: the same bounds and messages; an error names the limit.
     pub(super) fn into_rule(self, path: Option<&str>, earlier: &[Rule]) -> Result<Rule, String> {
         let name = match &self.name {
             Some(n) => n.clone(),
@@ -407,7 +408,8 @@ impl Limit {
             paths_are_known: path.is_some(),
             penalty: self.penalty,
         };
-        check_spec(spec, earlier).map_err(|what| format!("{name:?}: {what}"))
+        spec.check(earlier)
+            .map_err(|what| format!("{name:?}: {what}"))
     }
 
     /// A name made of everything that sets the limit's state apart: its
