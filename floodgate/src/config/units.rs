@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-pub use crate::rule::human_duration;
 pub(super) use crate::rule::amount_of_time;
+pub use crate::rule::human_duration;
 
 /// Parses `"250ms"`, `"10s"`, `"1m"`, `"10m"`, `"1h"`, `"1d"`. A number too
 /// large to count in milliseconds is refused, never wrapped.

@@ -7,7 +7,7 @@ use actix_web::HttpRequest;
 use sha2::{Digest, Sha256};
 
 use super::{Filter, SetupError};
-use crate::rule::spec::{Amount, Defaults, RuleSpec, CODE_DENY};
+use crate::rule::spec::{written_duration, Amount, Defaults, RuleSpec, CODE_DENY};
 use crate::rule::{
     Count, Deny, HeaderDialect, Key, KeyKind, Mode, Normalize, OnMissingKey, OnRedisError, Rule,
     Skip,
@@ -508,15 +508,5 @@ impl Limit {
             readable.pop();
         }
         format!("{readable}-{hex}")
-    }
-}
-
-/// A window as messages show it: `"10s"`, `"1500ms"`, or `"1.5ms"` when
-/// it is not whole milliseconds.
-fn written_duration(d: Duration) -> String {
-    if d.subsec_nanos().is_multiple_of(1_000_000) && d.as_millis() > 0 {
-        crate::config::format_duration(d)
-    } else {
-        format!("{d:?}")
     }
 }

@@ -433,22 +433,54 @@ pub(crate) fn check_exempt(list: &[String]) -> Result<Vec<Cidr>, String> {
 /// code): `after` 1 to 1000000, durations above 0 and at most 366 days in
 /// whole milliseconds, the first ban at most `max`.
 fn check_penalty(p: &Penalty) -> Result<(), String> {
-    if !(1..=1_000_000).contains(&p.after) {
-        return Err(format!(
-            "penalty after must be between 1 and 1000000, got {}",
-            p.after
-        ));
-    }
+    check_penalty_after(i64::from(p.after))?;
     for (what, d) in [("within", p.within), ("ban", p.ban), ("max", p.max)] {
-        if d.is_zero() || d > MAX_WINDOW || !d.subsec_nanos().is_multiple_of(1_000_000) {
-            return Err(format!(
-                "penalty {what} must be a whole number of milliseconds above 0 and at most {}",
-                amount_of_time(MAX_WINDOW)
-            ));
-        }
+        check_penalty_duration(what, d, &written_duration(d))?;
     }
+    check_penalty_ban(p, &written_duration(p.ban), &written_duration(p.max))
+}
+
+/// A penalty's `after`: 1 to 1000000 denials.
+pub(crate) fn check_penalty_after(after: i64) -> Result<u32, String> {
+    u32::try_from(after)
+        .ok()
+        .filter(|a| (1..=1_000_000).contains(a))
+        .ok_or_else(|| format!("penalty after must be between 1 and 1000000, got {after}"))
+}
+
+/// A penalty's `within`, `ban` or `max` (`what`): above 0, at most
+/// [`MAX_WINDOW`], whole milliseconds; `written` is the value as given.
+pub(crate) fn check_penalty_duration(what: &str, d: Duration, written: &str) -> Result<(), String> {
+    if d.is_zero() {
+        Err(format!("penalty {what} must be greater than 0"))
+    } else if d > MAX_WINDOW {
+        Err(format!(
+            "penalty {what} must be at most {}, got {written:?}",
+            amount_of_time(MAX_WINDOW)
+        ))
+    } else if !d.subsec_nanos().is_multiple_of(1_000_000) {
+        Err(format!(
+            "penalty {what} must be a whole number of milliseconds (at least 1ms), got {written:?}"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// A penalty's first ban is at most its longest (`ban` and `max` as given).
+pub(crate) fn check_penalty_ban(p: &Penalty, ban: &str, max: &str) -> Result<(), String> {
     if p.ban > p.max {
-        return Err("penalty ban must be at most max".into());
+        return Err(format!("penalty ban ({ban}) must be at most max ({max})"));
     }
     Ok(())
+}
+
+/// A duration as messages show it: `"10s"`, `"1500ms"`, or `"1.5ms"` when
+/// it is not whole milliseconds.
+pub(crate) fn written_duration(d: Duration) -> String {
+    if d.subsec_nanos().is_multiple_of(1_000_000) && d.as_millis() > 0 {
+        crate::config::format_duration(d)
+    } else {
+        format!("{d:?}")
+    }
 }
