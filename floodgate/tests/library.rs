@@ -710,3 +710,113 @@ async fn hold_marked(
     }
     next.call(req).await
 }
+
+/// What a file's rule is refused for, after its place (`FILE: rule "x"
+/// (rule 1): WHAT`).
+fn toml_refusal(rule: &str) -> String {
+    let text = format!("[[rule]]\nname = \"x\"\n{rule}");
+    let err = Filter::from_toml_str(&text, "same.toml")
+        .err()
+        .unwrap_or_else(|| panic!("the file accepted {rule:?}"))
+        .to_string();
+    let (_, what) = err
+        .split_once("same.toml: rule \"x\" (rule 1): ")
+        .unwrap_or_else(|| panic!("{err}"));
+    what.to_string()
+}
+
+/// What a builder's rule guarding `path` is refused for, after its name
+/// (`unusable limit "x": WHAT`).
+fn builder_refusal(path: &str, limit: Limit) -> String {
+    let err = Filter::builder()
+        .rule(path, limit.name("x"))
+        .build()
+        .expect_err("the builder accepted it")
+        .to_string();
+    let (_, what) = err
+        .split_once("unusable limit \"x\": ")
+        .unwrap_or_else(|| panic!("{err}"));
+    what.to_string()
+}
+
+#[actix_web::test]
+async fn the_builder_refuses_what_a_file_refuses_in_the_same_words() {
+    use floodgate::limit::Penalty;
+    let day = Duration::from_secs(86_400);
+    let cases: Vec<(&str, &str, Limit)> = vec![
+        (
+            "paths = [\"/*\"]\nlimit = 5\nwindow = \"1m\"\ndeny = \"redirect\"\n",
+            "/*",
+            Limit::per_minute(5).redirect_to("/err"),
+        ),
+        (
+            "paths = [\"/x\"]\nlimit = 5\nwindow = \"367d\"\n",
+            "/x",
+            Limit::new(5, 367 * day),
+        ),
+        (
+            "paths = [\"/x\"]\nlimit = 0\nwindow = \"1m\"\n",
+            "/x",
+            Limit::per_minute(0),
+        ),
+        (
+            "paths = [\"/x\"]\nlimit = 5\nwindow = \"1m\"\ncost = 6\n",
+            "/x",
+            Limit::per_minute(5).cost(6),
+        ),
+        (
+            "paths = [\"/x\"]\nalgorithm = \"token_bucket\"\nrate = 0.0\nburst = 5\n",
+            "/x",
+            Limit::token_bucket(0.0, 5),
+        ),
+        (
+            "paths = [\"/x\"]\nlimit = 5\nwindow = \"1m\"\ndeny = \"redirect\"\nerror_page = \"err\"\n",
+            "/x",
+            Limit::per_minute(5).redirect_to("err"),
+        ),
+        (
+            "paths = [\"/x?a\"]\nlimit = 5\nwindow = \"1m\"\n",
+            "/x?a",
+            Limit::per_minute(5),
+        ),
+        (
+            "paths = [\"/x\"]\nmethods = [\"FETCH\"]\nlimit = 5\nwindow = \"1m\"\n",
+            "/x",
+            Limit::per_minute(5).methods(&["FETCH"]),
+        ),
+        (
+            "paths = [\"/x\"]\nlimit = 5\nwindow = \"1m\"\nexempt = [\"10.0.0.0/33\"]\n",
+            "/x",
+            Limit::per_minute(5).exempt("10.0.0.0/33"),
+        ),
+        (
+            "paths = [\"/x\"]\nlimit = 5\nwindow = \"1m\"\npenalty = { after = 3, within = \"10m\", ban = \"2h\", max = \"1h\" }\n",
+            "/x",
+            Limit::per_minute(5).penalty(Penalty {
+                after: 3,
+                within: Duration::from_secs(600),
+                ban: Duration::from_secs(7200),
+                max: Duration::from_secs(3600),
+            }),
+        ),
+        (
+            "paths = [\"/x\"]\nlimit = 5\nwindow = \"1m\"\npenalty = { after = 3, within = \"400d\", ban = \"1m\", max = \"1h\" }\n",
+            "/x",
+            Limit::per_minute(5).penalty(Penalty {
+                after: 3,
+                within: 400 * day,
+                ban: Duration::from_secs(60),
+                max: Duration::from_secs(3600),
+            }),
+        ),
+    ];
+    for (rule, path, limit) in cases {
+        let file = toml_refusal(rule);
+        assert_eq!(builder_refusal(path, limit), file, "for {rule:?}");
+    }
+    // The loop is the one a redirect to a page the rule covers makes.
+    assert!(
+        toml_refusal("paths = [\"/*\"]\nlimit = 5\nwindow = \"1m\"\n").contains("(a loop)"),
+        "a file's rule redirects by default"
+    );
+}

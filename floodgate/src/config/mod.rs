@@ -64,9 +64,8 @@ mod units;
 
 pub(crate) use self::check::rules_from_raw;
 #[cfg(feature = "e164")]
-use self::check::{check_policy, Policy};
+use self::check::{check_defaults, Inherited};
 use self::check::{check_redis_url, check_topology, duration_setting};
-pub(crate) use self::check::{check_spec, Amount, RuleSpec};
 pub use self::operator::{operator_duration, AdminConfig};
 pub(crate) use self::raw::*;
 #[cfg(test)]
@@ -74,30 +73,19 @@ use self::units::parse_duration;
 pub use self::units::{format_duration, human_duration, parse_size};
 pub use crate::limit::RedisConfig;
 use crate::net::{Cidr, ProxyHeader};
+pub use crate::rule::spec::{MAX_ERROR_PAGE, MAX_LIMIT, MAX_RATE, MAX_WINDOW};
 #[cfg(feature = "e164")]
 use crate::rule::Region;
 use crate::rule::Rule;
 
-/// Largest `limit` a window rule may have.
-pub const MAX_LIMIT: u32 = 100_000;
-
 /// Most connections in the pool (`[redis] pool_size`).
 pub const MAX_POOL_SIZE: u32 = 1024;
-
-/// Longest window, and longest time a token bucket may take to refill from empty.
-pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 86_400);
 
 /// Longest `[redis] timeout`.
 pub const MAX_REDIS_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Longest `[limiter] breaker`.
 pub const MAX_BREAKER: Duration = Duration::from_secs(600);
-
-/// Largest token bucket `rate`, in tokens per second.
-pub const MAX_RATE: f64 = 1_000_000.0;
-
-/// Longest `error_page`.
-pub const MAX_ERROR_PAGE: usize = 256;
 
 /// Fewest connections the pool may have. The limiter's own connections
 /// (one per worker and per dispatcher thread) are outside it; the pool
@@ -367,7 +355,7 @@ impl Config {
                 .map_err(|w| err("[limiter] breaker", w.text()))?,
         };
         #[cfg(feature = "e164")]
-        let region = check_policy(&raw.defaults, &Policy::builtin())
+        let region = check_defaults(&raw.defaults, &Inherited::builtin())
             .map(|p| p.region)
             .map_err(|(key, what)| err(&format!("[defaults] {key}"), what))?;
         let rules = rules_from_raw(&raw.defaults, raw.rule, file)?;
@@ -428,9 +416,10 @@ fn toml_error(file: &str, text: &str, e: &toml::de::Error) -> ConfigError {
 
 #[cfg(test)]
 mod tests {
-    use super::check::{check_error_page, duration_setting};
+    use super::check::duration_setting;
     use super::units::SettingError;
     use super::*;
+    use crate::rule::spec::check_error_page;
     use std::time::Duration;
 
     #[test]

@@ -9,6 +9,7 @@ use super::units::{amount_of_time, invalid_duration, parse_duration_ms, Duration
 use super::MAX_WINDOW;
 use crate::limit::Penalty;
 use crate::net::Cidr;
+use crate::rule::spec::{check_penalty_after, check_penalty_ban, check_penalty_duration};
 
 /// `[admin]` as written.
 #[derive(Default, Deserialize)]
@@ -95,7 +96,8 @@ pub(super) fn check_admin(raw: RawAdmin) -> Result<AdminConfig, (&'static str, S
     Ok(AdminConfig { token, allow })
 }
 
-/// A duration of a penalty: more than 0, at most 366 days, whole ms.
+/// A duration of a penalty as written: a duration, checked by the rules'
+/// validator.
 fn penalty_duration(what: &str, text: &str) -> Result<Duration, String> {
     let d = match parse_duration_ms(text) {
         Ok(ms) => Duration::from_millis(ms),
@@ -104,68 +106,21 @@ fn penalty_duration(what: &str, text: &str) -> Result<Duration, String> {
             return Err(format!("penalty {what}: {}", invalid_duration(text)))
         }
     };
-    if d.is_zero() {
-        return Err(format!("penalty {what} must be greater than 0"));
-    }
-    if d > MAX_WINDOW {
-        return Err(format!(
-            "penalty {what} must be at most {}, got {text:?}",
-            amount_of_time(MAX_WINDOW)
-        ));
-    }
+    check_penalty_duration(what, d, text)?;
     Ok(d)
 }
 
-/// The bounds of a penalty however it was given (a file's, or one made in
-/// code): `after` 1 to 1000000, durations above 0 and at most 366 days in
-/// whole milliseconds, the first ban at most `max`.
-pub(super) fn check_penalty_values(p: &Penalty) -> Result<(), String> {
-    if !(1..=1_000_000).contains(&p.after) {
-        return Err(format!(
-            "penalty after must be between 1 and 1000000, got {}",
-            p.after
-        ));
-    }
-    for (what, d) in [("within", p.within), ("ban", p.ban), ("max", p.max)] {
-        if d.is_zero() || d > MAX_WINDOW || !d.subsec_nanos().is_multiple_of(1_000_000) {
-            return Err(format!(
-                "penalty {what} must be a whole number of milliseconds above 0 and at most {}",
-                amount_of_time(MAX_WINDOW)
-            ));
-        }
-    }
-    if p.ban > p.max {
-        return Err("penalty ban must be at most max".into());
-    }
-    Ok(())
-}
-
-/// Checks a rule's `penalty`.
+/// Checks a rule's `penalty`, with the bounds and messages of a penalty
+/// made in code.
 pub(super) fn check_penalty(raw: &RawPenalty) -> Result<Penalty, String> {
-    let after = u32::try_from(raw.after)
-        .ok()
-        .filter(|a| (1..=1_000_000).contains(a))
-        .ok_or_else(|| {
-            format!(
-                "penalty after must be between 1 and 1000000, got {}",
-                raw.after
-            )
-        })?;
-    let within = penalty_duration("within", &raw.within)?;
-    let ban = penalty_duration("ban", &raw.ban)?;
-    let max = penalty_duration("max", &raw.max)?;
-    if ban > max {
-        return Err(format!(
-            "penalty ban ({}) must be at most max ({})",
-            raw.ban, raw.max
-        ));
-    }
-    Ok(Penalty {
-        after,
-        within,
-        ban,
-        max,
-    })
+    let penalty = Penalty {
+        after: check_penalty_after(raw.after)?,
+        within: penalty_duration("within", &raw.within)?,
+        ban: penalty_duration("ban", &raw.ban)?,
+        max: penalty_duration("max", &raw.max)?,
+    };
+    check_penalty_ban(&penalty, &raw.ban, &raw.max)?;
+    Ok(penalty)
 }
 
 /// A duration an operator gives (`--for`, `--window`, `"for"`): more than

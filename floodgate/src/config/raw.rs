@@ -44,7 +44,7 @@ pub(crate) struct RawConfig {
     /// `[limiter]`
     pub(crate) limiter: RawLimiter,
     /// `[defaults]`
-    pub(crate) defaults: RawPolicy,
+    pub(crate) defaults: RawDefaults,
     /// `[[rule]]`
     pub(crate) rule: Vec<RawRule>,
     /// `[admin]`: the operators' HTTP API.
@@ -220,10 +220,10 @@ pub(crate) struct RawLimiter {
     pub(crate) breaker: Option<String>,
 }
 
-/// The policy keys shared by `[defaults]` and `[[rule]]`.
+/// `[defaults]` as written: the keys a `[[rule]]` may also set for itself.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub(crate) struct RawPolicy {
+pub(crate) struct RawDefaults {
     /// `sliding_window` | `fixed_window` | `token_bucket`
     pub(crate) algorithm: Option<AlgorithmName>,
     /// `redirect` | `status`

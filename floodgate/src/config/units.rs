@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+pub(super) use crate::rule::amount_of_time;
 pub use crate::rule::human_duration;
 
 /// Parses `"250ms"`, `"10s"`, `"1m"`, `"10m"`, `"1h"`, `"1d"`. A number too
@@ -85,25 +86,6 @@ pub(super) fn duration_setting(text: &str, max: Duration) -> Result<Duration, Se
         Ok(0) => Err(SettingError::Range("must be greater than 0".into())),
         Ok(ms) if Duration::from_millis(ms) > max => Err(too_long()),
         Ok(ms) => Ok(Duration::from_millis(ms)),
-    }
-}
-
-/// A float for a message: plain when readable that way, else `1e-15`.
-pub(super) fn number(x: f64) -> String {
-    if x == 0.0 || (1e-4..1e7).contains(&x.abs()) {
-        format!("{x}")
-    } else {
-        format!("{x:e}")
-    }
-}
-
-/// "366 days", "1 minute", "10 minutes", "1500 ms".
-pub(super) fn amount_of_time(d: Duration) -> String {
-    let words = human_duration(d);
-    if words.starts_with(|c: char| c.is_ascii_digit()) {
-        words
-    } else {
-        format!("1 {words}")
     }
 }
 

@@ -7,7 +7,7 @@ use actix_web::http::header::{self, HeaderMap};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::key::Unreadable;
+use super::values::Unreadable;
 
 /// Whether `Content-Type` names a JSON body as actix's `web::Json` takes
 /// it: `application/json`, or any `+json` type (`application/problem+json`).

@@ -8,6 +8,7 @@ mod key;
 mod normalize;
 mod options;
 mod path;
+pub(crate) mod spec;
 
 use std::time::Duration;
 
@@ -248,6 +249,25 @@ pub fn human_duration(d: Duration) -> String {
         }
     }
     format!("{ms} ms")
+}
+
+/// A float for a message: plain when readable that way, else `1e-15`.
+pub(crate) fn number(x: f64) -> String {
+    if x == 0.0 || (1e-4..1e7).contains(&x.abs()) {
+        format!("{x}")
+    } else {
+        format!("{x:e}")
+    }
+}
+
+/// "366 days", "1 minute", "10 minutes", "1500 ms".
+pub(crate) fn amount_of_time(d: Duration) -> String {
+    let words = human_duration(d);
+    if words.starts_with(|c: char| c.is_ascii_digit()) {
+        words
+    } else {
+        format!("1 {words}")
+    }
 }
 
 macro_rules! config_names {

@@ -1,0 +1,151 @@
+//! The bodies a request's keys read (stage 2 of a request): the
+//! urlencoded form, decoded from its charset exactly as `web::Form` reads
+//! it, or the JSON body; read once, then handed on to the handler intact.
+
+use std::borrow::Cow;
+
+use actix_web::dev::{Payload, ServiceRequest};
+use actix_web::http::header;
+use actix_web::http::StatusCode;
+use actix_web::web::{Bytes, BytesMut};
+use actix_web::HttpMessage;
+use futures_util::StreamExt;
+
+use super::deny::Refused;
+use super::{json, values, Filter};
+use crate::rule::Rule;
+
+/// The bodies a request's keys read: the form as the handler will read it
+/// (decoded from its charset), or the JSON body.
+#[derive(Default)]
+pub(super) struct Bodies {
+    form: Option<Bytes>,
+    json: Option<Bytes>,
+}
+
+impl Bodies {
+    pub(super) fn read(&self) -> values::BodyRead<'_> {
+        values::BodyRead {
+            form: self.form.as_deref(),
+            json: self.json.as_deref(),
+        }
+    }
+}
+
+/// Stage 2: a rule keyed by a body field reads the urlencoded or JSON body
+/// (only the types its keys read), then hands it on intact. Refused: a
+/// body over `max_form` (413) or broken (400), a JSON body whose headers
+/// the filter cannot read as the handler would, a form in a charset or
+/// coding it cannot decode (415).
+pub(super) async fn read_bodies(
+    filter: &Filter,
+    req: &mut ServiceRequest,
+    matched: &[&Rule],
+) -> Result<Bodies, Refused<'static>> {
+    let form_wanted = matched.iter().any(|r| r.key.reads_form()) && is_urlencoded(req);
+    let json_wanted =
+        !form_wanted && matched.iter().any(|r| r.key.reads_json()) && json::is_json(req.headers());
+    if json_wanted {
+        json::check_json_headers(req.headers()).map_err(|e| Refused::Unreadable(e, None))?;
+    }
+    if !form_wanted && !json_wanted {
+        return Ok(Bodies::default());
+    }
+    let body = match read_body(req, filter.state.max_form).await {
+        Ok(body) => body,
+        Err(BodyError::TooLarge) => {
+            return Err(Refused::Plain(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body too large\n",
+            ))
+        }
+        Err(BodyError::Broken) => {
+            return Err(Refused::Plain(StatusCode::BAD_REQUEST, "unreadable body\n"))
+        }
+    };
+    req.set_payload(Payload::from(body.clone()));
+    if json_wanted {
+        return Ok(Bodies {
+            form: None,
+            json: Some(body),
+        });
+    }
+    let decoded = match form_text(req, &body).map_err(|e| Refused::Unreadable(e, None))? {
+        Cow::Borrowed(_) => None,
+        Cow::Owned(text) => Some(text),
+    };
+    Ok(Bodies {
+        form: Some(decoded.map_or(body, Bytes::from)),
+        json: None,
+    })
+}
+
+/// Why a body could not be read for a `form:` key.
+enum BodyError {
+    TooLarge,
+    Broken,
+}
+
+/// The text of an urlencoded body as `web::Form` reads it: the charset of
+/// `Content-Type` (actix's own `encoding()`, through `encoding_rs` labels),
+/// decoded without replacement; UTF-8 as it is. A body with a content
+/// coding, an unknown charset, or bytes its charset cannot decode is
+/// refused (415) rather than read in some other way than the handler's.
+pub(crate) fn form_text<'a>(
+    req: &impl HttpMessage,
+    body: &'a [u8],
+) -> Result<Cow<'a, [u8]>, values::Unreadable> {
+    let unsupported = values::Unreadable::Unsupported;
+    for coding in req.headers().get_all(header::CONTENT_ENCODING) {
+        let identity = coding
+            .to_str()
+            .is_ok_and(|c| c.trim().eq_ignore_ascii_case("identity"));
+        if !identity {
+            return Err(unsupported("a form with a content coding cannot be read\n"));
+        }
+    }
+    let encoding = req
+        .encoding()
+        .map_err(|_| unsupported("unknown form charset\n"))?;
+    // actix hands UTF-8 bodies to serde as bytes, anything else decoded.
+    if encoding.name() == "UTF-8" {
+        return Ok(Cow::Borrowed(body));
+    }
+    match encoding.decode_without_bom_handling_and_without_replacement(body) {
+        Some(text) => Ok(Cow::Owned(text.into_owned().into_bytes())),
+        None => Err(unsupported("the form is not in its charset\n")),
+    }
+}
+
+fn is_urlencoded(req: &ServiceRequest) -> bool {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| {
+            ct.split(';').next().is_some_and(|m| {
+                m.trim()
+                    .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+            })
+        })
+}
+
+async fn read_body(req: &mut ServiceRequest, max: usize) -> Result<Bytes, BodyError> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(BodyError::TooLarge);
+    }
+    let mut payload = req.take_payload();
+    let mut body = BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|_| BodyError::Broken)?;
+        if body.len() + chunk.len() > max {
+            return Err(BodyError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}

@@ -1,0 +1,283 @@
+//! What a request the filter refuses gets: a denial (303 to the error page,
+//! 429, or the application's own response), or the answer to a request the
+//! filter cannot read (400, 413, 415, 431).
+
+use actix_web::body::EitherBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse};
+
+use super::request::summary;
+use super::{fields, values, Denial, Filter, Limits};
+use crate::limit::{Decision, LimiterError, Outcome};
+use crate::logging::{self, Escaped};
+use crate::metrics::Outcome as Counted;
+use crate::rule::{Deny, Mode, Rule};
+
+/// The enforce rule that denies and frees last, with its outcome.
+pub(super) fn denying<'r>(
+    matched: &[&'r Rule],
+    decision: &Decision,
+) -> Option<(&'r Rule, Outcome)> {
+    matched
+        .iter()
+        .zip(&decision.outcomes)
+        .filter(|(r, o)| r.mode == Mode::Enforce && !o.allowed)
+        .max_by_key(|(_, o)| o.wait)
+        .map(|(r, o)| (*r, *o))
+}
+
+/// A request over its limits, or that no one could decide, as the one
+/// place that answers denials ([`deny`]) takes it.
+pub(super) enum Denied<'a> {
+    /// Over a limit.
+    Limited {
+        /// The denying rule that frees last: it names the denial, so that
+        /// `Retry-After` holds for every rule.
+        rule: &'a Rule,
+        /// Seconds until the request would be allowed.
+        retry: u64,
+        /// The rules whose `RateLimit` fields the denial carries, and
+        /// their outcomes (one each).
+        rules: &'a [&'a Rule],
+        outcomes: &'a [Outcome],
+        /// Who decided.
+        by: DecidedBy<'a>,
+    },
+    /// Redis did not decide and an enforce rule says `on_redis_error =
+    /// "deny"`: 503.
+    Unavailable(&'a LimiterError),
+}
+
+/// Who denied a request.
+#[derive(Clone, Copy)]
+pub(super) enum DecidedBy<'a> {
+    /// Redis: the denying rules are counted here (bans too).
+    Redis,
+    /// The denial cache (counted where it was looked up).
+    Remembered,
+    /// This process, for Redis did not answer (`on_redis_error = "local"`;
+    /// counted where it was decided).
+    Here(&'a LimiterError),
+}
+
+/// The denial of `req`, whose decoded path is `path`: counted and logged,
+/// answered (303 to the error page, 429, 503, or the application's own
+/// response) with `Retry-After` and the rules' fields, and the units an
+/// outer filter took for the request given back.
+pub(super) fn deny<B>(
+    filter: &Filter,
+    req: ServiceRequest,
+    path: &str,
+    denied: Denied<'_>,
+) -> ServiceResponse<EitherBody<B>> {
+    // The path as the log shows it: a decoded newline cannot forge a line.
+    let shown = Escaped(path);
+    let method = req.method();
+    let response = match denied {
+        Denied::Limited {
+            rule,
+            retry,
+            rules,
+            outcomes,
+            by,
+        } => {
+            match by {
+                DecidedBy::Redis => {
+                    let metrics = &filter.state.metrics;
+                    for (r, o) in rules.iter().zip(outcomes) {
+                        if r.mode == Mode::Enforce && !o.allowed {
+                            let counted = if o.banned {
+                                Counted::Banned
+                            } else {
+                                Counted::Denied
+                            };
+                            metrics.decision(&r.name, counted);
+                        }
+                        if o.ban_started {
+                            metrics.ban(&r.name, "penalty");
+                        }
+                    }
+                    log::debug!(
+                        "{method} {shown}: denied by {} for {retry}s ({})",
+                        rule.name,
+                        summary(rules, outcomes)
+                    );
+                }
+                DecidedBy::Remembered => log::debug!(
+                    "{method} {shown}: denied by {} for {retry}s (remembered denial)",
+                    rule.name
+                ),
+                DecidedBy::Here(error) => crate::logging::repeated!(
+                    &logging::NO_DECISION,
+                    "{method} {shown}: no decision ({}), denied here by {} for {retry}s",
+                    Escaped(&error.to_string()),
+                    rule.name
+                ),
+            }
+            let mut response = denial(filter, req.request(), rule, retry);
+            fields::on_denial(&mut response, req.request(), rules, outcomes);
+            response
+        }
+        Denied::Unavailable(error) => {
+            crate::logging::repeated!(
+                &logging::NO_DECISION,
+                "{method} {shown}: no decision ({}), error_denied",
+                Escaped(&error.to_string())
+            );
+            HttpResponse::ServiceUnavailable()
+                .insert_header((header::RETRY_AFTER, "1"))
+                .insert_header((header::CACHE_CONTROL, "no-store"))
+                .content_type("text/plain; charset=utf-8")
+                .body("the rate limiter is unavailable; try again in a second\n")
+        }
+    };
+    // Limits an outer filter already took for this request go back.
+    Limits::deny_outer(req.request());
+    req.into_response(response).map_into_right_body()
+}
+
+/// A request refused before it is decided: its input cannot be read as the
+/// handler would read it.
+pub(super) enum Refused<'r> {
+    /// Malformed or oversized input: the status, and a short text.
+    Plain(StatusCode, &'static str),
+    /// A key value that cannot be read, or is missing for a rule that
+    /// rejects those (the rule, when one rule's key is at fault).
+    Unreadable(values::Unreadable, Option<&'r Rule>),
+}
+
+/// The answer to a [`Refused`] request.
+pub(super) fn refuse<B>(
+    req: ServiceRequest,
+    refused: Refused<'_>,
+) -> ServiceResponse<EitherBody<B>> {
+    match refused {
+        Refused::Plain(status, text) => plain(req, status, text),
+        Refused::Unreadable(e, rule) => unreadable(req, e, rule),
+    }
+}
+
+/// The answer to a request whose key value cannot be read as the handler
+/// would read it: 415 for a charset or coding, 400 for the rest; and to a
+/// request without the key value of a rule (`rule`) that rejects those.
+fn unreadable<B>(
+    req: ServiceRequest,
+    e: values::Unreadable,
+    rule: Option<&Rule>,
+) -> ServiceResponse<EitherBody<B>> {
+    match e {
+        values::Unreadable::Malformed(why) => plain(req, StatusCode::BAD_REQUEST, why),
+        values::Unreadable::Unsupported(why) => plain(req, StatusCode::UNSUPPORTED_MEDIA_TYPE, why),
+        values::Unreadable::Missing(at) => {
+            let (name, kind) = match rule {
+                Some(r) => (
+                    r.name.as_str(),
+                    r.key.kinds().get(at).map(ToString::to_string),
+                ),
+                None => ("", None),
+            };
+            log::debug!(
+                "{} {}: refused by rule {name}: no {} value",
+                req.method(),
+                Escaped(req.path()),
+                kind.as_deref().unwrap_or("key")
+            );
+            let body = serde_json::json!({
+                "error": "missing_key",
+                "rule": name,
+                "key": kind.unwrap_or_default(),
+            });
+            let response = HttpResponse::BadRequest()
+                .insert_header((header::CACHE_CONTROL, "no-store"))
+                .content_type("application/json")
+                .body(body.to_string());
+            req.into_response(response).map_into_right_body()
+        }
+    }
+}
+
+/// Answer `status` with a short text body (malformed or oversized input).
+fn plain<B>(
+    req: ServiceRequest,
+    status: StatusCode,
+    text: &'static str,
+) -> ServiceResponse<EitherBody<B>> {
+    let response = HttpResponse::build(status)
+        .content_type("text/plain; charset=utf-8")
+        .body(text);
+    req.into_response(response).map_into_right_body()
+}
+
+/// Whether `req` asks for `page` (as the rules read paths, decoded).
+fn is_error_page(req: &HttpRequest, page: &str) -> bool {
+    req.path() == page
+        || percent_encoding::percent_decode_str(req.path()).decode_utf8_lossy() == page
+}
+
+/// Whether the `Accept` field names a media type.
+pub fn accepts(req: &HttpRequest, media: &str) -> bool {
+    req.headers()
+        .get_all(header::ACCEPT)
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|item| {
+            item.split(';')
+                .next()
+                .is_some_and(|m| m.trim().eq_ignore_ascii_case(media))
+        })
+}
+
+/// The response to a denied request: a 303 to the error page, or a 429.
+fn denial(filter: &Filter, req: &HttpRequest, rule: &Rule, retry: u64) -> HttpResponse {
+    if let Some(respond) = &filter.state.responder {
+        let denial = Denial {
+            rule: rule.clone(),
+            retry_after: retry,
+        };
+        let mut res = respond(&denial, req);
+        let headers = res.headers_mut();
+        if !headers.contains_key(header::RETRY_AFTER) {
+            if let Ok(v) = HeaderValue::try_from(retry.to_string()) {
+                headers.insert(header::RETRY_AFTER, v);
+            }
+        }
+        if !headers.contains_key(header::CACHE_CONTROL) {
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        }
+        return res;
+    }
+    let json = accepts(req, "application/json");
+    // A limit wrapped on the error page's own resource would send the
+    // browser back to the page that denied it, forever: that one gets the
+    // 429 instead (a file's or a builder's rule that covers its page is
+    // refused when the filter is built).
+    let redirect = rule.deny == Deny::Redirect
+        && (!json || accepts(req, "text/html"))
+        && !is_error_page(req, &rule.error_page);
+    if redirect {
+        // Rule names are [A-Za-z0-9_-]: safe in a query as they are.
+        let location = format!("{}?rule={}&retry_after={retry}", rule.error_page, rule.name);
+        return HttpResponse::SeeOther()
+            .insert_header((header::LOCATION, location))
+            .insert_header((header::RETRY_AFTER, retry.to_string()))
+            .insert_header((header::CACHE_CONTROL, "no-store"))
+            .finish();
+    }
+    let mut builder = HttpResponse::TooManyRequests();
+    builder
+        .insert_header((header::RETRY_AFTER, retry.to_string()))
+        .insert_header((header::CACHE_CONTROL, "no-store"));
+    if json {
+        // Rule names are [A-Za-z0-9_-]: nothing to escape; fields in the documented order.
+        builder.content_type("application/json").body(format!(
+            "{{\"error\":\"rate_limited\",\"rule\":\"{}\",\"retry_after\":{retry}}}",
+            rule.name
+        ))
+    } else {
+        builder
+            .content_type("text/html; charset=utf-8")
+            .body((filter.state.denial_page)(rule, retry))
+    }
+}

@@ -1,0 +1,577 @@
+//! One request through the filter, in stages: the rules that match it, the
+//! bodies its keys read (`body.rs`), its Redis keys, the decision
+//! (`decision.rs`), and the response (denials in `deny.rs`).
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use actix_service::Service;
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::StatusCode;
+use actix_web::{Error, HttpMessage, HttpRequest};
+
+use super::body::read_bodies;
+use super::decision::{self, Verdict};
+use super::deny::{deny, denying, refuse, DecidedBy, Denied, Refused};
+use super::{fields, json, limits, values, Filter, Limits, MAX_HEADER_BYTES};
+use crate::limit::{Check, Decision, Outcome};
+use crate::logging::{self, Escaped};
+use crate::metrics::{Metrics, Outcome as Counted};
+use crate::net;
+use crate::rule::{self, Count, KeyKind, Mode, OnMissingKey, Rule};
+
+impl Filter {
+    /// The Redis key a rule uses for a request. `form` is the urlencoded
+    /// body already decoded from its charset (see `form_text`), when one
+    /// was read. A value the rule must read but cannot read exactly as a
+    /// handler would is an error: the request is refused, never keyed by
+    /// something else.
+    pub fn key_for(
+        &self,
+        rule: &Rule,
+        req: &HttpRequest,
+        path: &str,
+        form: Option<&[u8]>,
+    ) -> Result<String, values::Unreadable> {
+        let body = values::BodyRead { form, json: None };
+        self.key_of(rule, req, path, &body, &[]).map(|k| k.key)
+    }
+
+    /// [`Filter::key_for`], with the JSON body too, and what the rule's
+    /// [`Key::lookup`](crate::Key::lookup) parts found (in their order).
+    pub(crate) fn key_of(
+        &self,
+        rule: &Rule,
+        req: &HttpRequest,
+        path: &str,
+        body: &values::BodyRead<'_>,
+        looked_up: &[Option<rule::Identity>],
+    ) -> Result<values::Keyed, values::Unreadable> {
+        let mut parts: Vec<(&'static str, String)> = Vec::with_capacity(rule.key.kinds().len());
+        let mut lookups = looked_up.iter();
+        let mut limit = None;
+        let normalize = |v: Option<String>| v.and_then(|v| rule::normalize(&v, rule.normalize));
+        for (at, kind) in rule.key.kinds().iter().enumerate() {
+            let value = match kind {
+                KeyKind::Ip => Some(net::ip_id(self.client_addr(req))),
+                KeyKind::Global => Some("all".to_string()),
+                KeyKind::Path => Some(path.to_string()),
+                KeyKind::Session => self.state.session.as_ref().and_then(|f| f(req)),
+                KeyKind::Header(name) => normalize(values::header_value(req.headers(), name)?),
+                KeyKind::Query(name) => normalize(values::urlencoded_value(
+                    req.query_string().as_bytes(),
+                    name,
+                )?),
+                KeyKind::Form(name) => match body.form {
+                    Some(form) => normalize(values::urlencoded_value(form, name)?),
+                    None => None,
+                },
+                KeyKind::Json(name) => match body.json {
+                    Some(json) => normalize(json::json_value(json, name)?),
+                    None => None,
+                },
+                KeyKind::Body(name) => match (body.form, body.json) {
+                    (Some(form), _) => normalize(values::urlencoded_value(form, name)?),
+                    (None, Some(json)) => normalize(json::json_value(json, name)?),
+                    (None, None) => None,
+                },
+                KeyKind::Custom(f) if f.is_lookup() => match lookups.next() {
+                    Some(Some(found)) => {
+                        limit = found.limit().or(limit);
+                        Some(f.prefixed(found.id()))
+                    }
+                    _ => None,
+                },
+                KeyKind::Custom(f) => f.key(req),
+            };
+            match value.filter(|v| !v.is_empty()) {
+                Some(v) => parts.push((kind.kind(), v)),
+                None if rule.on_missing_key == OnMissingKey::Reject => {
+                    return Err(values::Unreadable::Missing(at));
+                }
+                // Without a value of its own kind, a request is keyed by
+                // its address alone (a part missing makes no combination),
+                // with the rule's own quota.
+                None => {
+                    log::debug!(
+                        "rule {}: no {kind} value, keyed by the client address",
+                        rule.name
+                    );
+                    parts.clear();
+                    parts.push(("ip", net::ip_id(self.client_addr(req))));
+                    limit = None;
+                    break;
+                }
+            }
+        }
+        let (kind, mut id) = match parts.as_slice() {
+            [(kind, id)] => ((*kind).to_string(), id.clone()),
+            _ => rule::compose(&parts),
+        };
+        if rule.hash_key {
+            id = rule::hashed_id(&id);
+        }
+        Ok(values::Keyed {
+            key: rule::redis_key_for(
+                self.state.limiter.hash_tags(),
+                &self.state.key_prefix,
+                &rule.name,
+                &kind,
+                &id,
+            ),
+            limit,
+        })
+    }
+}
+
+/// A request through the filter, in stages: the rules that guard it
+/// ([`guarding`]), the bodies their keys read ([`read_bodies`]), each
+/// rule's check ([`checks`]), the decision ([`decision::decide`]), and the
+/// answer ([`respond`]). A stage that refuses the request says why, and
+/// [`refuse`] answers it.
+pub(super) async fn filter_request<S, B>(
+    filter: Filter,
+    service: Rc<S>,
+    mut req: ServiceRequest,
+) -> Result<ServiceResponse<EitherBody<B>>, Error>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
+    B: MessageBody,
+{
+    let rules = filter.rules();
+    let (matched, path) = match guarding(&filter, &req, &rules) {
+        Ok(Some(guarded)) => guarded,
+        Ok(None) => return service.call(req).await.map(|r| r.map_into_left_body()),
+        Err(refused) => return Ok(refuse(req, refused)),
+    };
+    let bodies = match read_bodies(&filter, &mut req, &matched).await {
+        Ok(bodies) => bodies,
+        Err(refused) => return Ok(refuse(req, refused)),
+    };
+    let looked_up = lookups(&req, &matched).await;
+    let keyed = checks(
+        &filter,
+        req.request(),
+        &path,
+        &bodies.read(),
+        &looked_up,
+        &matched,
+    );
+    drop(bodies);
+    let Checked { checks, own } = match keyed {
+        Ok(keyed) => keyed,
+        Err(refused) => return Ok(refuse(req, refused)),
+    };
+    // A rule whose key chose the identity's own quota decides (and shows)
+    // that quota for this request.
+    let mut matched = matched;
+    for (i, r) in &own {
+        matched[*i] = r;
+    }
+
+    let metrics = &filter.state.metrics;
+    let started = Instant::now();
+    // The keys again, for a give-back and for the handler's `Limits`.
+    let kept = checks.clone();
+    let verdict = decision::decide(&filter.state.limiter, metrics, &matched, checks, started).await;
+    metrics.observe(started.elapsed());
+    let asked = Asked {
+        filter: &filter,
+        path: &path,
+        matched: &matched,
+        checks: &kept,
+        started,
+    };
+    respond(asked, &*service, req, verdict).await
+}
+
+/// Stage 1: the rules that guard `req` (its method and decoded path, less
+/// the rules that skip or exempt it), and its decoded path; `None` when no
+/// rule does. Refused: a header block over [`MAX_HEADER_BYTES`], a path
+/// that does not decode. The path is copied only when a rule matched, so
+/// an unguarded request allocates nothing here.
+fn guarding<'r>(
+    filter: &Filter,
+    req: &ServiceRequest,
+    rules: &'r [Rule],
+) -> Result<Option<(Vec<&'r Rule>, String)>, Refused<'r>> {
+    let header_bytes: usize = req
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if header_bytes > MAX_HEADER_BYTES {
+        return Err(Refused::Plain(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "request header fields too large\n",
+        ));
+    }
+    let Ok(decoded) = percent_encoding::percent_decode_str(req.path()).decode_utf8() else {
+        return Err(Refused::Plain(
+            StatusCode::BAD_REQUEST,
+            "bad request path\n",
+        ));
+    };
+    let method = req.method().as_str();
+    let unguarded = filter
+        .state
+        .unguarded
+        .as_deref()
+        .is_some_and(|p| is_under(&decoded, p) || is_under(req.path(), p));
+    if unguarded {
+        return Ok(None);
+    }
+    let mut matched: Vec<&Rule> = rules
+        .iter()
+        .filter(|r| r.matches(method, &decoded) && r.applies_to(req.request()))
+        .collect();
+    // A rule's exempt clients are neither counted nor denied by it.
+    if matched.iter().any(|r| !r.exempt.is_empty()) {
+        let client = filter.client_addr(req.request());
+        matched.retain(|r| !r.exempts(client));
+    }
+    if matched.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some((matched, decoded.into_owned())))
+}
+
+/// Key functions that look the caller up, awaited in order: what each
+/// matched rule's lookups found (nothing when no rule has one).
+async fn lookups(req: &ServiceRequest, matched: &[&Rule]) -> Vec<Vec<Option<rule::Identity>>> {
+    let mut looked_up = Vec::new();
+    if matched.iter().any(|r| r.key.has_lookup()) {
+        for rule in matched {
+            let mut found = Vec::new();
+            for kind in rule.key.kinds() {
+                if let KeyKind::Custom(f) = kind {
+                    if let Some(lookup) = f.lookup(req.request()) {
+                        found.push(lookup.await);
+                    }
+                }
+            }
+            looked_up.push(found);
+        }
+    }
+    looked_up
+}
+
+/// Each matched rule's check, and the rules with an identity's own quota.
+struct Checked {
+    checks: Vec<Check>,
+    /// A matched rule (by its index) with the quota its key chose.
+    own: Vec<(usize, Rule)>,
+}
+
+/// Stage 3: each matched rule's check (its Redis key, algorithm and cost),
+/// and the rules whose key chose the identity's own quota, with that quota
+/// (their index among `matched`). Refused: a key value that cannot be read
+/// as the handler would, or that is missing for a rule that rejects those.
+fn checks<'r>(
+    filter: &Filter,
+    req: &HttpRequest,
+    path: &str,
+    bodies: &values::BodyRead<'_>,
+    looked_up: &[Vec<Option<rule::Identity>>],
+    matched: &[&'r Rule],
+) -> Result<Checked, Refused<'r>> {
+    let mut own: Vec<(usize, Rule)> = Vec::new();
+    let mut checks: Vec<Check> = Vec::with_capacity(matched.len());
+    for (i, rule) in matched.iter().enumerate() {
+        let found = looked_up.get(i).map_or(&[][..], Vec::as_slice);
+        let keyed = filter
+            .key_of(rule, req, path, bodies, found)
+            .map_err(|e| Refused::Unreadable(e, Some(rule)))?;
+        let mut algorithm = rule.algorithm;
+        if let Some(limit) = keyed.limit {
+            match with_quota(rule, limit) {
+                Some(a) => {
+                    algorithm = a;
+                    let mut r = (*rule).clone();
+                    r.algorithm = a;
+                    own.push((i, r));
+                }
+                None => crate::logging::repeated!(
+                    &logging::BAD_QUOTA,
+                    "rule {}: a key function chose the quota {limit}, which the rule cannot have (1 ..= {}, at least its cost {}); the rule's own applies",
+                    rule.name,
+                    crate::config::MAX_LIMIT,
+                    rule.cost
+                ),
+            }
+        }
+        checks.push(Check {
+            key: keyed.key,
+            algorithm,
+            cost: rule.cost,
+            enforce: rule.mode == Mode::Enforce,
+            penalty: rule.penalty,
+        });
+    }
+    Ok(Checked { checks, own })
+}
+
+/// What the filter asked of the limiter for a request: the rules (one
+/// check each), and when it asked.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    filter: &'a Filter,
+    /// The decoded path.
+    path: &'a str,
+    matched: &'a [&'a Rule],
+    checks: &'a [Check],
+    started: Instant,
+}
+
+/// Stage 4: the answer to a decided request: the handler's response with
+/// the rules' fields, or a denial ([`deny`]).
+async fn respond<S, B>(
+    asked: Asked<'_>,
+    service: &S,
+    req: ServiceRequest,
+    verdict: Verdict,
+) -> Result<ServiceResponse<EitherBody<B>>, Error>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
+    B: MessageBody,
+{
+    let Asked {
+        filter,
+        path,
+        matched,
+        ..
+    } = asked;
+    match verdict {
+        Verdict::Redis(decision) if decision.allowed => {
+            allowed(asked, service, req, decision).await
+        }
+        Verdict::Redis(decision) => {
+            // The denying rule that frees last names the denial, so that
+            // Retry-After holds for every rule.
+            let Some((rule, outcome)) = denying(matched, &decision) else {
+                // Not reachable: a request is denied only by an enforce rule.
+                return service.call(req).await.map(|r| r.map_into_left_body());
+            };
+            let denied = Denied::Limited {
+                rule,
+                retry: outcome.retry_after_secs(),
+                rules: matched,
+                outcomes: &decision.outcomes,
+                by: DecidedBy::Redis,
+            };
+            Ok(deny(filter, req, path, denied))
+        }
+        Verdict::Cached { rule, wait } => {
+            let rule = matched[rule];
+            let remembered = Outcome {
+                allowed: false,
+                remaining: 0,
+                wait,
+                banned: false,
+                ban_started: false,
+            };
+            // Only the denying rule's state is known without Redis.
+            let denied = Denied::Limited {
+                rule,
+                retry: remembered.retry_after_secs(),
+                rules: &[rule],
+                outcomes: &[remembered],
+                by: DecidedBy::Remembered,
+            };
+            Ok(deny(filter, req, path, denied))
+        }
+        Verdict::Unavailable(e) => Ok(deny(filter, req, path, Denied::Unavailable(&e))),
+        Verdict::Fallback {
+            error,
+            local,
+            checks,
+            decision,
+            at,
+        } => {
+            // Only the rules this process decided have outcomes.
+            let rules: Vec<&Rule> = local.iter().map(|&i| matched[i]).collect();
+            if !decision.allowed {
+                let Some((rule, outcome)) = denying(&rules, &decision) else {
+                    return service.call(req).await.map(|r| r.map_into_left_body());
+                };
+                let denied = Denied::Limited {
+                    rule,
+                    retry: outcome.retry_after_secs(),
+                    rules: &rules,
+                    outcomes: &decision.outcomes,
+                    by: DecidedBy::Here(&error),
+                };
+                return Ok(deny(filter, req, path, denied));
+            }
+            crate::logging::repeated!(
+                &logging::NO_DECISION,
+                "{} {}: no decision ({}), allowed{}",
+                req.method(),
+                Escaped(path),
+                Escaped(&error.to_string()),
+                if rules.is_empty() { "" } else { " here" }
+            );
+            let mut res = service.call(req).await?;
+            let mut decision = decision;
+            if res.status().as_u16() < 400 {
+                // Units taken here go back here; Redis took none.
+                for ((r, c), o) in rules.iter().zip(&checks).zip(&mut decision.outcomes) {
+                    if r.count == Count::Failures && o.allowed {
+                        filter.state.limiter.local().give_back(c, at);
+                        o.remaining =
+                            (o.remaining + u64::from(c.cost)).min(u64::from(r.algorithm.quota()));
+                    }
+                }
+            }
+            fields::on_response(&mut res, &rules, &decision.outcomes, false);
+            Ok(res.map_into_left_body())
+        }
+    }
+}
+
+/// Redis allowed the request: the handler answers, with the rules' fields;
+/// units go back when an inner filter denied it, or (`count = "failures"`)
+/// when the answer is below 400.
+async fn allowed<S, B>(
+    asked: Asked<'_>,
+    service: &S,
+    req: ServiceRequest,
+    decision: Decision,
+) -> Result<ServiceResponse<EitherBody<B>>, Error>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
+    B: MessageBody,
+{
+    let Asked {
+        filter,
+        path,
+        matched,
+        checks,
+        started,
+    } = asked;
+    count_allowed(&filter.state.metrics, matched, &decision);
+    log::debug!(
+        "{} {}: allowed ({})",
+        req.method(),
+        Escaped(path),
+        summary(matched, &decision.outcomes)
+    );
+    let taken = Limits::record(
+        req.request(),
+        filter.limiter(),
+        matched,
+        checks,
+        &decision,
+        started,
+    );
+    // Rules that count failures only need the keys again afterwards.
+    let charged = matched.iter().any(|r| r.count == Count::Failures);
+    let mut res = service.call(req).await?;
+    // Whether an inner filter's denial gave our units back.
+    let mut withdrawn = false;
+    if res
+        .request()
+        .extensions()
+        .get::<limits::Withdrawn>()
+        .is_some()
+    {
+        // An inner filter denied the request: it takes nothing from us.
+        match taken.withdraw(filter).await {
+            Ok(_) => withdrawn = true,
+            Err(e) => crate::logging::repeated!(
+                &logging::GIVE_BACK_FAILED,
+                "could not give units back ({}); the request stays charged",
+                Escaped(&e.to_string())
+            ),
+        }
+    }
+    let mut decision = decision;
+    if charged && res.status().as_u16() < 400 {
+        give_back(filter, matched, &taken, &mut decision).await;
+    }
+    fields::on_response(&mut res, matched, &decision.outcomes, withdrawn);
+    Ok(res.map_into_left_body())
+}
+
+/// `count = "failures"`: a request answered below 400 gets back the units
+/// its failures-only rules took (those that admitted it, and that nothing
+/// gave back already: the handler, or an inner filter's denial), and the
+/// `RateLimit` fields then show them as remaining again.
+async fn give_back(
+    filter: &Filter,
+    matched: &[&Rule],
+    taken: &limits::Taken,
+    decision: &mut Decision,
+) {
+    let (places, given) = taken
+        .give_back(filter, |i| {
+            matched.get(i).is_some_and(|r| r.count == Count::Failures)
+        })
+        .await;
+    match given {
+        Ok(0) => {}
+        Ok(_) => {
+            for i in places {
+                if let (Some(o), Some(r)) = (decision.outcomes.get_mut(i), matched.get(i)) {
+                    o.remaining =
+                        (o.remaining + u64::from(r.cost)).min(u64::from(r.algorithm.quota()));
+                }
+            }
+        }
+        Err(e) => crate::logging::repeated!(
+            &logging::GIVE_BACK_FAILED,
+            "could not give units back ({}); the request stays charged",
+            Escaped(&e.to_string())
+        ),
+    }
+}
+
+/// The rule's algorithm with `limit` as its quota (a token bucket's rate
+/// scales with its burst), when the rule can have that quota.
+fn with_quota(rule: &Rule, limit: u32) -> Option<crate::limit::Algorithm> {
+    use crate::limit::Algorithm;
+    let quota = std::num::NonZeroU32::new(limit)
+        .filter(|q| q.get() <= crate::config::MAX_LIMIT && q.get() >= rule.cost)?;
+    Some(match rule.algorithm {
+        Algorithm::SlidingWindow { window, .. } => Algorithm::SlidingWindow {
+            limit: quota,
+            window,
+        },
+        Algorithm::FixedWindow { window, .. } => Algorithm::FixedWindow {
+            limit: quota,
+            window,
+        },
+        Algorithm::TokenBucket { rate, burst } => Algorithm::TokenBucket {
+            rate: rate * f64::from(quota.get()) / f64::from(burst.get()),
+            burst: quota,
+        },
+    })
+}
+
+fn count_allowed(metrics: &Metrics, matched: &[&Rule], decision: &Decision) {
+    for (r, o) in matched.iter().zip(&decision.outcomes) {
+        let outcome = match (o.allowed, r.mode) {
+            (true, _) => Counted::Allowed,
+            (false, Mode::Shadow) => Counted::ShadowDenied,
+            (false, Mode::Enforce) => Counted::Denied,
+        };
+        metrics.decision(&r.name, outcome);
+    }
+}
+
+/// Each rule's name and whether it was over, for the log.
+pub(super) fn summary(rules: &[&Rule], outcomes: &[Outcome]) -> String {
+    rules
+        .iter()
+        .zip(outcomes)
+        .map(|(r, o)| format!("{}={}", r.name, if o.allowed { "ok" } else { "over" }))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Whether `path` is `prefix` or below it.
+fn is_under(path: &str, prefix: &str) -> bool {
+    path.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
