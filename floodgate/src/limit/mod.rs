@@ -35,8 +35,8 @@ mod masters;
 pub mod operator;
 mod peek;
 pub(crate) mod redis;
-pub(crate) mod settings;
-pub(crate) mod source;
+pub(crate) mod redis_config;
+pub(crate) mod topology;
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -44,8 +44,8 @@ use std::time::Duration;
 pub use self::error::LimiterError;
 pub use self::operator::{Action, Inspection, OverrideState, Penalty};
 pub use self::redis::Limiter;
-pub use self::settings::{without_password, RedisConfig};
-pub use self::source::RedisConn;
+pub use self::redis_config::{without_password, RedisConfig};
+pub use self::topology::RedisConn;
 
 /// How the limiter behaves besides talking to Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

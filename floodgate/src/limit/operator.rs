@@ -18,7 +18,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use super::redis::{Pool, Shared};
-use super::source::{RedisConn, Source};
+use super::topology::{Master, RedisConn, Source};
 use super::{Algorithm, Check, Limiter, LimiterError, RedisConfig};
 
 /// The Lua of an operator's action: the shared helpers, the algorithm
@@ -379,7 +379,7 @@ impl Listener {
     fn connect(
         &self,
         seed: &mut usize,
-    ) -> redis::RedisResult<(redis::Connection, Option<super::source::Master>)> {
+    ) -> redis::RedisResult<(redis::Connection, Option<Master>)> {
         #[cfg(feature = "cluster")]
         if let Source::Cluster(_) = self.source {
             let url = &self.seeds[*seed % self.seeds.len().max(1)];
@@ -399,7 +399,7 @@ impl Listener {
     }
 
     /// Listens until the connection fails (false) or the limiter is gone (true).
-    fn listen(&self, mut conn: redis::Connection, master: Option<&super::source::Master>) -> bool {
+    fn listen(&self, mut conn: redis::Connection, master: Option<&Master>) -> bool {
         let mut pubsub = conn.as_pubsub();
         if pubsub.subscribe(&self.channel).is_err()
             || pubsub.set_read_timeout(Some(LISTEN_TICK)).is_err()

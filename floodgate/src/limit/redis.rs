@@ -41,7 +41,7 @@ use super::deny_cache::DenyCache;
 use super::local::LocalLimiter;
 #[cfg(feature = "cluster")]
 use super::masters::MasterHealths;
-use super::source::{Master, RedisConn, Source};
+use super::topology::{Master, RedisConn, Source};
 use super::{
     Algorithm, Check, Decision, Dispatch, LimiterError, LimiterOptions, Outcome, RedisConfig,
 };
