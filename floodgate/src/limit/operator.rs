@@ -17,7 +17,8 @@
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use super::redis::{Pool, Shared};
+use super::conn::Pool;
+use super::limiter::Shared;
 use super::topology::{Master, RedisConn, Source};
 use super::{Algorithm, Check, Limiter, LimiterError, RedisConfig};
 
@@ -376,10 +377,7 @@ impl Listener {
     /// name); on a Cluster, a seed node (a Cluster delivers every message
     /// to every node).
     #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
-    fn connect(
-        &self,
-        seed: &mut usize,
-    ) -> redis::RedisResult<(redis::Connection, Option<Master>)> {
+    fn connect(&self, seed: &mut usize) -> redis::RedisResult<(redis::Connection, Option<Master>)> {
         #[cfg(feature = "cluster")]
         if let Source::Cluster(_) = self.source {
             let url = &self.seeds[*seed % self.seeds.len().max(1)];

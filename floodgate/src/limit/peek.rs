@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use super::redis::Pool;
+use super::conn::Pool;
 use super::{Algorithm, Check, Limiter, LimiterError, Outcome};
 
 /// The Lua of a peek: the shared helpers, the algorithm files (the same

@@ -7,7 +7,7 @@
 //! slot: every slot group is one `EVALSHA` of the same batch script, so a
 //! hot identity's requests still share one call. The groups go to their
 //! masters as one pipeline per master, every pipeline written before any
-//! reply is read (see [`super::masters`]): a batch costs one round trip,
+//! reply is read (see [`masters`]): a batch costs one round trip,
 //! not one per identity. A pipeline's replies are read one by one, so one
 //! group's error never costs another group its answer.
 //!
@@ -30,7 +30,7 @@
 //! run (its reply was lost, or its pipeline failed part way) is never sent
 //! again: its requests get their `on_redis_error` answer.
 //!
-//! Each master has a breaker of its own (see [`super::masters`]): after a
+//! Each master has a breaker of its own (see [`masters`]): after a
 //! master failed, its groups get `on_redis_error` at once for the breaker's
 //! period while the other masters' groups are sent as usual. A decision
 //! that can no longer be handed over (its caller gave up while the replies
@@ -46,21 +46,27 @@ use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use redis::{ConnectionLike as _, ErrorKind, RedisResult, ServerErrorKind, Value};
 
-use super::masters::{Masters, Unwritten};
-use super::redis::{next_batch, retain_waiting, spoils, Breaker, Gate, Job, RedisClock, Shared};
-use super::LimiterError;
-use super::{Algorithm, Check, Decision, Outcome};
-use crate::config::RedisConfig;
+use self::masters::{Masters, Unwritten};
+use self::slot::key_slot;
+use super::{next_batch, retain_waiting, Job};
+use crate::limit::breaker::{Breaker, Gate};
+use crate::limit::clock::RedisClock;
+use crate::limit::conn::spoils;
+use crate::limit::limiter::Shared;
+use crate::limit::topology::cluster_client;
+use crate::limit::{Algorithm, Check, Decision, LimiterError, Outcome, RedisConfig};
+
+pub(crate) mod masters;
+mod slot;
 
 /// The batch script, the same as on one server: one call per slot group.
-const BATCH_SCRIPT: &str = super::redis::SCRIPT_SOURCE;
+const BATCH_SCRIPT: &str = crate::limit::wire::SCRIPT_SOURCE;
 
 /// Gives back what the allowed groups of a denied request took.
-const GIVE_BACK_SCRIPT: &str =
-    lua_with_algorithms!("lua/give_back_fn.lua", "lua/cluster_give_back.lua");
+const GIVE_BACK_SCRIPT: &str = crate::limit::wire::CLUSTER_GIVE_BACK_SOURCE;
 
 /// Starts `count` cluster dispatchers on the limiter's queue.
-pub(super) fn start(
+pub(crate) fn start(
     config: &RedisConfig,
     rx: &Arc<Mutex<Receiver<Job>>>,
     shared: &Arc<Shared>,
@@ -844,56 +850,6 @@ fn write_group(
     3 * keys + 1
 }
 
-/// Retries of one command on a cluster (redirections, TRYAGAIN,
-/// CLUSTERDOWN), and the waits between them: short, so that a decision
-/// still comes within the timeout or fails.
-const CLUSTER_RETRIES: u32 = 5;
-const CLUSTER_MIN_WAIT_MS: u64 = 5;
-const CLUSTER_MAX_WAIT_MS: u64 = 50;
-
-/// A cluster client whose connects and replies are bounded by the timeout.
-pub(crate) fn cluster_client(config: &RedisConfig) -> RedisResult<ClusterClient> {
-    ClusterClient::builder(config.cluster.iter().map(String::as_str))
-        .connection_timeout(config.timeout)
-        .response_timeout(config.timeout)
-        .retries(CLUSTER_RETRIES)
-        .min_retry_wait(CLUSTER_MIN_WAIT_MS)
-        .max_retry_wait(CLUSTER_MAX_WAIT_MS)
-        .build()
-}
-
-/// Number of hash slots in a Redis Cluster.
-pub(crate) const SLOTS: u16 = 16384;
-
-/// The cluster hash slot of a key: CRC16 (XMODEM) of the key, or of its
-/// hash tag (the part between the first `{` and the next `}`, when not
-/// empty), modulo 16384.
-pub(crate) fn key_slot(key: &[u8]) -> u16 {
-    let hashed = match key.iter().position(|&b| b == b'{') {
-        Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
-            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
-            _ => key,
-        },
-        None => key,
-    };
-    crc16(hashed) % SLOTS
-}
-
-fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in data {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
 #[cfg(test)]
 mod tests {
     use std::num::NonZeroU32;
@@ -901,18 +857,6 @@ mod tests {
     use tokio::sync::oneshot;
 
     use super::*;
-
-    #[test]
-    fn slots_match_redis_cluster() {
-        // Values from the Redis Cluster specification and CLUSTER KEYSLOT.
-        assert_eq!(crc16(b"123456789"), 0x31C3);
-        assert_eq!(key_slot(b"foo"), 12182);
-        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
-        assert_eq!(key_slot(b"{user1000}.followers"), key_slot(b"user1000"));
-        // An empty tag hashes the whole key; only the first tag counts.
-        assert_eq!(key_slot(b"foo{}{bar}"), crc16(b"foo{}{bar}") % SLOTS);
-        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
-    }
 
     fn job(keys: &[&str]) -> Job {
         let (reply, _) = oneshot::channel();
