@@ -21,10 +21,11 @@ use super::conn::{manager, pool_of, spoils, Manager, Pool};
 use super::deny_cache::DenyCache;
 #[cfg(feature = "cluster")]
 use super::dispatch::cluster::masters::MasterHealths;
-use super::dispatch::single::{Dispatcher, SCRIPT_SOURCE};
+use super::dispatch::single::Dispatcher;
 use super::dispatch::Job;
 use super::local::LocalLimiter;
 use super::topology::RedisConn;
+use super::wire::SCRIPT_SOURCE;
 use super::{Check, Decision, Dispatch, LimiterError, LimiterOptions, RedisConfig};
 
 /// Dispatcher threads; two let one gather a batch while the other waits on Redis.

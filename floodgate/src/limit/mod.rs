@@ -38,7 +38,7 @@ pub mod operator;
 mod peek;
 pub(crate) mod redis_config;
 pub(crate) mod topology;
-mod wire;
+pub(crate) mod wire;
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -204,20 +204,6 @@ pub struct Outcome {
     pub banned: bool,
     /// This very denial started the ban (the rule's penalty).
     pub ban_started: bool,
-}
-
-impl Outcome {
-    /// The outcome the scripts write as three numbers: a code (1 allowed,
-    /// 0 denied, 2 banned, 3 banned from now on), remaining, ms.
-    pub(crate) fn from_reply(code: i64, remaining: i64, ms: i64) -> Outcome {
-        Outcome {
-            allowed: code == 1,
-            remaining: remaining.max(0) as u64,
-            wait: Duration::from_millis(ms.max(0) as u64),
-            banned: code == 2 || code == 3,
-            ban_started: code == 3,
-        }
-    }
 }
 
 impl Outcome {

@@ -20,11 +20,12 @@ use std::time::{Duration, Instant};
 use super::conn::Pool;
 use super::limiter::Shared;
 use super::topology::{Master, RedisConn, Source};
-use super::{Algorithm, Check, Limiter, LimiterError, RedisConfig};
+use super::wire;
+use super::{Check, Limiter, LimiterError, RedisConfig};
 
 /// The Lua of an operator's action: the shared helpers, the algorithm
 /// files, then the action's driver.
-pub const OPERATOR_SOURCE: &str = lua_with_algorithms!("lua/read_only.lua", "lua/operator.lua");
+pub const OPERATOR_SOURCE: &str = wire::OPERATOR_SOURCE;
 
 fn script() -> &'static redis::Script {
     static SCRIPT: OnceLock<redis::Script> = OnceLock::new();
@@ -205,16 +206,7 @@ pub(crate) fn operate_blocking(
         Action::Clear => "clear",
         other => other.name(),
     });
-    // Algorithm code, p1, p2 exactly as a decision sends them.
-    match check.algorithm {
-        Algorithm::SlidingWindow { limit, window } => {
-            call.arg(1).arg(limit.get()).arg(window.as_millis() as u64)
-        }
-        Algorithm::FixedWindow { limit, window } => {
-            call.arg(2).arg(limit.get()).arg(window.as_millis() as u64)
-        }
-        Algorithm::TokenBucket { rate, burst } => call.arg(3).arg(rate).arg(burst.get()),
-    };
+    wire::algorithm(&mut call, &check.algorithm);
     call.arg(check.cost);
     let ms = |d: Option<Duration>| d.map_or(String::new(), |d| d.as_millis().to_string());
     match action {
@@ -246,19 +238,10 @@ pub(crate) fn operate_blocking(
 /// Reads the operator script's answer (see `lua/operator.lua`).
 fn inspection(check: &Check, v: &[i64]) -> Result<Inspection, LimiterError> {
     if let [-1, code, ..] = *v {
-        let key = &check.key;
-        return Err(LimiterError::Check(match code {
-            1 => format!("{key} holds a Redis type that no rate-limit algorithm writes"),
-            2 => format!("the parameters of the check on {key} are out of range"),
-            3 => format!("{key} holds state that is not made of numbers"),
-            _ => format!("the operator script failed on {key} (the Redis log says why)"),
-        }));
+        return Err(wire::undecidable(code, &check.key));
     }
     let [limit, window_ms, used, reset_ms, banned_ms, ol, ow, oe] = *v else {
-        return Err(LimiterError::Other(format!(
-            "the operator script returned {} values, expected 8",
-            v.len()
-        )));
+        return Err(wire::reply_length(v.len(), 8));
     };
     let limit = limit.max(0) as u64;
     let used = used.max(0) as u64;

@@ -13,14 +13,12 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
-
 use super::super::conn::{call, no_longer_named, CallError, Conn, Manager, SendError};
 use super::super::limiter::Shared;
-use super::super::{Algorithm, Check, Decision, LimiterError, Outcome};
+use super::super::{Check, Decision, LimiterError};
 use super::{next_batch, retain_waiting, Job};
 
-pub use crate::limit::wire::SCRIPT_SOURCE;
+use crate::limit::wire::{self, SCRIPT_SOURCE};
 
 pub(crate) struct Dispatcher {
     pub(crate) rx: Arc<Mutex<Receiver<Job>>>,
@@ -146,13 +144,7 @@ impl Dispatcher {
         if self.conn.is_none() {
             let within = deadline.saturating_duration_since(Instant::now());
             let mut conn = self.manager.open(within).map_err(LimiterError::from)?;
-            conn.time(&self.shared.clock).map_err(|e| {
-                if e.is_timeout() {
-                    LimiterError::Timeout
-                } else {
-                    LimiterError::Redis(e)
-                }
-            })?;
+            conn.time(&self.shared.clock).map_err(LimiterError::from)?;
             self.conn = Some(conn);
         }
         Ok(())
@@ -188,9 +180,12 @@ impl Dispatcher {
             .unwrap_or_else(Instant::now);
         self.connect(deadline).map_err(SendError::Failed)?;
         let (clock, margin) = (&self.shared.clock, self.margin);
-        let expected = write_batch(&mut self.cmd, self.script.get_hash(), batch, |job| {
-            clock.redis_ms(job.deadline - margin)
+        let jobs = batch.iter().map(|job| wire::JobArgs {
+            now_ms: job.now_ms,
+            deadline: clock.redis_ms(job.deadline - margin),
+            checks: job.checks.iter(),
         });
+        let expected = wire::batch(&mut self.cmd, self.script.get_hash(), jobs);
         let Some(conn) = self.conn.as_mut() else {
             return Err(SendError::Failed(LimiterError::Stopped));
         };
@@ -219,23 +214,14 @@ impl Dispatcher {
             self.conn = None;
         }
         match result {
-            Ok(values) if values.len() == expected + 1 => {
-                if let Some(&redis_us) = values.last() {
-                    self.shared.clock.sample(redis_us, Instant::now());
-                }
+            Ok(mut values) => {
+                let redis_us =
+                    wire::take_clock(&mut values, expected).map_err(SendError::Failed)?;
+                self.shared.clock.sample(redis_us, Instant::now());
                 Ok(values)
             }
-            Ok(values) => Err(SendError::Failed(LimiterError::Other(format!(
-                "the script returned {} values, expected {}",
-                values.len(),
-                expected + 1
-            )))),
             Err(e) => {
-                let limiter_error = if e.error().is_timeout() {
-                    LimiterError::Timeout
-                } else {
-                    LimiterError::Redis(e.error().clone())
-                };
+                let limiter_error = LimiterError::from(e.error().clone());
                 match e {
                     CallError::Unsent(_) => Err(SendError::Unsent(limiter_error)),
                     CallError::Unanswered(_) | CallError::Answered(_) => {
@@ -247,54 +233,6 @@ impl Dispatcher {
     }
 }
 
-/// Writes a batch as one `EVALSHA sha` into `cmd`, reusing its two buffers
-/// (not one allocation per argument, as a `ScriptInvocation` makes). KEYS
-/// and ARGV are laid out as `lua/batch.lua` reads them; `deadline` gives
-/// each job's deadline in ms on Redis's clock (`None`: none). Returns the
-/// number of decision values the reply must hold (Redis's clock follows
-/// them).
-fn write_batch(
-    cmd: &mut redis::Cmd,
-    sha: &str,
-    batch: &[Job],
-    deadline: impl Fn(&Job) -> Option<i64>,
-) -> usize {
-    cmd.clear();
-    let keys: usize = batch.iter().map(|j| j.checks.len()).sum();
-    cmd.arg("EVALSHA").arg(sha).arg(keys);
-    for job in batch {
-        for c in &job.checks {
-            cmd.arg(c.key.as_str());
-        }
-    }
-    cmd.arg(batch.len());
-    for job in batch {
-        match job.now_ms {
-            Some(ms) => cmd.arg(ms),
-            None => cmd.arg(""),
-        };
-        match deadline(job) {
-            Some(ms) => cmd.arg(ms),
-            None => cmd.arg(""),
-        };
-        cmd.arg(job.checks.len());
-        for c in &job.checks {
-            // Algorithm code, p1, p2 as the algorithm's Lua file names them.
-            match c.algorithm {
-                Algorithm::SlidingWindow { limit, window } => {
-                    cmd.arg(1).arg(limit.get()).arg(window.as_millis() as u64)
-                }
-                Algorithm::FixedWindow { limit, window } => {
-                    cmd.arg(2).arg(limit.get()).arg(window.as_millis() as u64)
-                }
-                Algorithm::TokenBucket { rate, burst } => cmd.arg(3).arg(rate).arg(burst.get()),
-            };
-            cmd.arg(c.cost).arg(c.flags().as_ref());
-        }
-    }
-    3 * keys
-}
-
 /// Sends every job its decision from the script's reply; returns how many
 /// jobs failed alone (the script could not decide one of their checks) and
 /// how many the script skipped as late.
@@ -302,7 +240,7 @@ fn deliver(batch: Vec<Job>, values: &[i64]) -> (u64, u64) {
     let mut at = 0;
     let (mut failed, mut late) = (0, 0);
     for job in batch {
-        let result = decision(&job.checks, values, &mut at);
+        let result = wire::job(job.checks.iter(), values, &mut at);
         match result {
             Err(LimiterError::Late) => late += 1,
             Err(_) => failed += 1,
@@ -311,44 +249,6 @@ fn deliver(batch: Vec<Job>, values: &[i64]) -> (u64, u64) {
         let _ = job.reply.send(result);
     }
     (failed, late)
-}
-
-/// Reads the decision for `checks` from the reply at `at` (three values per
-/// check, laid out as `lua/batch.lua` writes them) and moves `at` past it.
-fn decision(checks: &[Check], values: &[i64], at: &mut usize) -> Result<Decision, LimiterError> {
-    let start = *at;
-    *at += 3 * checks.len();
-    let Some(values) = values.get(start..*at) else {
-        return Err(LimiterError::Other(
-            "the script's reply is too short".into(),
-        ));
-    };
-    if let [-2, ..] = *values {
-        // Skipped: it reached Redis after its deadline.
-        return Err(LimiterError::Late);
-    }
-    if let [-1, code, index, ..] = *values {
-        let key = usize::try_from(index)
-            .ok()
-            .and_then(|i| checks.get(i))
-            .map_or("a key", |c| c.key.as_str());
-        return Err(LimiterError::Check(match code {
-            1 => format!("{key} holds a Redis type that no rate-limit algorithm writes"),
-            2 => format!("the parameters of the check on {key} are out of range"),
-            3 => format!("{key} holds state that is not made of numbers"),
-            _ => format!("the script failed on {key} (the Redis log says why)"),
-        }));
-    }
-    let mut outcomes = Vec::with_capacity(checks.len());
-    let mut allowed = true;
-    for (check, v) in checks.iter().zip(values.chunks_exact(3)) {
-        let outcome = Outcome::from_reply(v[0], v[1], v[2]);
-        if check.enforce && !outcome.allowed {
-            allowed = false;
-        }
-        outcomes.push(outcome);
-    }
-    Ok(Decision { outcomes, allowed })
 }
 
 /// Decides `jobs` (each a pinned clock in ms or `None` for Redis `TIME`,
@@ -377,182 +277,18 @@ pub fn decide_batch_with_deadlines(
 ) -> Result<Vec<Result<Decision, LimiterError>>, LimiterError> {
     let script = redis::Script::new(SCRIPT_SOURCE);
     script.load(conn).map_err(LimiterError::from)?;
-    let deadlines: Vec<Option<i64>> = jobs.iter().map(|j| j.1).collect();
-    let batch: Vec<Job> = jobs
-        .into_iter()
-        .map(|(now_ms, _, checks)| Job {
-            checks,
-            now_ms,
-            deadline: Instant::now(),
-            probe: false,
-            reply: oneshot::channel().0,
-        })
-        .collect();
     let mut cmd = redis::Cmd::new();
-    let next = std::cell::Cell::new(0);
-    let expected = write_batch(&mut cmd, script.get_hash(), &batch, |_| {
-        let i = next.get();
-        next.set(i + 1);
-        deadlines.get(i).copied().flatten()
+    let args = jobs.iter().map(|(now_ms, deadline, checks)| wire::JobArgs {
+        now_ms: *now_ms,
+        deadline: *deadline,
+        checks: checks.iter(),
     });
-    let values: Vec<i64> = cmd.query(conn).map_err(LimiterError::from)?;
-    if values.len() != expected + 1 {
-        return Err(LimiterError::Other(format!(
-            "the script returned {} values, expected {}",
-            values.len(),
-            expected + 1
-        )));
-    }
+    let expected = wire::batch(&mut cmd, script.get_hash(), args);
+    let mut values: Vec<i64> = cmd.query(conn).map_err(LimiterError::from)?;
+    wire::take_clock(&mut values, expected)?;
     let mut at = 0;
-    Ok(batch
+    Ok(jobs
         .iter()
-        .map(|job| decision(&job.checks, &values, &mut at))
+        .map(|(_, _, checks)| wire::job(checks.iter(), &values, &mut at))
         .collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use std::num::NonZeroU32;
-
-    use super::*;
-    use crate::limit::Algorithm;
-
-    fn job(now_ms: Option<u64>, checks: Vec<Check>) -> Job {
-        let (reply, _) = oneshot::channel();
-        Job {
-            checks,
-            now_ms,
-            deadline: Instant::now(),
-            probe: false,
-            reply,
-        }
-    }
-
-    fn check(key: &str, algorithm: Algorithm, cost: u32, enforce: bool) -> Check {
-        Check {
-            key: key.to_string(),
-            algorithm,
-            cost,
-            enforce,
-            penalty: None,
-        }
-    }
-
-    #[test]
-    fn a_batch_is_one_evalsha_laid_out_as_batch_lua_reads_it() {
-        let n = |v| NonZeroU32::new(v).unwrap();
-        let batch = vec![
-            job(
-                Some(1_700_000_000_123),
-                vec![
-                    check(
-                        "p:a:ip:1",
-                        Algorithm::SlidingWindow {
-                            limit: n(5),
-                            window: Duration::from_secs(10),
-                        },
-                        1,
-                        true,
-                    ),
-                    check(
-                        "p:b:ip:1",
-                        Algorithm::TokenBucket {
-                            rate: 2.5,
-                            burst: n(20),
-                        },
-                        2,
-                        false,
-                    ),
-                ],
-            ),
-            job(
-                None,
-                vec![check(
-                    "p:c:global:all",
-                    Algorithm::FixedWindow {
-                        limit: n(3),
-                        window: Duration::from_millis(1500),
-                    },
-                    1,
-                    true,
-                )],
-            ),
-        ];
-        let mut cmd = redis::Cmd::new();
-        // A reused command starts afresh.
-        cmd.arg("LEFTOVER");
-        let deadlines = [Some(1_700_000_000_300), None];
-        let expected_values = write_batch(&mut cmd, "SHA", &batch, |job| {
-            deadlines[usize::from(job.now_ms.is_none())]
-        });
-        assert_eq!(expected_values, 9);
-        let mut expected = redis::Cmd::new();
-        for arg in [
-            "EVALSHA",
-            "SHA",
-            "3",
-            "p:a:ip:1",
-            "p:b:ip:1",
-            "p:c:global:all",
-            "2",
-            "1700000000123",
-            "1700000000300",
-            "2",
-            "1",
-            "5",
-            "10000",
-            "1",
-            "1",
-            "3",
-            "2.5",
-            "20",
-            "2",
-            "0",
-            "",
-            "",
-            "1",
-            "2",
-            "3",
-            "1500",
-            "1",
-            "1",
-        ] {
-            expected.arg(arg);
-        }
-        assert_eq!(
-            String::from_utf8_lossy(&cmd.get_packed_command()),
-            String::from_utf8_lossy(&expected.get_packed_command())
-        );
-    }
-
-    #[test]
-    fn a_failed_job_is_an_error_naming_its_key_and_the_next_job_is_read_after_it() {
-        let n = |v| NonZeroU32::new(v).unwrap();
-        let w = Algorithm::SlidingWindow {
-            limit: n(5),
-            window: Duration::from_secs(1),
-        };
-        let failed = [check("p:a:ip:1", w, 1, true), check("p:b:ip:1", w, 1, true)];
-        let decided = [
-            check("p:a:ip:2", w, 1, true),
-            check("p:b:ip:2", w, 1, false),
-        ];
-        // Job one failed on its second check (type error); job two decided.
-        let values = [-1, 1, 1, -1, 1, 1, 1, 4, 900, 0, 0, 250];
-        let mut at = 0;
-        match decision(&failed, &values, &mut at) {
-            Err(LimiterError::Check(text)) => assert!(text.contains("p:b:ip:1"), "{text}"),
-            other => panic!("{other:?}"),
-        }
-        let d = decision(&decided, &values, &mut at).unwrap();
-        assert!(d.allowed, "a shadow check's denial does not deny");
-        assert_eq!(d.outcomes[0].remaining, 4);
-        assert_eq!(d.outcomes[1].wait, Duration::from_millis(250));
-        assert_eq!(at, values.len());
-        // A reply too short for the checks is an error, not a panic.
-        assert!(matches!(
-            decision(&decided, &values, &mut at),
-            Err(LimiterError::Other(_))
-        ));
-    }
 }

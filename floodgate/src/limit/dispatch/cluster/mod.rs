@@ -54,6 +54,7 @@ use crate::limit::clock::RedisClock;
 use crate::limit::conn::spoils;
 use crate::limit::limiter::Shared;
 use crate::limit::topology::cluster_client;
+use crate::limit::wire::{self, Args as _};
 use crate::limit::{Algorithm, Check, Decision, LimiterError, Outcome, RedisConfig};
 
 pub(crate) mod masters;
@@ -180,16 +181,15 @@ enum Reply {
 fn classify(reply: RedisResult<Value>, expected: usize, clock: Option<&RedisClock>) -> Reply {
     match reply.and_then(|v| v.extract_error()) {
         Ok(value) => match redis::from_redis_value::<Vec<i64>>(value) {
-            Ok(mut values) if values.len() == expected => {
-                if let (Some(redis_us), Some(clock)) = (values.pop(), clock) {
-                    clock.sample(redis_us, Instant::now());
+            Ok(mut values) => match wire::take_clock(&mut values, expected) {
+                Ok(redis_us) => {
+                    if let Some(clock) = clock {
+                        clock.sample(redis_us, Instant::now());
+                    }
+                    Reply::Done(values)
                 }
-                Reply::Done(values)
-            }
-            Ok(values) => Reply::Failed(LimiterError::Other(format!(
-                "the script returned {} values, expected {expected}",
-                values.len()
-            ))),
+                Err(e) => Reply::Failed(e),
+            },
             Err(e) => Reply::Failed(LimiterError::Other(format!("unexpected reply: {e}"))),
         },
         Err(e) => match e.kind() {
@@ -202,16 +202,8 @@ fn classify(reply: RedisResult<Value>, expected: usize, clock: Option<&RedisCloc
                 | ServerErrorKind::MasterDown
                 | ServerErrorKind::ReadOnly,
             ) => Reply::Redirected(e),
-            _ => Reply::Failed(limiter_error(&e)),
+            _ => Reply::Failed(LimiterError::from(e.clone())),
         },
-    }
-}
-
-fn limiter_error(e: &redis::RedisError) -> LimiterError {
-    if e.is_timeout() {
-        LimiterError::Timeout
-    } else {
-        LimiterError::Redis(e.clone())
     }
 }
 
@@ -301,12 +293,9 @@ impl ClusterDispatcher {
 
     fn connect(&mut self) -> Result<&mut ClusterConnection, LimiterError> {
         if self.conn.is_none() {
-            let conn = self
-                .client
-                .get_connection()
-                .map_err(|e| limiter_error(&e))?;
+            let conn = self.client.get_connection().map_err(LimiterError::from)?;
             conn.set_write_timeout(Some(self.timeout))
-                .map_err(|e| limiter_error(&e))?;
+                .map_err(LimiterError::from)?;
             self.conn = Some(conn);
             if let Err(e) = self.load_scripts() {
                 log::info!("loading the scripts on the cluster's masters: {e}");
@@ -358,38 +347,18 @@ impl ClusterDispatcher {
                     let mut at = 0;
                     for part in &group.parts {
                         let job = &batch[part.job];
-                        let mut outcomes = Vec::with_capacity(part.checks.len());
-                        if values.len() < at + 3 * part.checks.len() {
-                            break;
-                        }
-                        if values[at] == -2 {
-                            // Past its deadline when it reached Redis: the
-                            // caller has given up, and nothing was recorded.
-                            failed[part.job].get_or_insert(LimiterError::Late);
-                            at += 3 * part.checks.len();
-                            continue;
-                        }
-                        if values[at] == -1 {
-                            // The script could not decide this part (see
-                            // lua/batch.lua): it recorded nothing.
-                            failed[part.job].get_or_insert(LimiterError::Check(format!(
-                                "the script could not decide a check on slot {} (error {})",
-                                group.slot,
-                                values[at + 1]
-                            )));
-                            at += 3 * part.checks.len();
-                            continue;
-                        }
-                        let mut part_allowed = true;
-                        for &c in &part.checks {
-                            let outcome = outcome(&values[at..at + 3]);
-                            at += 3;
-                            if job.checks[c].enforce && !outcome.allowed {
-                                part_allowed = false;
+                        let checks = part.checks.iter().map(|&c| &job.checks[c]);
+                        let decision = match wire::job(checks, &values, &mut at) {
+                            Ok(decision) => decision,
+                            // Skipped as late, or undecidable: the script
+                            // recorded nothing for this part.
+                            Err(e) => {
+                                failed[part.job].get_or_insert(e);
+                                continue;
                             }
-                            outcomes.push(outcome);
-                        }
-                        for (&c, outcome) in part.checks.iter().zip(outcomes) {
+                        };
+                        let part_allowed = decision.allowed;
+                        for (&c, outcome) in part.checks.iter().zip(decision.outcomes) {
                             taken[part.job][c] = Some(Taken {
                                 outcome,
                                 committed: part_allowed && outcome.allowed,
@@ -492,7 +461,7 @@ impl ClusterDispatcher {
                 match reply {
                     Reply::Done(values) => Ok(values),
                     Reply::Failed(e) => Err(e),
-                    Reply::Redirected(e) | Reply::NoScript(e) => Err(limiter_error(&e)),
+                    Reply::Redirected(e) | Reply::NoScript(e) => Err(LimiterError::from(e.clone())),
                     Reply::Unsent | Reply::Abandoned => Err(LimiterError::Timeout),
                 }
             })
@@ -566,19 +535,19 @@ impl ClusterDispatcher {
                 // Nothing was written: the crate's connection may try (the
                 // slot may have moved), but this master is held as failed.
                 Err(Unwritten::NotSent(e)) => {
-                    health.breaker.trip(&limiter_error(&e));
+                    health.breaker.trip(&LimiterError::from(e.clone()));
                     log::debug!("cluster master unreachable, its groups go another way: {e}")
                 }
                 // A write that failed part way may have delivered some of
                 // the pipeline's calls whole; none is sent again.
                 Err(Unwritten::Failed(e)) if gs.len() > 1 || e.is_timeout() => {
-                    health.breaker.trip(&limiter_error(&e));
+                    health.breaker.trip(&LimiterError::from(e.clone()));
                     for &g in &gs {
-                        replies[g] = Reply::Failed(limiter_error(&e));
+                        replies[g] = Reply::Failed(LimiterError::from(e.clone()));
                     }
                 }
                 // One call that was not written whole did not run.
-                Err(Unwritten::Failed(e)) => health.breaker.trip(&limiter_error(&e)),
+                Err(Unwritten::Failed(e)) => health.breaker.trip(&LimiterError::from(e.clone())),
             }
         }
         for (m, health, expected) in sent {
@@ -588,10 +557,10 @@ impl ClusterDispatcher {
                     Ok(value) => value,
                     Err(e) => {
                         // This call and the ones after it may have run.
-                        health.breaker.trip(&limiter_error(&e));
+                        health.breaker.trip(&LimiterError::from(e.clone()));
                         answered = false;
                         for &(g, _) in &expected[k..] {
-                            replies[g] = Reply::Failed(limiter_error(&e));
+                            replies[g] = Reply::Failed(LimiterError::from(e.clone()));
                         }
                         break;
                     }
@@ -637,7 +606,7 @@ impl ClusterDispatcher {
                     }
                     if let Err(e) = self.load_scripts() {
                         self.note(&e);
-                        return Reply::Failed(limiter_error(&e));
+                        return Reply::Failed(LimiterError::from(e.clone()));
                     }
                 }
                 Reply::Done(_) | Reply::Failed(_) | Reply::Abandoned => break,
@@ -702,12 +671,8 @@ impl ClusterDispatcher {
                     cmd.arg(g.key.as_str());
                 }
                 for g in gs {
-                    let (code, p1, p2) = params(&g.algorithm);
-                    cmd.arg(code).arg(p1).arg(p2).arg(g.cost);
-                    match g.now_ms {
-                        Some(ms) => cmd.arg(ms),
-                        None => cmd.arg(""),
-                    };
+                    wire::algorithm(&mut cmd, &g.algorithm);
+                    cmd.put(g.cost).put_opt(g.now_ms);
                 }
                 cmd
             })
@@ -768,10 +733,6 @@ impl ClusterDispatcher {
     }
 }
 
-fn outcome(values: &[i64]) -> Outcome {
-    Outcome::from_reply(values[0], values[1], values[2])
-}
-
 /// Never used for a decided check; a placeholder that denies.
 fn denied_outcome() -> Outcome {
     Outcome {
@@ -781,36 +742,6 @@ fn denied_outcome() -> Outcome {
         banned: false,
         ban_started: false,
     }
-}
-
-/// Algorithm code and parameters as the Lua files name them.
-fn params(algorithm: &Algorithm) -> (u8, f64, u64) {
-    match *algorithm {
-        Algorithm::SlidingWindow { limit, window } => {
-            (1, f64::from(limit.get()), window.as_millis() as u64)
-        }
-        Algorithm::FixedWindow { limit, window } => {
-            (2, f64::from(limit.get()), window.as_millis() as u64)
-        }
-        Algorithm::TokenBucket { rate, burst } => (3, rate, u64::from(burst.get())),
-    }
-}
-
-fn write_check(cmd: &mut redis::Cmd, c: &Check) {
-    match c.algorithm {
-        Algorithm::SlidingWindow { limit, window } | Algorithm::FixedWindow { limit, window } => {
-            let code = if matches!(c.algorithm, Algorithm::SlidingWindow { .. }) {
-                1
-            } else {
-                2
-            };
-            cmd.arg(code)
-                .arg(limit.get())
-                .arg(window.as_millis() as u64)
-        }
-        Algorithm::TokenBucket { rate, burst } => cmd.arg(3).arg(rate).arg(burst.get()),
-    };
-    cmd.arg(c.cost).arg(c.flags().as_ref());
 }
 
 /// Writes one slot group as `EVALSHA sha` laid out as `lua/batch.lua` reads
@@ -823,31 +754,15 @@ fn write_group(
     parts: &[Part],
     deadline: impl Fn(&Job) -> Option<i64>,
 ) -> usize {
-    cmd.clear();
-    let keys: usize = parts.iter().map(|p| p.checks.len()).sum();
-    cmd.arg("EVALSHA").arg(sha).arg(keys);
-    for part in parts {
-        for &c in &part.checks {
-            cmd.arg(batch[part.job].checks[c].key.as_str());
-        }
-    }
-    cmd.arg(parts.len());
-    for part in parts {
+    let jobs = parts.iter().map(|part| {
         let job = &batch[part.job];
-        match job.now_ms {
-            Some(ms) => cmd.arg(ms),
-            None => cmd.arg(""),
-        };
-        match deadline(job) {
-            Some(ms) => cmd.arg(ms),
-            None => cmd.arg(""),
-        };
-        cmd.arg(part.checks.len());
-        for &c in &part.checks {
-            write_check(cmd, &job.checks[c]);
+        wire::JobArgs {
+            now_ms: job.now_ms,
+            deadline: deadline(job),
+            checks: part.checks.iter().map(|&c| &job.checks[c]),
         }
-    }
-    3 * keys + 1
+    });
+    wire::batch(cmd, sha, jobs)
 }
 
 #[cfg(test)]
