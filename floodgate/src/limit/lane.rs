@@ -9,8 +9,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use super::clock::deadline_margin;
-use super::dispatch::single::Dispatcher;
-use super::dispatch::{Job, MAX_BATCH};
+use super::dispatch::single::Single;
+use super::dispatch::{process, Job, MAX_BATCH};
 use super::Limiter;
 
 thread_local! {
@@ -24,7 +24,7 @@ pub(crate) struct Lane {
     pub(crate) queue: RefCell<Vec<Job>>,
     /// A task that will send the queue is spawned and has not run yet.
     pub(crate) scheduled: Cell<bool>,
-    sender: RefCell<Dispatcher>,
+    sender: RefCell<Single>,
 }
 
 impl Lane {
@@ -40,7 +40,7 @@ impl Lane {
         };
         while !jobs.is_empty() {
             let rest = jobs.split_off(jobs.len().min(MAX_BATCH));
-            sender.process(jobs);
+            process(&mut *sender, jobs);
             jobs = rest;
         }
     }
@@ -55,16 +55,12 @@ impl Limiter {
                 Rc::new(Lane {
                     queue: RefCell::new(Vec::new()),
                     scheduled: Cell::new(false),
-                    sender: RefCell::new(Dispatcher {
-                        rx: Arc::clone(&self.rx),
-                        manager: self.manager.clone(),
-                        script: Arc::clone(&self.script),
-                        shared: Arc::clone(&self.shared),
-                        margin: deadline_margin(self.timeout),
-                        conn: None,
-                        cmd: redis::Cmd::new(),
-                        packed: Vec::new(),
-                    }),
+                    sender: RefCell::new(Single::new(
+                        self.manager.clone(),
+                        Arc::clone(&self.script),
+                        Arc::clone(&self.shared),
+                        deadline_margin(self.timeout),
+                    )),
                 })
             });
             Rc::clone(lane)

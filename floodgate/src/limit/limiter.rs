@@ -9,7 +9,7 @@
 //! provably never reached Redis; `dispatch/single.rs` spells out the rule.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,7 +21,7 @@ use super::conn::{manager, pool_of, spoils, Manager, Pool};
 use super::deny_cache::DenyCache;
 #[cfg(feature = "cluster")]
 use super::dispatch::cluster::masters::MasterHealths;
-use super::dispatch::single::Dispatcher;
+use super::dispatch::single::Single;
 use super::dispatch::Job;
 use super::local::LocalLimiter;
 use super::topology::RedisConn;
@@ -59,7 +59,6 @@ pub struct Limiter {
     /// Tells this limiter's worker lanes apart from other limiters'.
     pub(crate) id: u64,
     /// What a worker lane is made of.
-    pub(crate) rx: Arc<Mutex<Receiver<Job>>>,
     pub(crate) manager: Manager,
     pub(crate) script: Arc<redis::Script>,
     /// Redis Cluster mode: keys carry hash tags, and batches go by slot.
@@ -112,7 +111,7 @@ impl Limiter {
         let cluster = !config.cluster.is_empty();
         #[cfg(feature = "cluster")]
         if cluster {
-            // A cluster's batches are split by slot: see `cluster.rs`.
+            // A cluster's batches are split by slot: see `dispatch/cluster/`.
             super::dispatch::cluster::start(
                 config,
                 &rx,
@@ -122,20 +121,13 @@ impl Limiter {
             )?;
         }
         for i in 0..if cluster { 0 } else { DISPATCHERS } {
-            let dispatcher = Dispatcher {
-                rx: Arc::clone(&rx),
-                manager: manager.clone(),
-                script: Arc::clone(&script),
-                shared: Arc::clone(&shared),
-                margin: deadline_margin(config.timeout),
-                conn: None,
-                cmd: redis::Cmd::new(),
-                packed: Vec::new(),
-            };
-            std::thread::Builder::new()
-                .name(format!("floodgate-redis-{i}"))
-                .spawn(move || dispatcher.run())
-                .map_err(|e| LimiterError::Other(format!("cannot start a dispatcher: {e}")))?;
+            let transport = Single::new(
+                manager.clone(),
+                Arc::clone(&script),
+                Arc::clone(&shared),
+                deadline_margin(config.timeout),
+            );
+            super::dispatch::spawn(format!("floodgate-redis-{i}"), &rx, transport)?;
         }
         if shared.deny_cache.is_some() {
             super::operator::listen(config, manager.source.clone(), &shared);
@@ -154,7 +146,6 @@ impl Limiter {
                 dispatch(options.dispatch)
             },
             id,
-            rx,
             manager,
             script,
             cluster,

@@ -1,6 +1,7 @@
 //! Sending batches to one server (a URL, or the master the Sentinels
-//! name): the dispatcher threads of [`Dispatch::Threads`](crate::limit::Dispatch::Threads),
-//! and the per-worker lane's sender.
+//! name): the transport of the dispatcher threads
+//! ([`Dispatch::Threads`](crate::limit::Dispatch::Threads)) and of the
+//! per-worker lane.
 //!
 //! The batch is written straight into one reused `redis::Cmd` (no buffer
 //! per argument, as `redis::Script`'s invocation makes); the Script gives
@@ -8,105 +9,90 @@
 //! dispatcher loads the script and sends the same call again: the first
 //! call did not run, so nothing is counted twice.
 
-use std::sync::atomic::Ordering;
-use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::super::conn::{call, no_longer_named, CallError, Conn, Manager, SendError};
-use super::super::limiter::Shared;
-use super::super::{Check, Decision, LimiterError};
-use super::{next_batch, retain_waiting, Job};
-
+use super::{retain_waiting, Job, Transport};
+use crate::limit::conn::{call, no_longer_named, CallError, Conn, Manager, SendError};
+use crate::limit::limiter::Shared;
 use crate::limit::wire::{self, SCRIPT_SOURCE};
+use crate::limit::{Check, Decision, LimiterError};
 
-pub(crate) struct Dispatcher {
-    pub(crate) rx: Arc<Mutex<Receiver<Job>>>,
-    /// Opens the dispatcher's own connection (not from the pool: a pool
+/// One server, on a connection of the transport's own.
+pub(crate) struct Single {
+    /// Opens the transport's own connection (not from the pool: a pool
     /// that failed to connect waits out its back-off before it tries again,
     /// and a decision must not wait for that once Redis is back).
-    pub(crate) manager: Manager,
-    pub(crate) script: Arc<redis::Script>,
-    pub(crate) shared: Arc<Shared>,
+    manager: Manager,
+    script: Arc<redis::Script>,
+    shared: Arc<Shared>,
     /// See `deadline_margin`.
-    pub(crate) margin: Duration,
-    pub(crate) conn: Option<Conn>,
+    margin: Duration,
+    conn: Option<Conn>,
     /// The command being sent, kept to reuse its buffers.
-    pub(crate) cmd: redis::Cmd,
+    cmd: redis::Cmd,
     /// The command as it goes on the wire, reused likewise.
-    pub(crate) packed: Vec<u8>,
+    packed: Vec<u8>,
 }
 
-impl Dispatcher {
-    pub(crate) fn run(mut self) {
-        while let Some(batch) = self.next_batch() {
-            self.process(batch);
-        }
+impl Transport for Single {
+    fn shared(&self) -> &Shared {
+        &self.shared
     }
 
-    /// Decides one batch with one script call and answers every job.
-    /// Blocking.
-    pub(crate) fn process(&mut self, mut batch: Vec<Job>) {
-        {
-            // Jobs whose caller has already given up are not decided: they
-            // would take quota for a request that was answered without it.
-            retain_waiting(&mut batch);
-            if self.shared.breaker.holding() {
-                // Redis failed a moment ago: these callers get the error
-                // policy now instead of waiting behind it (a probe is sent).
-                let (probes, held): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|j| j.probe);
-                for job in held {
-                    let _ = job.reply.send(Err(LimiterError::BreakerOpen));
-                }
-                batch = probes;
-            }
+    fn holds(&self, _job: &Job) -> bool {
+        self.shared.breaker.holding()
+    }
+
+    fn send(
+        &mut self,
+        batch: &mut Vec<Job>,
+    ) -> Result<Vec<Result<Decision, LimiterError>>, LimiterError> {
+        let mut result = self.call(batch);
+        if let Err(SendError::Unsent(e)) = &result {
+            // Redis never received the call: send it once more, on a new
+            // connection, for the callers still waiting.
+            log::info!("redis connection broken before the call was sent ({e}); sending it again on a new connection");
+            retain_waiting(batch);
             if batch.is_empty() {
-                return;
+                return Ok(Vec::new());
             }
-            let mut result = self.send(&batch);
-            if let Err(SendError::Unsent(e)) = &result {
-                // Redis never received the call: send it once more, on a
-                // new connection, for the callers still waiting.
-                log::info!("redis connection broken before the call was sent ({e}); sending it again on a new connection");
-                retain_waiting(&mut batch);
-                if batch.is_empty() {
-                    return;
-                }
-                result = self.send(&batch);
-            }
-            match result {
-                Ok(values) => {
-                    let (failed, late) = deliver(batch, &values);
-                    self.shared.errors.fetch_add(failed, Ordering::Relaxed);
-                    self.shared.late.fetch_add(late, Ordering::Relaxed);
-                }
-                Err(SendError::Unsent(e) | SendError::Failed(e)) => {
-                    self.shared.errors.fetch_add(1, Ordering::Relaxed);
-                    crate::logging::repeated!(
-                        &crate::logging::REDIS_FAILED,
-                        "redis error, {} decisions affected: {}",
-                        batch.len(),
-                        crate::logging::Escaped(&e.to_string())
-                    );
-                    for job in batch {
-                        let _ = job.reply.send(Err(e.clone()));
-                    }
-                }
-            }
+            result = self.call(batch);
         }
+        let values = result.map_err(|(SendError::Unsent(e) | SendError::Failed(e))| e)?;
+        let mut at = 0;
+        Ok(batch
+            .iter()
+            .map(|job| wire::job(job.checks.iter(), &values, &mut at))
+            .collect())
     }
+}
 
-    /// Blocks for the first job, then takes whatever else is already queued.
-    fn next_batch(&self) -> Option<Vec<Job>> {
-        next_batch(&self.rx)
+impl Single {
+    /// A transport to the server `manager` opens connections to.
+    pub(crate) fn new(
+        manager: Manager,
+        script: Arc<redis::Script>,
+        shared: Arc<Shared>,
+        margin: Duration,
+    ) -> Single {
+        Single {
+            manager,
+            script,
+            shared,
+            margin,
+            conn: None,
+            cmd: redis::Cmd::new(),
+            packed: Vec::new(),
+        }
     }
 
     /// Makes sure the dispatcher holds a connection Redis answers on: the one
     /// it has, if Redis answered on it a moment ago or answers a `TIME` now;
     /// else a new one, opened before `deadline`, that answers a `TIME`. The
     /// check is what keeps a decision off a connection that died while idle
-    /// (see [`Dispatcher::send`]); it costs one round trip, and only after
-    /// the dispatcher has been idle for [`IDLE_CHECK`]. `TIME` (safe to
+    /// (see [`Single::call`]); it costs one round trip, and only after
+    /// the dispatcher has been idle for [`IDLE_CHECK`](crate::limit::conn::IDLE_CHECK). `TIME` (safe to
     /// repeat, like PING) also tells Redis's clock, so a job never leaves
     /// without a deadline on it.
     ///
@@ -168,11 +154,11 @@ impl Dispatcher {
     /// The new server never saw that call, so repeating it would be right,
     /// but from the connection alone it is indistinguishable from a call
     /// that ran. So that case is kept from happening instead: a connection
-    /// idle for [`IDLE_CHECK`] gets a PING first (safe to repeat), and a
+    /// idle for [`IDLE_CHECK`](crate::limit::conn::IDLE_CHECK) gets a PING first (safe to repeat), and a
     /// failed PING means a new connection, before the batch is written.
     /// What remains is a connection that breaks within that last moment:
     /// its batch fails and `on_redis_error` applies; nothing counts twice.
-    fn send(&mut self, batch: &[Job]) -> Result<Vec<i64>, SendError> {
+    fn call(&mut self, batch: &[Job]) -> Result<Vec<i64>, SendError> {
         let deadline = batch
             .iter()
             .map(|j| j.deadline)
@@ -182,7 +168,7 @@ impl Dispatcher {
         let (clock, margin) = (&self.shared.clock, self.margin);
         let jobs = batch.iter().map(|job| wire::JobArgs {
             now_ms: job.now_ms,
-            deadline: clock.redis_ms(job.deadline - margin),
+            deadline: job.redis_deadline(clock, margin),
             checks: job.checks.iter(),
         });
         let expected = wire::batch(&mut self.cmd, self.script.get_hash(), jobs);
@@ -231,24 +217,6 @@ impl Dispatcher {
             }
         }
     }
-}
-
-/// Sends every job its decision from the script's reply; returns how many
-/// jobs failed alone (the script could not decide one of their checks) and
-/// how many the script skipped as late.
-fn deliver(batch: Vec<Job>, values: &[i64]) -> (u64, u64) {
-    let mut at = 0;
-    let (mut failed, mut late) = (0, 0);
-    for job in batch {
-        let result = wire::job(job.checks.iter(), values, &mut at);
-        match result {
-            Err(LimiterError::Late) => late += 1,
-            Err(_) => failed += 1,
-            Ok(_) => {}
-        }
-        let _ = job.reply.send(result);
-    }
-    (failed, late)
 }
 
 /// Decides `jobs` (each a pinned clock in ms or `None` for Redis `TIME`,

@@ -37,26 +37,28 @@
 //! of a slower master were read) gives back what it took.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
-use redis::{ConnectionLike as _, ErrorKind, RedisResult, ServerErrorKind, Value};
+use redis::{ConnectionLike as _, ErrorKind, RedisResult, ServerErrorKind};
 
+use self::give_back::{GiveBack, JobChecks, Taken};
+use self::groups::{classify, group_by_slot, write_group, Group, Reply};
 use self::masters::{Masters, Unwritten};
 use self::slot::key_slot;
-use super::{next_batch, retain_waiting, Job};
+use super::{Job, Transport};
 use crate::limit::breaker::{Breaker, Gate};
-use crate::limit::clock::RedisClock;
 use crate::limit::conn::spoils;
 use crate::limit::limiter::Shared;
 use crate::limit::topology::cluster_client;
-use crate::limit::wire::{self, Args as _};
-use crate::limit::{Algorithm, Check, Decision, LimiterError, Outcome, RedisConfig};
+use crate::limit::wire;
+use crate::limit::{Check, Decision, LimiterError, Outcome, RedisConfig};
 
+mod give_back;
+mod groups;
 pub(crate) mod masters;
 mod slot;
 
@@ -78,8 +80,7 @@ pub(crate) fn start(
     let batch = Arc::new(redis::Script::new(BATCH_SCRIPT));
     let give_back = Arc::new(redis::Script::new(GIVE_BACK_SCRIPT));
     for i in 0..count {
-        let dispatcher = ClusterDispatcher {
-            rx: Arc::clone(rx),
+        let transport = Cluster {
             client: client.clone(),
             timeout: config.timeout,
             conn: None,
@@ -90,17 +91,14 @@ pub(crate) fn start(
             masters: Masters::new(config, shared),
             cmd: redis::Cmd::new(),
             packed: Vec::new(),
+            give_backs: Vec::new(),
         };
-        std::thread::Builder::new()
-            .name(format!("floodgate-cluster-{i}"))
-            .spawn(move || dispatcher.run())
-            .map_err(|e| LimiterError::Other(format!("cannot start a dispatcher: {e}")))?;
+        super::spawn(format!("floodgate-cluster-{i}"), rx, transport)?;
     }
     Ok(())
 }
 
-struct ClusterDispatcher {
-    rx: Arc<Mutex<Receiver<Job>>>,
+pub(crate) struct Cluster {
     client: ClusterClient,
     timeout: Duration,
     /// Its own cluster connection (one connection per master, opened on
@@ -119,167 +117,50 @@ struct ClusterDispatcher {
     cmd: redis::Cmd,
     /// The pipeline as it goes on the wire, reused.
     packed: Vec<u8>,
+    /// What the batch being decided gives back once its answers are out.
+    give_backs: Vec<GiveBack>,
 }
 
-/// The checks of one job that fall in one slot.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Part {
-    job: usize,
-    checks: Vec<usize>,
-}
-
-/// One slot's share of a batch: one script call.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Group {
-    slot: u16,
-    parts: Vec<Part>,
-}
-
-/// Splits a batch by slot, keeping the order of jobs and checks.
-fn group_by_slot(batch: &[Job]) -> Vec<Group> {
-    let mut groups: BTreeMap<u16, Vec<Part>> = BTreeMap::new();
-    for (j, job) in batch.iter().enumerate() {
-        let mut mine: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        for (c, check) in job.checks.iter().enumerate() {
-            mine.entry(key_slot(check.key.as_bytes()))
-                .or_default()
-                .push(c);
-        }
-        for (slot, checks) in mine {
-            groups
-                .entry(slot)
-                .or_default()
-                .push(Part { job: j, checks });
-        }
+impl Transport for Cluster {
+    fn shared(&self) -> &Shared {
+        &self.shared
     }
-    groups
-        .into_iter()
-        .map(|(slot, parts)| Group { slot, parts })
-        .collect()
-}
 
-/// How one slot group's call came back.
-enum Reply {
-    /// Three values per check.
-    Done(Vec<i64>),
-    /// Did not run; send it again where the cluster says.
-    Redirected(redis::RedisError),
-    /// Did not run; load the scripts and send it again.
-    NoScript(redis::RedisError),
-    /// Failed; it may or may not have run.
-    Failed(LimiterError),
-    /// Not sent: every caller in it had given up.
-    Abandoned,
-    /// Not sent yet.
-    Unsent,
-}
-
-/// Sorts one group's reply. A reply that decided gives `clock` (the
-/// estimate of the clock of the master that answered, when it is known for
-/// sure) its last value, Redis's clock in microseconds, and keeps the three
-/// per check.
-fn classify(reply: RedisResult<Value>, expected: usize, clock: Option<&RedisClock>) -> Reply {
-    match reply.and_then(|v| v.extract_error()) {
-        Ok(value) => match redis::from_redis_value::<Vec<i64>>(value) {
-            Ok(mut values) => match wire::take_clock(&mut values, expected) {
-                Ok(redis_us) => {
-                    if let Some(clock) = clock {
-                        clock.sample(redis_us, Instant::now());
-                    }
-                    Reply::Done(values)
-                }
-                Err(e) => Reply::Failed(e),
-            },
-            Err(e) => Reply::Failed(LimiterError::Other(format!("unexpected reply: {e}"))),
-        },
-        Err(e) => match e.kind() {
-            ErrorKind::Server(ServerErrorKind::NoScript) => Reply::NoScript(e),
-            ErrorKind::Server(
-                ServerErrorKind::Moved
-                | ServerErrorKind::Ask
-                | ServerErrorKind::TryAgain
-                | ServerErrorKind::ClusterDown
-                | ServerErrorKind::MasterDown
-                | ServerErrorKind::ReadOnly,
-            ) => Reply::Redirected(e),
-            _ => Reply::Failed(LimiterError::from(e.clone())),
-        },
+    /// A job is held while the breaker of the master any of its keys is on
+    /// holds: the master failed a moment ago.
+    fn holds(&self, job: &Job) -> bool {
+        job.checks
+            .iter()
+            .any(|c| self.holding(key_slot(c.key.as_bytes())))
     }
-}
 
-/// What one check of a job came to across the groups.
-#[derive(Clone, Copy)]
-struct Taken {
-    outcome: Outcome,
-    /// The script recorded it (its part was allowed).
-    committed: bool,
-    slot: u16,
-}
+    fn probes(&self, job: &Job) -> bool {
+        self.masters.probe_due() && Cluster::probes(self, job)
+    }
 
-/// A job's checks, once its reply has been taken apart from it.
-struct JobChecks<'a> {
-    checks: &'a [Check],
-    now_ms: Option<u64>,
-}
+    fn send(
+        &mut self,
+        batch: &mut Vec<Job>,
+    ) -> Result<Vec<Result<Decision, LimiterError>>, LimiterError> {
+        Ok(self.decide(batch))
+    }
 
-impl JobChecks<'_> {
-    /// Adds to `give_backs` what the job's groups recorded, and notes
-    /// it given back.
-    fn give_back(&self, taken: &mut [Option<Taken>], give_backs: &mut Vec<GiveBack>) {
-        for (check, t) in self.checks.iter().zip(taken.iter_mut()) {
-            if let Some(t) = t.as_mut().filter(|t| t.committed) {
-                give_backs.push(GiveBack {
-                    slot: t.slot,
-                    key: check.key.clone(),
-                    algorithm: check.algorithm,
-                    cost: check.cost,
-                    now_ms: self.now_ms,
-                });
-                t.committed = false;
-                t.outcome.remaining += u64::from(check.cost);
-            }
+    fn answered(&mut self, undelivered: Vec<(Vec<Check>, Option<u64>, Decision)>) {
+        // The caller gave up before its answer came (the reply of another
+        // master was slow, and this one was read after it): it was
+        // answered without Redis's decision, so what this decision took
+        // goes back.
+        let mut give_backs = std::mem::take(&mut self.give_backs);
+        for (checks, now_ms, decision) in &undelivered {
+            give_back::recorded(checks, *now_ms, decision, &mut give_backs);
+        }
+        if !give_backs.is_empty() {
+            self.give_back(give_backs);
         }
     }
 }
 
-/// Units to give back on one key.
-struct GiveBack {
-    slot: u16,
-    key: String,
-    algorithm: Algorithm,
-    cost: u32,
-    now_ms: Option<u64>,
-}
-
-impl ClusterDispatcher {
-    fn run(mut self) {
-        loop {
-            let Some(mut batch) = next_batch(&self.rx) else {
-                return;
-            };
-            // A caller that gave up must not have quota taken for it.
-            retain_waiting(&mut batch);
-            if batch.is_empty() {
-                continue;
-            }
-            // The jobs that would probe a master held as failed go last,
-            // in a batch of their own: if that master still stalls, the
-            // others are not held behind its timeout.
-            let (mut probing, batch): (Vec<Job>, Vec<Job>) = if self.masters.probe_due() {
-                batch.into_iter().partition(|j| self.probes(j))
-            } else {
-                (Vec::new(), batch)
-            };
-            if !batch.is_empty() {
-                self.decide(batch);
-            }
-            retain_waiting(&mut probing);
-            if !probing.is_empty() {
-                self.decide(probing);
-            }
-        }
-    }
-
+impl Cluster {
     /// Whether one of `job`'s keys is on a master whose breaker would let
     /// the next call probe it.
     fn probes(&self, job: &Job) -> bool {
@@ -289,6 +170,15 @@ impl ClusterDispatcher {
                 .and_then(|m| self.masters.health(m))
                 .is_some_and(|h| h.breaker.probe_due())
         })
+    }
+
+    /// Whether the breaker of the master the map names for `slot` holds
+    /// calls back now.
+    fn holding(&self, slot: u16) -> bool {
+        self.masters
+            .of(slot)
+            .and_then(|m| self.masters.health(m))
+            .is_some_and(|h| h.breaker.holding())
     }
 
     fn connect(&mut self) -> Result<&mut ClusterConnection, LimiterError> {
@@ -332,9 +222,12 @@ impl ClusterDispatcher {
         }
     }
 
-    fn decide(&mut self, batch: Vec<Job>) {
-        let mut groups = group_by_slot(&batch);
-        let replies = self.call_groups(&batch, &mut groups);
+    /// Decides every job of `batch`: each slot group is one call, and a
+    /// request allowed by some groups but not all gives back what those
+    /// took (once the answers are out, see [`Transport::answered`]).
+    fn decide(&mut self, batch: &[Job]) -> Vec<Result<Decision, LimiterError>> {
+        let mut groups = group_by_slot(batch);
+        let replies = self.call_groups(batch, &mut groups);
 
         // Per job and check: what each group decided.
         let mut taken: Vec<Vec<Option<Taken>>> =
@@ -380,61 +273,40 @@ impl ClusterDispatcher {
                 failed[j].get_or_insert(LimiterError::Timeout);
             }
         }
-        let mut give_backs = Vec::new();
-        for ((job, mut taken), failed) in batch.into_iter().zip(taken).zip(failed) {
-            let Job {
-                checks,
-                now_ms,
-                reply,
-                ..
-            } = job;
-            let job = JobChecks {
-                checks: &checks,
-                now_ms,
-            };
-            let allowed = failed.is_none()
-                && job
-                    .checks
-                    .iter()
-                    .zip(&taken)
-                    .all(|(c, t)| !c.enforce || t.is_some_and(|t| t.outcome.allowed));
-            if !allowed {
-                // Nothing stays recorded for a request that is not allowed.
-                job.give_back(&mut taken, &mut give_backs);
-            }
-            let answer = match failed {
-                Some(e) => {
-                    match e {
-                        // Redis answered: it skipped the call, which came
-                        // after its caller's deadline.
-                        LimiterError::Late => self.shared.late.fetch_add(1, Ordering::Relaxed),
-                        // No call was made.
-                        LimiterError::BreakerOpen => 0,
-                        _ => self.shared.errors.fetch_add(1, Ordering::Relaxed),
-                    };
-                    Err(e)
-                }
-                None => Ok(Decision {
-                    outcomes: taken
+        let mut give_backs = std::mem::take(&mut self.give_backs);
+        let results = batch
+            .iter()
+            .zip(taken)
+            .zip(failed)
+            .map(|((job, mut taken), failed)| {
+                let job = JobChecks {
+                    checks: &job.checks,
+                    now_ms: job.now_ms,
+                };
+                let allowed = failed.is_none()
+                    && job
+                        .checks
                         .iter()
-                        .map(|t| t.map(|t| t.outcome).unwrap_or_else(denied_outcome))
-                        .collect(),
-                    allowed,
-                }),
-            };
-            if let Err(Ok(decision)) = reply.send(answer) {
-                // The caller gave up before its answer came (the reply of
-                // another master was slow, and this one was read after
-                // it): it was answered without Redis's decision, so what
-                // this decision took goes back.
-                if decision.allowed {
+                        .zip(&taken)
+                        .all(|(c, t)| !c.enforce || t.is_some_and(|t| t.outcome.allowed));
+                if !allowed {
+                    // Nothing stays recorded for a request that is not allowed.
                     job.give_back(&mut taken, &mut give_backs);
                 }
-            }
-        }
-        if !give_backs.is_empty() {
-            self.give_back(give_backs);
-        }
+                match failed {
+                    Some(e) => Err(e),
+                    None => Ok(Decision {
+                        outcomes: taken
+                            .iter()
+                            .map(|t| t.map(|t| t.outcome).unwrap_or_else(denied_outcome))
+                            .collect(),
+                        allowed,
+                    }),
+                }
+            })
+            .collect();
+        self.give_backs = give_backs;
+        results
     }
 
     /// One script call per slot group. The groups whose master the slot
@@ -490,9 +362,7 @@ impl ClusterDispatcher {
         let mut by_master: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for (g, group) in groups.iter_mut().enumerate() {
             // A caller that gave up must not have quota taken for it.
-            group
-                .parts
-                .retain(|p| batch[p.job].deadline > now && !batch[p.job].reply.is_closed());
+            group.parts.retain(|p| batch[p.job].waiting(now));
             if group.parts.is_empty() {
                 replies[g] = Reply::Abandoned;
             } else if let Some(m) = self.masters.of(group.slot) {
@@ -525,7 +395,7 @@ impl ClusterDispatcher {
             let mut expected = Vec::with_capacity(gs.len());
             for &g in &gs {
                 let n = write_group(&mut self.cmd, sha, batch, &groups[g].parts, |job| {
-                    health.clock.redis_ms(job.deadline - margin)
+                    job.redis_deadline(&health.clock, margin)
                 });
                 self.cmd.write_packed_command(&mut self.packed);
                 expected.push((g, n));
@@ -622,11 +492,14 @@ impl ClusterDispatcher {
     /// quota for a request answered without it).
     fn call_group(&mut self, batch: &[Job], group: &mut Group, sha: &str) -> Reply {
         let now = Instant::now();
-        group
-            .parts
-            .retain(|p| batch[p.job].deadline > now && !batch[p.job].reply.is_closed());
+        group.parts.retain(|p| batch[p.job].waiting(now));
         if group.parts.is_empty() {
             return Reply::Abandoned;
+        }
+        if self.holding(group.slot) {
+            // Its master failed a moment ago (maybe in this very batch):
+            // no call until the breaker's period is over, whichever way.
+            return Reply::Failed(LimiterError::BreakerOpen);
         }
         let mut cmd = redis::Cmd::new();
         // The deadline on the clock of the master the map names for the
@@ -640,7 +513,7 @@ impl ClusterDispatcher {
         let expected = write_group(&mut cmd, sha, batch, &group.parts, |job| {
             health
                 .as_ref()
-                .and_then(|h| h.clock.redis_ms(job.deadline - margin))
+                .and_then(|h| job.redis_deadline(&h.clock, margin))
         });
         let conn = match self.connect() {
             Ok(conn) => conn,
@@ -654,83 +527,6 @@ impl ClusterDispatcher {
         // the map names: its clock is not told.
         classify(reply, expected, None)
     }
-
-    /// Gives back units, one script call per slot.
-    fn give_back(&mut self, give_backs: Vec<GiveBack>) {
-        let mut by_slot: BTreeMap<u16, Vec<GiveBack>> = BTreeMap::new();
-        for g in give_backs {
-            by_slot.entry(g.slot).or_default().push(g);
-        }
-        let sha = self.give_back.get_hash().to_string();
-        let cmds: Vec<redis::Cmd> = by_slot
-            .values()
-            .map(|gs| {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(&sha).arg(gs.len());
-                for g in gs {
-                    cmd.arg(g.key.as_str());
-                }
-                for g in gs {
-                    wire::algorithm(&mut cmd, &g.algorithm);
-                    cmd.put(g.cost).put_opt(g.now_ms);
-                }
-                cmd
-            })
-            .collect();
-        for (cmd, gs) in cmds.iter().zip(by_slot.values()) {
-            self.give_back_one(cmd);
-            // Given back (or maybe): a remembered denial of these keys may
-            // no longer hold.
-            if let Some(cache) = &self.shared.deny_cache {
-                for g in gs {
-                    cache.forget(&g.key);
-                }
-            }
-        }
-    }
-
-    /// One slot's give-back call, retried when it cannot have run.
-    fn give_back_one(&mut self, cmd: &redis::Cmd) {
-        let mut reply = match self.connect() {
-            Ok(conn) => conn.req_command(cmd).and_then(|v| v.extract_error()),
-            Err(e) => {
-                self.shared.errors.fetch_add(1, Ordering::Relaxed);
-                crate::logging::repeated!(
-                    &crate::logging::GIVE_BACK_FAILED,
-                    "could not give back units: {}",
-                    crate::logging::Escaped(&e.to_string())
-                );
-                return;
-            }
-        };
-        for _ in 0..2 {
-            let Err(e) = &reply else { break };
-            match e.kind() {
-                ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    if let Err(e) = self.load_scripts() {
-                        self.note(&e);
-                        break;
-                    }
-                }
-                _ if e.is_cluster_error()
-                    || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) => {}
-                _ => break,
-            }
-            reply = match self.connect() {
-                Ok(conn) => conn.req_command(cmd).and_then(|v| v.extract_error()),
-                Err(_) => break,
-            };
-        }
-        if let Err(e) = reply {
-            self.note(&e);
-            self.shared.errors.fetch_add(1, Ordering::Relaxed);
-            crate::logging::repeated!(
-                &crate::logging::GIVE_BACK_FAILED,
-                "could not give back units: {}",
-                crate::logging::Escaped(&e.to_string())
-            );
-        }
-    }
 }
 
 /// Never used for a decided check; a placeholder that denies.
@@ -741,133 +537,5 @@ fn denied_outcome() -> Outcome {
         wait: Duration::from_secs(1),
         banned: false,
         ban_started: false,
-    }
-}
-
-/// Writes one slot group as `EVALSHA sha` laid out as `lua/batch.lua` reads
-/// it (each part is a job there). Returns the number of values the reply
-/// must hold: three per check, and Redis's clock.
-fn write_group(
-    cmd: &mut redis::Cmd,
-    sha: &str,
-    batch: &[Job],
-    parts: &[Part],
-    deadline: impl Fn(&Job) -> Option<i64>,
-) -> usize {
-    let jobs = parts.iter().map(|part| {
-        let job = &batch[part.job];
-        wire::JobArgs {
-            now_ms: job.now_ms,
-            deadline: deadline(job),
-            checks: part.checks.iter().map(|&c| &job.checks[c]),
-        }
-    });
-    wire::batch(cmd, sha, jobs)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::num::NonZeroU32;
-
-    use tokio::sync::oneshot;
-
-    use super::*;
-
-    fn job(keys: &[&str]) -> Job {
-        let (reply, _) = oneshot::channel();
-        Job {
-            checks: keys
-                .iter()
-                .map(|k| Check {
-                    key: k.to_string(),
-                    algorithm: Algorithm::SlidingWindow {
-                        limit: NonZeroU32::new(5).unwrap(),
-                        window: Duration::from_secs(10),
-                    },
-                    cost: 1,
-                    enforce: true,
-                    penalty: None,
-                })
-                .collect(),
-            now_ms: None,
-            deadline: Instant::now(),
-            probe: false,
-            reply,
-        }
-    }
-
-    #[test]
-    fn a_batch_splits_by_slot_and_one_identity_stays_one_part() {
-        let batch = vec![
-            job(&["p:a:ip:{1.2.3.4}", "p:b:ip:{1.2.3.4}"]),
-            job(&["p:a:ip:{5.6.7.8}"]),
-            job(&["p:a:ip:{1.2.3.4}", "p:c:form:{+15550100}"]),
-        ];
-        let groups = group_by_slot(&batch);
-        let slot = |k: &str| key_slot(k.as_bytes());
-        let find = |s: u16| groups.iter().find(|g| g.slot == s).unwrap();
-        assert_eq!(groups.len(), 3);
-        assert_eq!(
-            find(slot("{1.2.3.4}")).parts,
-            vec![
-                Part {
-                    job: 0,
-                    checks: vec![0, 1]
-                },
-                Part {
-                    job: 2,
-                    checks: vec![0]
-                }
-            ]
-        );
-        assert_eq!(
-            find(slot("{+15550100}")).parts,
-            vec![Part {
-                job: 2,
-                checks: vec![1]
-            }]
-        );
-        let mut cmd = redis::Cmd::new();
-        let g = find(slot("{1.2.3.4}"));
-        assert_eq!(write_group(&mut cmd, "SHA", &batch, &g.parts, |_| None), 10);
-        let packed = String::from_utf8_lossy(&cmd.get_packed_command()).into_owned();
-        let args: Vec<&str> = packed
-            .split("\r\n")
-            .filter(|l| !l.starts_with(['*', '$']))
-            .collect();
-        assert_eq!(
-            args,
-            [
-                "EVALSHA",
-                "SHA",
-                "3",
-                "p:a:ip:{1.2.3.4}",
-                "p:b:ip:{1.2.3.4}",
-                "p:a:ip:{1.2.3.4}",
-                "2",
-                "",
-                "",
-                "2",
-                "1",
-                "5",
-                "10000",
-                "1",
-                "1",
-                "1",
-                "5",
-                "10000",
-                "1",
-                "1",
-                "",
-                "",
-                "1",
-                "1",
-                "5",
-                "10000",
-                "1",
-                "1",
-                ""
-            ]
-        );
     }
 }
