@@ -719,6 +719,7 @@ where
                 wait,
                 banned: false,
                 ban_started: false,
+                quota: None,
             };
             let retry = remembered.retry_after_secs();
             log::debug!(
@@ -784,7 +785,7 @@ where
                     if r.count == Count::Failures && o.allowed {
                         filter.state.limiter.local().give_back(c, at);
                         o.remaining =
-                            (o.remaining + u64::from(c.cost)).min(u64::from(r.algorithm.quota()));
+                            (o.remaining + u64::from(c.cost)).min(u64::from(o.limit(&r.algorithm)));
                     }
                 }
             }
@@ -833,7 +834,7 @@ async fn give_back(
             for i in places {
                 if let (Some(o), Some(r)) = (decision.outcomes.get_mut(i), matched.get(i)) {
                     o.remaining =
-                        (o.remaining + u64::from(r.cost)).min(u64::from(r.algorithm.quota()));
+                        (o.remaining + u64::from(r.cost)).min(u64::from(o.limit(&r.algorithm)));
                 }
             }
         }

@@ -204,9 +204,36 @@ pub struct Outcome {
     pub banned: bool,
     /// This very denial started the ban (the rule's penalty).
     pub ban_started: bool,
+    /// The numbers it was decided under when they are not the rule's: the
+    /// identity's override (set by an operator). `None`: the rule's own.
+    pub quota: Option<Quota>,
+}
+
+/// A limit and window a check was decided under instead of its rule's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// Units per window (token bucket: burst).
+    pub limit: u32,
+    /// The window (token bucket: time to refill from empty).
+    pub window: Duration,
 }
 
 impl Outcome {
+    /// The quota `q` it was decided under: the override's limit (token
+    /// bucket: burst) when there is one, else `algorithm`'s (the rule's).
+    pub fn limit(&self, algorithm: &Algorithm) -> u32 {
+        self.quota.map_or_else(|| algorithm.quota(), |q| q.limit)
+    }
+
+    /// The window `w` it was decided under, in whole seconds, at least 1:
+    /// the override's when there is one, else `algorithm`'s.
+    pub fn window_seconds(&self, algorithm: &Algorithm) -> u64 {
+        match self.quota {
+            Some(q) => (q.window.as_millis().div_ceil(1000) as u64).max(1),
+            None => algorithm.window_seconds(),
+        }
+    }
+
     /// `wait` in whole seconds, rounded up, at least 1 (for `Retry-After`).
     pub fn retry_after_secs(&self) -> u64 {
         (self.wait.as_millis().div_ceil(1000) as u64).max(1)

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use redis::ToRedisArgs;
 
-use super::{Algorithm, Check, Decision, LimiterError, Outcome};
+use super::{Algorithm, Check, Decision, LimiterError, Outcome, Quota};
 
 /// The Lua that Redis runs: one function per algorithm, then the batch driver.
 pub const SCRIPT_SOURCE: &str = lua_with_algorithms!("lua/batch.lua");
@@ -132,13 +132,49 @@ where
     3 * keys + 1
 }
 
-/// Checks that a batch reply holds `expected` values (see [`batch`]) and
-/// takes Redis's clock, in µs, off its end.
-pub(crate) fn take_clock(values: &mut Vec<i64>, expected: usize) -> Result<i64, LimiterError> {
-    if values.len() != expected {
+/// A batch script's reply with Redis's clock taken off: three values per
+/// check (see [`job`]), then three for each check decided under an
+/// operator's override (its index among the call's keys, the override's
+/// limit, its window in ms).
+#[derive(Debug)]
+pub(crate) struct Replied {
+    values: Vec<i64>,
+    /// Where the override triples start.
+    decided: usize,
+}
+
+impl Replied {
+    /// What the check at `index` among the call's keys was decided under,
+    /// when it was an override.
+    fn quota(&self, index: usize) -> Option<Quota> {
+        self.values[self.decided..]
+            .chunks_exact(3)
+            .find(|q| usize::try_from(q[0]).is_ok_and(|i| i == index))
+            .map(|q| Quota {
+                limit: u32::try_from(q[1].max(0)).unwrap_or(u32::MAX),
+                window: Duration::from_millis(q[2].max(0) as u64),
+            })
+    }
+}
+
+/// Checks that a batch reply holds the `expected` values [`batch`] said
+/// (and whole override triples after them), and takes Redis's clock, in
+/// µs, out of it.
+pub(crate) fn replied(
+    mut values: Vec<i64>,
+    expected: usize,
+) -> Result<(Replied, i64), LimiterError> {
+    if expected == 0 || values.len() < expected || !(values.len() - expected).is_multiple_of(3) {
         return Err(reply_length(values.len(), expected));
     }
-    values.pop().ok_or_else(|| reply_length(0, expected))
+    let clock = values.remove(expected - 1);
+    Ok((
+        Replied {
+            values,
+            decided: expected - 1,
+        },
+        clock,
+    ))
 }
 
 /// A reply of the wrong length.
@@ -157,6 +193,7 @@ pub(crate) fn outcome(code: i64, remaining: i64, ms: i64) -> Outcome {
         wait: Duration::from_millis(ms.max(0) as u64),
         banned: code == 2 || code == 3,
         ban_started: code == 3,
+        quota: None,
     }
 }
 
@@ -178,7 +215,7 @@ pub(crate) fn undecidable(code: i64, key: &str) -> LimiterError {
 /// [`LimiterError::Late`]).
 pub(crate) fn job<'a, C>(
     checks: C,
-    values: &[i64],
+    reply: &Replied,
     at: &mut usize,
 ) -> Result<Decision, LimiterError>
 where
@@ -186,7 +223,7 @@ where
 {
     let start = *at;
     *at += 3 * checks.len();
-    let Some(values) = values.get(start..*at) else {
+    let Some(values) = reply.values[..reply.decided].get(start..*at) else {
         return Err(LimiterError::Other(
             "the script's reply is too short".into(),
         ));
@@ -202,10 +239,14 @@ where
             .map_or("a key", |c| c.key.as_str());
         return Err(undecidable(code, key));
     }
+    let overridden = reply.values.len() > reply.decided;
     let mut outcomes = Vec::with_capacity(checks.len());
     let mut allowed = true;
-    for (check, v) in checks.zip(values.chunks_exact(3)) {
-        let outcome = outcome(v[0], v[1], v[2]);
+    for (i, (check, v)) in checks.zip(values.chunks_exact(3)).enumerate() {
+        let mut outcome = outcome(v[0], v[1], v[2]);
+        if overridden {
+            outcome.quota = reply.quota(start / 3 + i);
+        }
         if check.enforce && !outcome.allowed {
             allowed = false;
         }
@@ -352,33 +393,50 @@ mod tests {
         ];
         let late = [check("p:a:ip:3", w, 1, true)];
         // Job one failed on its second check (type error); job two
-        // decided; job three was skipped as late.
-        let values = [-1, 1, 1, -1, 1, 1, 1, 4, 900, 0, 0, 250, -2, 0, 0];
+        // decided, its second check under an override; job three was
+        // skipped as late.
+        let values = vec![
+            -1, 1, 1, -1, 1, 1, 1, 4, 900, 0, 0, 250, -2, 0, 0, 77, 3, 2, 60_000,
+        ];
+        let (reply, clock) = replied(values, 16).unwrap();
+        assert_eq!(clock, 77);
         let mut at = 0;
-        match job(failed.iter(), &values, &mut at) {
+        match job(failed.iter(), &reply, &mut at) {
             Err(LimiterError::Check(text)) => assert!(text.contains("p:b:ip:1"), "{text}"),
             other => panic!("{other:?}"),
         }
-        let d = job(decided.iter(), &values, &mut at).unwrap();
+        let d = job(decided.iter(), &reply, &mut at).unwrap();
         assert!(d.allowed, "a shadow check's denial does not deny");
         assert_eq!(d.outcomes[0].remaining, 4);
+        assert_eq!(d.outcomes[0].quota, None);
         assert_eq!(d.outcomes[1].wait, Duration::from_millis(250));
-        assert_eq!(job(late.iter(), &values, &mut at), Err(LimiterError::Late));
-        assert_eq!(at, values.len());
+        assert_eq!(
+            d.outcomes[1].quota,
+            Some(Quota {
+                limit: 2,
+                window: Duration::from_secs(60)
+            })
+        );
+        assert_eq!(job(late.iter(), &reply, &mut at), Err(LimiterError::Late));
+        assert_eq!(at, 15);
         // A reply too short for the checks is an error, not a panic.
         assert!(matches!(
-            job(decided.iter(), &values, &mut at),
+            job(decided.iter(), &reply, &mut at),
             Err(LimiterError::Other(_))
         ));
     }
 
     #[test]
-    fn the_clock_comes_off_the_end_of_a_reply_of_the_right_length() {
-        let mut values = vec![1, 4, 900, 1_700_000_000_000_123];
-        assert_eq!(take_clock(&mut values, 4), Ok(1_700_000_000_000_123));
-        assert_eq!(values, [1, 4, 900]);
+    fn the_clock_comes_off_a_reply_of_the_right_length() {
+        let (reply, clock) = replied(vec![1, 4, 900, 123], 4).unwrap();
+        assert_eq!(clock, 123);
+        assert_eq!(reply.values, [1, 4, 900]);
         assert!(matches!(
-            take_clock(&mut values, 4),
+            replied(vec![1, 4, 900], 4),
+            Err(LimiterError::Other(_))
+        ));
+        assert!(matches!(
+            replied(vec![1, 4, 900, 123, 0], 4),
             Err(LimiterError::Other(_))
         ));
     }

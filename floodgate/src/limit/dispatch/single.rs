@@ -59,11 +59,11 @@ impl Transport for Single {
             }
             result = self.call(batch);
         }
-        let values = result.map_err(|(SendError::Unsent(e) | SendError::Failed(e))| e)?;
+        let reply = result.map_err(|(SendError::Unsent(e) | SendError::Failed(e))| e)?;
         let mut at = 0;
         Ok(batch
             .iter()
-            .map(|job| wire::job(job.checks.iter(), &values, &mut at))
+            .map(|job| wire::job(job.checks.iter(), &reply, &mut at))
             .collect())
     }
 }
@@ -158,7 +158,7 @@ impl Single {
     /// failed PING means a new connection, before the batch is written.
     /// What remains is a connection that breaks within that last moment:
     /// its batch fails and `on_redis_error` applies; nothing counts twice.
-    fn call(&mut self, batch: &[Job]) -> Result<Vec<i64>, SendError> {
+    fn call(&mut self, batch: &[Job]) -> Result<wire::Replied, SendError> {
         let deadline = batch
             .iter()
             .map(|j| j.deadline)
@@ -200,11 +200,11 @@ impl Single {
             self.conn = None;
         }
         match result {
-            Ok(mut values) => {
-                let redis_us =
-                    wire::take_clock(&mut values, expected).map_err(SendError::Failed)?;
+            Ok(values) => {
+                let (reply, redis_us) =
+                    wire::replied(values, expected).map_err(SendError::Failed)?;
                 self.shared.clock.sample(redis_us, Instant::now());
-                Ok(values)
+                Ok(reply)
             }
             Err(e) => {
                 let limiter_error = LimiterError::from(e.error().clone());
@@ -252,11 +252,11 @@ pub fn decide_batch_with_deadlines(
         checks: checks.iter(),
     });
     let expected = wire::batch(&mut cmd, script.get_hash(), args);
-    let mut values: Vec<i64> = cmd.query(conn).map_err(LimiterError::from)?;
-    wire::take_clock(&mut values, expected)?;
+    let values: Vec<i64> = cmd.query(conn).map_err(LimiterError::from)?;
+    let (reply, _) = wire::replied(values, expected)?;
     let mut at = 0;
     Ok(jobs
         .iter()
-        .map(|(_, _, checks)| wire::job(checks.iter(), &values, &mut at))
+        .map(|(_, _, checks)| wire::job(checks.iter(), &reply, &mut at))
         .collect())
 }

@@ -52,7 +52,7 @@ pub(super) fn group_by_slot(batch: &[Job]) -> Vec<Group> {
 /// How one slot group's call came back.
 pub(super) enum Reply {
     /// Three values per check.
-    Done(Vec<i64>),
+    Done(wire::Replied),
     /// Did not run; send it again where the cluster says.
     Redirected(redis::RedisError),
     /// Did not run; load the scripts and send it again.
@@ -76,12 +76,12 @@ pub(super) fn classify(
 ) -> Reply {
     match reply.and_then(|v| v.extract_error()) {
         Ok(value) => match redis::from_redis_value::<Vec<i64>>(value) {
-            Ok(mut values) => match wire::take_clock(&mut values, expected) {
-                Ok(redis_us) => {
+            Ok(values) => match wire::replied(values, expected) {
+                Ok((reply, redis_us)) => {
                     if let Some(clock) = clock {
                         clock.sample(redis_us, Instant::now());
                     }
-                    Reply::Done(values)
+                    Reply::Done(reply)
                 }
                 Err(e) => Reply::Failed(e),
             },

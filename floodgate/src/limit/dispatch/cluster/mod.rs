@@ -236,12 +236,12 @@ impl Cluster {
         let mut failed: Vec<Option<LimiterError>> = vec![None; batch.len()];
         for (group, reply) in groups.iter().zip(replies) {
             match reply {
-                Ok(values) => {
+                Ok(reply) => {
                     let mut at = 0;
                     for part in &group.parts {
                         let job = &batch[part.job];
                         let checks = part.checks.iter().map(|&c| &job.checks[c]);
-                        let decision = match wire::job(checks, &values, &mut at) {
+                        let decision = match wire::job(checks, &reply, &mut at) {
                             Ok(decision) => decision,
                             // Skipped as late, or undecidable: the script
                             // recorded nothing for this part.
@@ -319,7 +319,7 @@ impl Cluster {
         &mut self,
         batch: &[Job],
         groups: &mut [Group],
-    ) -> Vec<Result<Vec<i64>, LimiterError>> {
+    ) -> Vec<Result<wire::Replied, LimiterError>> {
         let sha = self.batch.get_hash().to_string();
         let replies = self.pipeline(batch, groups, &sha);
         groups
@@ -537,5 +537,6 @@ fn denied_outcome() -> Outcome {
         wait: Duration::from_secs(1),
         banned: false,
         ban_started: false,
+        quota: None,
     }
 }
