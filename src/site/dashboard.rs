@@ -149,7 +149,7 @@ fn subjects(
 /// (the limiter's own peek: nothing is counted), and for a sliding window
 /// the times of the entries still in it, newest first.
 fn usage(rule: &Rule, label: String, now: &Outcome, entries: &[u64], clock: u64) -> SubjectView {
-    let quota = u64::from(rule.algorithm.quota());
+    let quota = u64::from(now.limit(&rule.algorithm));
     // What is left before this request would take its unit.
     let left = (now.remaining + u64::from(now.allowed)).min(quota);
     let used = quota - left;
@@ -292,7 +292,7 @@ pub async fn limits(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
         .zip(&outcomes)
         .filter(|((at, _), _)| matches!(rules[*at].algorithm, Algorithm::SlidingWindow { .. }))
         .map(|((at, s), o)| {
-            let quota = u64::from(rules[*at].algorithm.quota());
+            let quota = u64::from(o.limit(&rules[*at].algorithm));
             let used = quota - (o.remaining + u64::from(o.allowed)).min(quota);
             (s.key.clone(), used.min(MAX_TICKS as u64) as isize)
         })

@@ -948,3 +948,80 @@ async fn after_a_sentinel_failover_operator_changes_still_reach_the_denial_cache
         actix_web::rt::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+async fn get(app: &TestApp, path: &str) -> reqwest::Response {
+    app.client
+        .get(app.url(path))
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap()
+}
+
+fn header(res: &reqwest::Response, name: &str) -> String {
+    res.headers()[name].to_str().unwrap().to_string()
+}
+
+/// An identity under an override is answered with the override's numbers
+/// (not the rule's) in its RateLimit fields; and a denial under a lowered
+/// override that ends soon asks to wait no longer than until it ends, when
+/// the rule's own limit would then allow.
+async fn override_numbers(app: &TestApp) {
+    let ip = ["127.0.0.1"];
+    let raise = Action::Override {
+        limit: 7,
+        window: Some(Duration::from_secs(120)),
+        lasts: None,
+    };
+    app.filter.operate("check", &ip, raise).await.unwrap();
+    let res = get(app, "/check").await;
+    assert_eq!(res.status(), 200);
+    let policy = header(&res, "ratelimit-policy");
+    assert!(policy.contains("\"check\";q=7;w=120"), "{policy}");
+    assert!(policy.contains("\"site\";q=1000;w=3600"), "{policy}");
+    assert!(header(&res, "ratelimit").contains("\"check\";r=6;"));
+
+    // Lowered to 1 (one unit used) for 2 s: denied, but the rule's own
+    // limit (3 per hour) would allow once the override ends.
+    let lower = Action::Override {
+        limit: 1,
+        window: None,
+        lasts: Some(Duration::from_secs(2)),
+    };
+    app.filter.operate("check", &ip, lower).await.unwrap();
+    for i in 0..2 {
+        // Decided by Redis, then remembered by the denial cache.
+        let res = get(app, "/check").await;
+        assert_eq!(res.status(), 429);
+        let retry: u64 = header(&res, "retry-after").parse().unwrap();
+        assert!(retry <= 3, "Retry-After {retry} outlives the override");
+        if i == 0 {
+            let policy = header(&res, "ratelimit-policy");
+            assert!(policy.contains("\"check\";q=1;w=3600"), "{policy}");
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while status(app, "/check").await != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still denied after the override ended"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    let res = get(app, "/check").await;
+    assert!(header(&res, "ratelimit-policy").contains("\"check\";q=3;w=3600"));
+}
+
+#[actix_web::test]
+async fn an_override_gives_its_own_numbers_and_its_denial_ends_with_it() {
+    let app = spawn_app_with(TWO_RULES, |_| {}).await;
+    override_numbers(&app).await;
+}
+
+#[actix_web::test]
+async fn on_a_cluster_an_override_gives_its_own_numbers_and_its_denial_ends_with_it() {
+    let cluster = Cluster::start();
+    let seeds = cluster.seeds();
+    let app = spawn_app_with(TWO_RULES, move |c| c.filter.redis.cluster = seeds.clone()).await;
+    override_numbers(&app).await;
+}

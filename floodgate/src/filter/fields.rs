@@ -146,7 +146,7 @@ pub(super) fn write(
         if r.mode != Mode::Enforce || r.headers == HeaderDialect::None {
             continue;
         }
-        let quota = r.algorithm.quota();
+        let quota = o.limit(&r.algorithm);
         let remaining = if !o.allowed {
             0
         } else if denied {
@@ -165,13 +165,13 @@ pub(super) fn write(
                 "\"{}\";q={};w={}",
                 r.name,
                 quota,
-                r.algorithm.window_seconds()
+                o.window_seconds(&r.algorithm)
             );
             let _ = write!(state, "\"{}\";r={};t={}", r.name, remaining, o.reset_secs());
         } else if let Some(i) = slot(r.headers) {
             let pick = Pick {
                 limit: quota,
-                window: r.algorithm.window_seconds(),
+                window: o.window_seconds(&r.algorithm),
                 remaining,
                 reset: o.reset_secs(),
             };
@@ -273,6 +273,7 @@ mod tests {
             wait: Duration::from_secs(secs),
             banned: false,
             ban_started: false,
+            quota: None,
         }
     }
 
@@ -372,6 +373,7 @@ mod tests {
             wait: Duration::from_millis(1500),
             banned: false,
             ban_started: false,
+            quota: None,
         };
         write(&mut h, &req, &[&a, &b], &[ok(4, 60), denied], true);
         assert_eq!(

@@ -142,7 +142,7 @@ impl Limits {
                 allowed: e.outcome.allowed,
                 remaining: e.outcome.remaining,
                 reset: e.outcome.wait,
-                quota: e.rule.algorithm.quota(),
+                quota: e.outcome.limit(&e.rule.algorithm),
             })
             .collect()
     }
@@ -171,14 +171,14 @@ impl Limits {
         }
         if entries
             .iter()
-            .any(|e| e.check.enforce && units > e.rule.algorithm.quota())
+            .any(|e| e.check.enforce && units > e.outcome.limit(&e.rule.algorithm))
         {
             return Ok(false);
         }
         let checks = entries
             .iter()
             .map(|e| Check {
-                cost: units.min(e.rule.algorithm.quota()),
+                cost: units.min(e.outcome.limit(&e.rule.algorithm)),
                 ..e.check.clone()
             })
             .collect();
@@ -221,7 +221,7 @@ impl Limits {
                 .find(|x| x.check.key == e.check.key)
             {
                 entry.outcome.remaining = (entry.outcome.remaining + u64::from(e.check.cost))
-                    .min(u64::from(e.rule.algorithm.quota()));
+                    .min(u64::from(entry.outcome.limit(&e.rule.algorithm)));
             }
         }
         Ok(given)

@@ -370,6 +370,7 @@ where
                 wait,
                 banned: false,
                 ban_started: false,
+                quota: None,
             };
             // Only the denying rule's state is known without Redis.
             let denied = Denied::Limited {
@@ -420,7 +421,7 @@ where
                     if r.count == Count::Failures && o.allowed {
                         filter.state.limiter.local().give_back(c, at);
                         o.remaining =
-                            (o.remaining + u64::from(c.cost)).min(u64::from(r.algorithm.quota()));
+                            (o.remaining + u64::from(c.cost)).min(u64::from(o.limit(&r.algorithm)));
                     }
                 }
             }
@@ -515,7 +516,7 @@ async fn give_back(
             for i in places {
                 if let (Some(o), Some(r)) = (decision.outcomes.get_mut(i), matched.get(i)) {
                     o.remaining =
-                        (o.remaining + u64::from(r.cost)).min(u64::from(r.algorithm.quota()));
+                        (o.remaining + u64::from(r.cost)).min(u64::from(o.limit(&r.algorithm)));
                 }
             }
         }

@@ -93,8 +93,15 @@ impl StdError for LimiterError {
     }
 }
 
+/// A Redis error as the limiter sees it: a timeout is [`LimiterError::Timeout`]
+/// (Redis did not answer in time, whichever call it was); anything else
+/// keeps the redis-rs error.
 impl From<redis::RedisError> for LimiterError {
     fn from(e: redis::RedisError) -> LimiterError {
-        LimiterError::Redis(e)
+        if e.is_timeout() {
+            LimiterError::Timeout
+        } else {
+            LimiterError::Redis(e)
+        }
     }
 }

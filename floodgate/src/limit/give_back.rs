@@ -10,12 +10,8 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use super::wire::{self, GIVE_BACK_SOURCE};
 use super::{Algorithm, Limiter, LimiterError};
-
-/// The Lua that gives one request's units back to one key.
-/// It reads a sliding-window log with the decision script's own code.
-pub(crate) const GIVE_BACK_SOURCE: &str =
-    lua_with_algorithms!("lua/give_back_fn.lua", "lua/give_back.lua");
 
 /// One key's units to give back.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,34 +74,16 @@ impl Limiter {
                 if !r.safe(decided.elapsed(), margin) {
                     continue;
                 }
-                let (code, p1, p2) = match r.algorithm {
-                    Algorithm::SlidingWindow { limit, window } => {
-                        (1, f64::from(limit.get()), window.as_millis() as f64)
-                    }
-                    Algorithm::FixedWindow { limit, window } => {
-                        (2, f64::from(limit.get()), window.as_millis() as f64)
-                    }
-                    Algorithm::TokenBucket { rate, burst } => (3, rate, f64::from(burst.get())),
-                };
-                let result: redis::RedisResult<i64> = script()
-                    .key(&r.key)
-                    .arg(code)
-                    .arg(p1)
-                    .arg(p2)
-                    .arg(r.cost)
-                    .invoke(&mut *conn);
+                let mut call = script().prepare_invoke();
+                call.key(&r.key);
+                wire::algorithm(&mut call, &r.algorithm);
+                let result: redis::RedisResult<i64> = call.arg(r.cost).invoke(&mut *conn);
                 // Given back (or maybe, when the reply was lost): a denial
                 // of this key remembered before may no longer hold.
                 if let Some(cache) = &shared.deny_cache {
                     cache.forget(&r.key);
                 }
-                let n = result.map_err(|e| {
-                    if e.is_timeout() {
-                        LimiterError::Timeout
-                    } else {
-                        LimiterError::Redis(e)
-                    }
-                })?;
+                let n = result.map_err(LimiterError::from)?;
                 given += n.max(0) as u64;
             }
             Ok(given)

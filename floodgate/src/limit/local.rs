@@ -172,6 +172,7 @@ impl LocalLimiter {
                 wait: Duration::from_millis(p.wait_ms.max(0.0).ceil() as u64),
                 banned: false,
                 ban_started: false,
+                quota: None,
             })
             .collect();
         (Decision { outcomes, allowed }, now)

@@ -3,7 +3,7 @@
 //! A request that matches several rules becomes one [`Check`] per rule; the
 //! checks of one request go to Redis together and are decided atomically
 //! (all recorded, or none). [`Limiter::decide`] is the whole public surface:
-//! it hands the checks to a dispatcher thread (see `limit/redis.rs`) and awaits the
+//! it hands the checks to a dispatcher thread (see `limit/dispatch/`) and awaits the
 //! answer without ever blocking the caller's thread. [`Limiter::peek`]
 //! answers the same questions without recording anything.
 
@@ -24,28 +24,30 @@ macro_rules! lua_with_algorithms {
     };
 }
 
-#[cfg(feature = "cluster")]
-pub(crate) mod cluster;
+mod breaker;
+mod clock;
+mod conn;
 pub(crate) mod deny_cache;
+pub(crate) mod dispatch;
 mod error;
 pub(crate) mod give_back;
+mod lane;
+mod limiter;
 pub(crate) mod local;
-#[cfg(feature = "cluster")]
-mod masters;
 pub mod operator;
 mod peek;
-pub(crate) mod redis;
-pub(crate) mod settings;
-pub(crate) mod source;
+pub(crate) mod redis_config;
+pub(crate) mod topology;
+pub(crate) mod wire;
 
 use std::num::NonZeroU32;
 use std::time::Duration;
 
 pub use self::error::LimiterError;
+pub use self::limiter::Limiter;
 pub use self::operator::{Action, Inspection, OverrideState, Penalty};
-pub use self::redis::Limiter;
-pub use self::settings::{without_password, RedisConfig};
-pub use self::source::RedisConn;
+pub use self::redis_config::{without_password, RedisConfig};
+pub use self::topology::RedisConn;
 
 /// How the limiter behaves besides talking to Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,23 +204,36 @@ pub struct Outcome {
     pub banned: bool,
     /// This very denial started the ban (the rule's penalty).
     pub ban_started: bool,
+    /// The numbers it was decided under when they are not the rule's: the
+    /// identity's override (set by an operator). `None`: the rule's own.
+    pub quota: Option<Quota>,
+}
+
+/// A limit and window a check was decided under instead of its rule's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// Units per window (token bucket: burst).
+    pub limit: u32,
+    /// The window (token bucket: time to refill from empty).
+    pub window: Duration,
 }
 
 impl Outcome {
-    /// The outcome the scripts write as three numbers: a code (1 allowed,
-    /// 0 denied, 2 banned, 3 banned from now on), remaining, ms.
-    pub(crate) fn from_reply(code: i64, remaining: i64, ms: i64) -> Outcome {
-        Outcome {
-            allowed: code == 1,
-            remaining: remaining.max(0) as u64,
-            wait: Duration::from_millis(ms.max(0) as u64),
-            banned: code == 2 || code == 3,
-            ban_started: code == 3,
+    /// The quota `q` it was decided under: the override's limit (token
+    /// bucket: burst) when there is one, else `algorithm`'s (the rule's).
+    pub fn limit(&self, algorithm: &Algorithm) -> u32 {
+        self.quota.map_or_else(|| algorithm.quota(), |q| q.limit)
+    }
+
+    /// The window `w` it was decided under, in whole seconds, at least 1:
+    /// the override's when there is one, else `algorithm`'s.
+    pub fn window_seconds(&self, algorithm: &Algorithm) -> u64 {
+        match self.quota {
+            Some(q) => (q.window.as_millis().div_ceil(1000) as u64).max(1),
+            None => algorithm.window_seconds(),
         }
     }
-}
 
-impl Outcome {
     /// `wait` in whole seconds, rounded up, at least 1 (for `Retry-After`).
     pub fn retry_after_secs(&self) -> u64 {
         (self.wait.as_millis().div_ceil(1000) as u64).max(1)

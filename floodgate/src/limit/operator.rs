@@ -17,13 +17,15 @@
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use super::redis::{Pool, Shared};
-use super::source::{RedisConn, Source};
-use super::{Algorithm, Check, Limiter, LimiterError, RedisConfig};
+use super::conn::Pool;
+use super::limiter::Shared;
+use super::topology::{Master, RedisConn, Source};
+use super::wire;
+use super::{Check, Limiter, LimiterError, RedisConfig};
 
 /// The Lua of an operator's action: the shared helpers, the algorithm
 /// files, then the action's driver.
-pub const OPERATOR_SOURCE: &str = lua_with_algorithms!("lua/read_only.lua", "lua/operator.lua");
+pub const OPERATOR_SOURCE: &str = wire::OPERATOR_SOURCE;
 
 fn script() -> &'static redis::Script {
     static SCRIPT: OnceLock<redis::Script> = OnceLock::new();
@@ -204,16 +206,7 @@ pub(crate) fn operate_blocking(
         Action::Clear => "clear",
         other => other.name(),
     });
-    // Algorithm code, p1, p2 exactly as a decision sends them.
-    match check.algorithm {
-        Algorithm::SlidingWindow { limit, window } => {
-            call.arg(1).arg(limit.get()).arg(window.as_millis() as u64)
-        }
-        Algorithm::FixedWindow { limit, window } => {
-            call.arg(2).arg(limit.get()).arg(window.as_millis() as u64)
-        }
-        Algorithm::TokenBucket { rate, burst } => call.arg(3).arg(rate).arg(burst.get()),
-    };
+    wire::algorithm(&mut call, &check.algorithm);
     call.arg(check.cost);
     let ms = |d: Option<Duration>| d.map_or(String::new(), |d| d.as_millis().to_string());
     match action {
@@ -245,19 +238,10 @@ pub(crate) fn operate_blocking(
 /// Reads the operator script's answer (see `lua/operator.lua`).
 fn inspection(check: &Check, v: &[i64]) -> Result<Inspection, LimiterError> {
     if let [-1, code, ..] = *v {
-        let key = &check.key;
-        return Err(LimiterError::Check(match code {
-            1 => format!("{key} holds a Redis type that no rate-limit algorithm writes"),
-            2 => format!("the parameters of the check on {key} are out of range"),
-            3 => format!("{key} holds state that is not made of numbers"),
-            _ => format!("the operator script failed on {key} (the Redis log says why)"),
-        }));
+        return Err(wire::undecidable(code, &check.key));
     }
     let [limit, window_ms, used, reset_ms, banned_ms, ol, ow, oe] = *v else {
-        return Err(LimiterError::Other(format!(
-            "the operator script returned {} values, expected 8",
-            v.len()
-        )));
+        return Err(wire::reply_length(v.len(), 8));
     };
     let limit = limit.max(0) as u64;
     let used = used.max(0) as u64;
@@ -376,10 +360,7 @@ impl Listener {
     /// name); on a Cluster, a seed node (a Cluster delivers every message
     /// to every node).
     #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
-    fn connect(
-        &self,
-        seed: &mut usize,
-    ) -> redis::RedisResult<(redis::Connection, Option<super::source::Master>)> {
+    fn connect(&self, seed: &mut usize) -> redis::RedisResult<(redis::Connection, Option<Master>)> {
         #[cfg(feature = "cluster")]
         if let Source::Cluster(_) = self.source {
             let url = &self.seeds[*seed % self.seeds.len().max(1)];
@@ -399,7 +380,7 @@ impl Listener {
     }
 
     /// Listens until the connection fails (false) or the limiter is gone (true).
-    fn listen(&self, mut conn: redis::Connection, master: Option<&super::source::Master>) -> bool {
+    fn listen(&self, mut conn: redis::Connection, master: Option<&Master>) -> bool {
         let mut pubsub = conn.as_pubsub();
         if pubsub.subscribe(&self.channel).is_err()
             || pubsub.set_read_timeout(Some(LISTEN_TICK)).is_err()

@@ -6,12 +6,9 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use super::redis::Pool;
-use super::{Algorithm, Check, Limiter, LimiterError, Outcome};
-
-/// The Lua of a peek: the shared helpers, the algorithm files (the same
-/// ones the decisions run), then the read-only driver.
-pub(super) const PEEK_SOURCE: &str = lua_with_algorithms!("lua/read_only.lua", "lua/peek.lua");
+use super::conn::Pool;
+use super::wire::{self, Args as _, PEEK_SOURCE};
+use super::{Check, Limiter, LimiterError, Outcome};
 
 fn script() -> &'static redis::Script {
     static SCRIPT: OnceLock<redis::Script> = OnceLock::new();
@@ -115,22 +112,10 @@ fn peek_blocking(
             return Err(LimiterError::Timeout);
         }
         let mut call = script().prepare_invoke();
-        match now_ms {
-            Some(ms) => call.arg(ms),
-            None => call.arg(""),
-        };
+        call.put_opt(now_ms);
         for check in group {
             call.key(&check.key);
-            // Algorithm code, p1, p2 exactly as a decision sends them.
-            match check.algorithm {
-                Algorithm::SlidingWindow { limit, window } => {
-                    call.arg(1).arg(limit.get()).arg(window.as_millis() as u64)
-                }
-                Algorithm::FixedWindow { limit, window } => {
-                    call.arg(2).arg(limit.get()).arg(window.as_millis() as u64)
-                }
-                Algorithm::TokenBucket { rate, burst } => call.arg(3).arg(rate).arg(burst.get()),
-            };
+            wire::algorithm(&mut call, &check.algorithm);
             call.arg(check.cost);
         }
         // A peek writes nothing, so the reload after NOSCRIPT that `invoke`
@@ -138,31 +123,7 @@ fn peek_blocking(
         let result: redis::RedisResult<Vec<i64>> = call.invoke(&mut **conn);
         conn.note(&result);
         let values = result.map_err(LimiterError::from)?;
-        read(group, &values, &mut outcomes)?;
+        wire::peek(group, &values, &mut outcomes)?;
     }
     Ok(outcomes)
-}
-
-/// Reads three values per check (see `lua/peek.lua`).
-fn read(checks: &[Check], values: &[i64], into: &mut Vec<Outcome>) -> Result<(), LimiterError> {
-    if values.len() != 3 * checks.len() {
-        return Err(LimiterError::Other(format!(
-            "the peek returned {} values for {} checks",
-            values.len(),
-            checks.len()
-        )));
-    }
-    for (check, v) in checks.iter().zip(values.chunks_exact(3)) {
-        if v[0] == -1 {
-            let key = &check.key;
-            return Err(LimiterError::Check(match v[1] {
-                1 => format!("{key} holds a Redis type that no rate-limit algorithm writes"),
-                2 => format!("the parameters of the check on {key} are out of range"),
-                3 => format!("{key} holds state that is not made of numbers"),
-                _ => format!("the peek failed on {key} (the Redis log says why)"),
-            }));
-        }
-        into.push(Outcome::from_reply(v[0], v[1], v[2]));
-    }
-    Ok(())
 }

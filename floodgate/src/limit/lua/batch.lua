@@ -20,8 +20,15 @@
 --   failed:   -1, error code (see common.lua), index of the failing check
 --             within its job (every check of a failed job says the same)
 --   skipped:  -2, 0, 0 (past its deadline: nothing read, nothing recorded)
--- and, last, Redis's clock in microseconds (the dispatcher keeps its
--- estimate of Redis time from it).
+-- then Redis's clock in microseconds (the dispatcher keeps its estimate
+-- of Redis time from it), and, last, three values for each check decided
+-- under an operator's override (none in the common case): the check's
+-- index among KEYS from 0, the override's limit (token bucket: burst) and
+-- its window in ms (token bucket: time to refill from empty).
+-- A check denied under an override that ends before the wait it would
+-- answer is over answers at most what the rule's own numbers would then
+-- answer: min(wait under the override, max(time to its end, wait under
+-- the rule)), so a Retry-After (and a cached denial) never outlives it.
 -- A job that fails (a key of a type no algorithm writes, parameters out of
 -- range, unreadable state) fails alone: it records nothing, and the other
 -- jobs are decided as if it had not been there. A key that holds another
@@ -59,9 +66,36 @@ local function peek(alg, key, now, p1, p2, cost)
   return peeks[alg](key, now, p1, p2, cost)
 end
 
+-- The wait of a denial under an override that ends at `ends` (nil: never):
+-- no longer than until the rule's own numbers (r1, r2) would allow.
+local function wait_under(ms, ends, alg, key, now, r1, r2, cost)
+  if not ends or ends - now >= ms then
+    return ms
+  end
+  local allowed, _, rule_ms = peek(alg, key, now, r1, r2, cost)
+  if allowed then
+    rule_ms = 0
+  end
+  return math.min(ms, math.max(ends - now, rule_ms))
+end
+
 local out = {}
 -- The check being decided, counted from 0 within its job (for errors).
 local failing = 0
+-- Index, limit, window ms of each check decided under an override.
+local quotas = {}
+
+-- Notes that the check at KEYS[k] was decided under an override, with
+-- parameters p1, p2.
+local function decided_under(k, alg, p1, p2)
+  local n = #quotas
+  quotas[n + 1] = k - 1
+  if alg == 3 then
+    quotas[n + 2], quotas[n + 3] = p2, math.ceil(p2 * 1000 / p1)
+  else
+    quotas[n + 2], quotas[n + 3] = p1, p2
+  end
+end
 
 -- code: 1 allowed, 0 denied, 2 denied by a ban, 3 denied by a ban that
 -- this very denial started (a penalty).
@@ -97,12 +131,20 @@ local function decide_job(n, now, k, a)
       emit(k, 2, 0, banned)
       return
     end
-    p1, p2 = ops_params(op, alg, p1, p2, cost, now)
+    local r1, r2 = p1, p2
+    local applied, ends
+    p1, p2, applied, ends = ops_params(op, alg, p1, p2, cost, now)
+    if applied then
+      decided_under(k, alg, p1, p2)
+    end
     local allowed, remaining, ms, state = peek(alg, key, now, p1, p2, cost)
     if allowed then
       commits[alg](key, now, p1, p2, cost, state)
       emit(k, 1, remaining, ms)
       return
+    end
+    if applied then
+      ms = wait_under(ms, ends, alg, key, now, r1, r2, cost)
     end
     if enforce and pen then
       local ban = ops_penalize(key, op, pen, now)
@@ -134,8 +176,16 @@ local function decide_job(n, now, k, a)
         any_banned = true
       end
     else
-      p1, p2 = ops_params(op, alg, p1, p2, cost, now)
+      local r1, r2 = p1, p2
+      local applied, ends
+      p1, p2, applied, ends = ops_params(op, alg, p1, p2, cost, now)
+      if applied then
+        decided_under(k + i - 1, alg, p1, p2)
+      end
       local allowed, remaining, ms, state = peek(alg, key, now, p1, p2, cost)
+      if applied and not allowed then
+        ms = wait_under(ms, ends, alg, key, now, r1, r2, cost)
+      end
       checks[i] = { key, alg, p1, p2, cost, allowed, remaining, ms, state, enforce, pen, op, allowed and 1 or 0 }
       if enforce and not allowed then
         all_enforced_allow = false
@@ -171,6 +221,7 @@ for _ = 1, tonumber(ARGV[1]) do
   local deadline = tonumber(ARGV[a + 1])
   local n = tonumber(ARGV[a + 2])
   local ok, e = true, nil
+  local noted = #quotas
   if deadline and clock >= deadline then
     -- Its caller has stopped waiting: decide nothing.
     for i = k, k + n - 1 do
@@ -191,6 +242,9 @@ for _ = 1, tonumber(ARGV[1]) do
       local at = 3 * i - 2
       out[at], out[at + 1], out[at + 2] = -1, code, failing
     end
+    for i = #quotas, noted + 1, -1 do
+      quotas[i] = nil
+    end
   end
   a = a + 3 + 5 * n
   k = k + n
@@ -199,4 +253,7 @@ for key, ms in pairs(expire_in) do
   redis.call('PEXPIRE', key, ms)
 end
 out[3 * (k - 1) + 1] = clock_us
+for i = 1, #quotas do
+  out[3 * (k - 1) + 1 + i] = quotas[i]
+end
 return out

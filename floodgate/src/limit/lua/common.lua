@@ -178,22 +178,23 @@ end
 -- The check's parameters with the identity's override applied: windows
 -- take its limit and window; a token bucket takes its limit as the burst,
 -- and its rate scales with it (or refills the burst in its window). An
--- override that does not fit the check's cost is not applied.
+-- override that does not fit the check's cost is not applied. The third
+-- value says whether it was; the fourth is when it ends (nil: never).
 local function ops_params(op, alg, p1, p2, cost, now)
-  local ol, ow = ops_override(op, now)
+  local ol, ow, oe = ops_override(op, now)
   if not ol or ol < cost or ol ~= math.floor(ol) then
-    return p1, p2
+    return p1, p2, false
   end
   if alg == 3 then
     if ow and ow > 0 then
-      return ol * 1000 / ow, ol
+      return ol * 1000 / ow, ol, true, oe
     end
-    return p1 * ol / p2, ol
+    return p1 * ol / p2, ol, true, oe
   end
   if ol > MAX_LIMIT then
-    return p1, p2
+    return p1, p2, false
   end
-  return ol, ow or p2
+  return ol, ow or p2, true, oe
 end
 
 -- Ms until the last part of the record ends (nil: a part never ends),

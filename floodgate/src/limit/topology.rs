@@ -2,7 +2,7 @@
 //! Sentinels name, or a Redis Cluster. The pool, `/readyz` and the site
 //! use [`RedisConn`] whatever the mode; the limiter's own dispatchers use a
 //! plain connection (single server, Sentinel) or their own cluster
-//! connection (see [`super::cluster`]).
+//! connection (see `dispatch/cluster/`).
 
 use std::time::Duration;
 
@@ -146,7 +146,7 @@ impl Source {
     pub(crate) fn from_config(config: &RedisConfig) -> RedisResult<Source> {
         #[cfg(feature = "cluster")]
         if !config.cluster.is_empty() {
-            return super::cluster::cluster_client(config).map(Source::Cluster);
+            return cluster_client(config).map(Source::Cluster);
         }
         #[cfg(feature = "sentinel")]
         if !config.sentinel.is_empty() {
@@ -209,4 +209,26 @@ impl std::fmt::Display for Master {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}:{}", self.host, self.port)
     }
+}
+
+/// Retries of one command on a cluster (redirections, TRYAGAIN,
+/// CLUSTERDOWN), and the waits between them: short, so that a decision
+/// still comes within the timeout or fails.
+#[cfg(feature = "cluster")]
+const CLUSTER_RETRIES: u32 = 5;
+#[cfg(feature = "cluster")]
+const CLUSTER_MIN_WAIT_MS: u64 = 5;
+#[cfg(feature = "cluster")]
+const CLUSTER_MAX_WAIT_MS: u64 = 50;
+
+/// A cluster client whose connects and replies are bounded by the timeout.
+#[cfg(feature = "cluster")]
+pub(crate) fn cluster_client(config: &RedisConfig) -> RedisResult<ClusterClient> {
+    ClusterClient::builder(config.cluster.iter().map(String::as_str))
+        .connection_timeout(config.timeout)
+        .response_timeout(config.timeout)
+        .retries(CLUSTER_RETRIES)
+        .min_retry_wait(CLUSTER_MIN_WAIT_MS)
+        .max_retry_wait(CLUSTER_MAX_WAIT_MS)
+        .build()
 }

@@ -30,23 +30,26 @@ use redis::cluster::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
 
-use super::cluster::SLOTS;
-use super::redis::{Breaker, Conn, RedisClock, Shared};
-use super::{LimiterError, RedisConfig};
+use super::slot::SLOTS;
+use crate::limit::breaker::Breaker;
+use crate::limit::clock::RedisClock;
+use crate::limit::conn::Conn;
+use crate::limit::limiter::Shared;
+use crate::limit::{LimiterError, RedisConfig};
 
 /// What the dispatchers know of one master: its breaker, and the estimate
 /// of its clock taken from its own replies.
 #[derive(Debug)]
-pub(super) struct MasterHealth {
-    pub(super) breaker: Arc<Breaker>,
-    pub(super) clock: RedisClock,
+pub(crate) struct MasterHealth {
+    pub(crate) breaker: Arc<Breaker>,
+    pub(crate) clock: RedisClock,
 }
 
 /// Every master's [`MasterHealth`], by address: one per master for the
 /// whole process (the dispatchers share them), made when a master is first
 /// seen in the slot map or a redirection.
 #[derive(Debug)]
-pub(super) struct MasterHealths {
+pub(crate) struct MasterHealths {
     period: Duration,
     /// How to reach a master by address (user, password, database of the
     /// first seed), for the readiness PING of a master held as failed.
@@ -56,7 +59,7 @@ pub(super) struct MasterHealths {
 
 impl MasterHealths {
     /// `period`: the breaker's (`[limiter] breaker`).
-    pub(super) fn new(config: &RedisConfig, period: Duration) -> MasterHealths {
+    pub(crate) fn new(config: &RedisConfig, period: Duration) -> MasterHealths {
         MasterHealths {
             period,
             base: base_info(config),
@@ -84,7 +87,7 @@ impl MasterHealths {
     }
 
     /// Whether any master's breaker is open.
-    pub(super) fn any_open(&self) -> bool {
+    pub(crate) fn any_open(&self) -> bool {
         self.map().values().any(|h| h.breaker.is_open())
     }
 
@@ -92,7 +95,7 @@ impl MasterHealths {
     /// `timeout`; a master that answers has its breaker closed (the next
     /// call to it is made). An error while any breaker stays open.
     /// Blocking.
-    pub(super) fn ping_open(&self, timeout: Duration) -> Result<(), LimiterError> {
+    pub(crate) fn ping_open(&self, timeout: Duration) -> Result<(), LimiterError> {
         let open: Vec<((String, u16), Arc<MasterHealth>)> = self
             .map()
             .iter()
@@ -156,7 +159,7 @@ const REFRESH_EVERY: Duration = Duration::from_millis(100);
 const UNKNOWN: u16 = u16::MAX;
 
 /// Where each slot's master is, and a connection to each master.
-pub(super) struct Masters {
+pub(crate) struct Masters {
     /// Per slot, the index of its master in `addrs`, or [`UNKNOWN`].
     slots: Vec<u16>,
     /// Host and port of each master in the map.
@@ -178,7 +181,7 @@ pub(super) struct Masters {
 }
 
 /// Why a pipeline was not written.
-pub(super) enum Unwritten {
+pub(crate) enum Unwritten {
     /// Nothing reached the master (no connection, or the idle check failed
     /// on a closed one): the groups may be sent another way.
     NotSent(redis::RedisError),
@@ -188,7 +191,7 @@ pub(super) enum Unwritten {
 }
 
 impl Masters {
-    pub(super) fn new(config: &RedisConfig, shared: &Arc<Shared>) -> Masters {
+    pub(crate) fn new(config: &RedisConfig, shared: &Arc<Shared>) -> Masters {
         Masters {
             slots: vec![UNKNOWN; usize::from(SLOTS)],
             addrs: Vec::new(),
@@ -203,7 +206,7 @@ impl Masters {
     }
 
     /// The index of the master serving `slot`, as far as the map knows.
-    pub(super) fn of(&self, slot: u16) -> Option<usize> {
+    pub(crate) fn of(&self, slot: u16) -> Option<usize> {
         match self.slots.get(usize::from(slot)) {
             Some(&i) if i != UNKNOWN && self.base.is_some() => Some(usize::from(i)),
             _ => None,
@@ -211,22 +214,22 @@ impl Masters {
     }
 
     /// Master `i`'s breaker and clock.
-    pub(super) fn health(&self, i: usize) -> Option<&Arc<MasterHealth>> {
+    pub(crate) fn health(&self, i: usize) -> Option<&Arc<MasterHealth>> {
         self.health.get(i)
     }
 
     /// Whether any master's breaker would let the next call probe it.
-    pub(super) fn probe_due(&self) -> bool {
+    pub(crate) fn probe_due(&self) -> bool {
         self.health.iter().any(|h| h.breaker.probe_due())
     }
 
     /// Notes that the map may be out of date.
-    pub(super) fn stale(&mut self) {
+    pub(crate) fn stale(&mut self) {
         self.stale = true;
     }
 
     /// Notes a `MOVED`: `slot` is served by `host:port` from now on.
-    pub(super) fn moved(&mut self, slot: u16, addr: &str) {
+    pub(crate) fn moved(&mut self, slot: u16, addr: &str) {
         self.stale = true;
         let Some((host, port)) = addr
             .rsplit_once(':')
@@ -254,7 +257,7 @@ impl Masters {
 
     /// Whether the map is out of date and due to be read again (at most
     /// every [`REFRESH_EVERY`]).
-    pub(super) fn wants_reading(&self) -> bool {
+    pub(crate) fn wants_reading(&self) -> bool {
         self.base.is_some()
             && self.stale
             && self.read_at.is_none_or(|at| at.elapsed() >= REFRESH_EVERY)
@@ -263,7 +266,7 @@ impl Masters {
     /// Reads the map again through `cluster`, from a master whose breaker
     /// is closed (one that stalls would hold the batch for the timeout;
     /// any node, when no master is known yet). On failure the old map stays.
-    pub(super) fn read(&mut self, cluster: &mut ClusterConnection) {
+    pub(crate) fn read(&mut self, cluster: &mut ClusterConnection) {
         self.read_at = Some(Instant::now());
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SLOTS");
@@ -320,7 +323,7 @@ impl Masters {
     /// Writes `packed` (one or more commands) to master `i`, on a
     /// connection Redis answered on a moment ago or that answers a `TIME`
     /// now (which also tells that master's clock estimate its time).
-    pub(super) fn send(&mut self, i: usize, packed: &[u8]) -> Result<(), Unwritten> {
+    pub(crate) fn send(&mut self, i: usize, packed: &[u8]) -> Result<(), Unwritten> {
         let conn = self.connect(i)?;
         if let Err(e) = conn.send_packed_command(packed) {
             conn.spoil();
@@ -333,7 +336,7 @@ impl Masters {
     /// Reads the next reply on master `i`'s connection. After an error the
     /// connection is dropped: the replies still due on it are lost, and
     /// the commands they answer may have run.
-    pub(super) fn recv(&mut self, i: usize) -> redis::RedisResult<Value> {
+    pub(crate) fn recv(&mut self, i: usize) -> redis::RedisResult<Value> {
         let Some(conn) = self.conns.get_mut(i).and_then(Option::as_mut) else {
             return Err(redis::RedisError::from((
                 redis::ErrorKind::Io,

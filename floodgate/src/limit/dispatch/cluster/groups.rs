@@ -1,0 +1,234 @@
+//! A batch split by hash slot: every slot group is one call of the batch
+//! script, and how that call's reply is sorted.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use redis::{ErrorKind, RedisResult, ServerErrorKind, Value};
+
+use super::slot::key_slot;
+use crate::limit::clock::RedisClock;
+use crate::limit::dispatch::Job;
+use crate::limit::wire;
+use crate::limit::LimiterError;
+
+/// The checks of one job that fall in one slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Part {
+    pub(super) job: usize,
+    pub(super) checks: Vec<usize>,
+}
+
+/// One slot's share of a batch: one script call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Group {
+    pub(super) slot: u16,
+    pub(super) parts: Vec<Part>,
+}
+
+/// Splits a batch by slot, keeping the order of jobs and checks.
+pub(super) fn group_by_slot(batch: &[Job]) -> Vec<Group> {
+    let mut groups: BTreeMap<u16, Vec<Part>> = BTreeMap::new();
+    for (j, job) in batch.iter().enumerate() {
+        let mut mine: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (c, check) in job.checks.iter().enumerate() {
+            mine.entry(key_slot(check.key.as_bytes()))
+                .or_default()
+                .push(c);
+        }
+        for (slot, checks) in mine {
+            groups
+                .entry(slot)
+                .or_default()
+                .push(Part { job: j, checks });
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(slot, parts)| Group { slot, parts })
+        .collect()
+}
+
+/// How one slot group's call came back.
+pub(super) enum Reply {
+    /// Three values per check.
+    Done(wire::Replied),
+    /// Did not run; send it again where the cluster says.
+    Redirected(redis::RedisError),
+    /// Did not run; load the scripts and send it again.
+    NoScript(redis::RedisError),
+    /// Failed; it may or may not have run.
+    Failed(LimiterError),
+    /// Not sent: every caller in it had given up.
+    Abandoned,
+    /// Not sent yet.
+    Unsent,
+}
+
+/// Sorts one group's reply. A reply that decided gives `clock` (the
+/// estimate of the clock of the master that answered, when it is known for
+/// sure) its last value, Redis's clock in microseconds, and keeps the three
+/// per check.
+pub(super) fn classify(
+    reply: RedisResult<Value>,
+    expected: usize,
+    clock: Option<&RedisClock>,
+) -> Reply {
+    match reply.and_then(|v| v.extract_error()) {
+        Ok(value) => match redis::from_redis_value::<Vec<i64>>(value) {
+            Ok(values) => match wire::replied(values, expected) {
+                Ok((reply, redis_us)) => {
+                    if let Some(clock) = clock {
+                        clock.sample(redis_us, Instant::now());
+                    }
+                    Reply::Done(reply)
+                }
+                Err(e) => Reply::Failed(e),
+            },
+            Err(e) => Reply::Failed(LimiterError::Other(format!("unexpected reply: {e}"))),
+        },
+        Err(e) => match e.kind() {
+            ErrorKind::Server(ServerErrorKind::NoScript) => Reply::NoScript(e),
+            ErrorKind::Server(
+                ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly,
+            ) => Reply::Redirected(e),
+            _ => Reply::Failed(LimiterError::from(e.clone())),
+        },
+    }
+}
+
+/// Writes one slot group as `EVALSHA sha` laid out as `lua/batch.lua` reads
+/// it (each part is a job there). Returns the number of values the reply
+/// must hold: three per check, and Redis's clock.
+pub(super) fn write_group(
+    cmd: &mut redis::Cmd,
+    sha: &str,
+    batch: &[Job],
+    parts: &[Part],
+    deadline: impl Fn(&Job) -> Option<i64>,
+) -> usize {
+    let jobs = parts.iter().map(|part| {
+        let job = &batch[part.job];
+        wire::JobArgs {
+            now_ms: job.now_ms,
+            deadline: deadline(job),
+            checks: part.checks.iter().map(|&c| &job.checks[c]),
+        }
+    });
+    wire::batch(cmd, sha, jobs)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use tokio::sync::oneshot;
+
+    use std::time::Duration;
+
+    use super::*;
+    use crate::limit::{Algorithm, Check};
+
+    fn job(keys: &[&str]) -> Job {
+        let (reply, _) = oneshot::channel();
+        Job {
+            checks: keys
+                .iter()
+                .map(|k| Check {
+                    key: k.to_string(),
+                    algorithm: Algorithm::SlidingWindow {
+                        limit: NonZeroU32::new(5).unwrap(),
+                        window: Duration::from_secs(10),
+                    },
+                    cost: 1,
+                    enforce: true,
+                    penalty: None,
+                })
+                .collect(),
+            now_ms: None,
+            deadline: Instant::now(),
+            probe: false,
+            reply,
+        }
+    }
+
+    #[test]
+    fn a_batch_splits_by_slot_and_one_identity_stays_one_part() {
+        let batch = vec![
+            job(&["p:a:ip:{1.2.3.4}", "p:b:ip:{1.2.3.4}"]),
+            job(&["p:a:ip:{5.6.7.8}"]),
+            job(&["p:a:ip:{1.2.3.4}", "p:c:form:{+15550100}"]),
+        ];
+        let groups = group_by_slot(&batch);
+        let slot = |k: &str| key_slot(k.as_bytes());
+        let find = |s: u16| groups.iter().find(|g| g.slot == s).unwrap();
+        assert_eq!(groups.len(), 3);
+        assert_eq!(
+            find(slot("{1.2.3.4}")).parts,
+            vec![
+                Part {
+                    job: 0,
+                    checks: vec![0, 1]
+                },
+                Part {
+                    job: 2,
+                    checks: vec![0]
+                }
+            ]
+        );
+        assert_eq!(
+            find(slot("{+15550100}")).parts,
+            vec![Part {
+                job: 2,
+                checks: vec![1]
+            }]
+        );
+        let mut cmd = redis::Cmd::new();
+        let g = find(slot("{1.2.3.4}"));
+        assert_eq!(write_group(&mut cmd, "SHA", &batch, &g.parts, |_| None), 10);
+        let packed = String::from_utf8_lossy(&cmd.get_packed_command()).into_owned();
+        let args: Vec<&str> = packed
+            .split("\r\n")
+            .filter(|l| !l.starts_with(['*', '$']))
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "EVALSHA",
+                "SHA",
+                "3",
+                "p:a:ip:{1.2.3.4}",
+                "p:b:ip:{1.2.3.4}",
+                "p:a:ip:{1.2.3.4}",
+                "2",
+                "",
+                "",
+                "2",
+                "1",
+                "5",
+                "10000",
+                "1",
+                "1",
+                "1",
+                "5",
+                "10000",
+                "1",
+                "1",
+                "",
+                "",
+                "1",
+                "1",
+                "5",
+                "10000",
+                "1",
+                "1",
+                ""
+            ]
+        );
+    }
+}

@@ -1,0 +1,384 @@
+//! [`Limiter`]: what the filter asks for decisions, and what it is made of
+//! (the pool, the dispatchers, the breaker, the shared counters).
+//!
+//! By default ([`Dispatch::Worker`]) each actix worker sends the decisions
+//! of one scheduler tick itself (see `lane.rs`); otherwise [`Limiter::decide`]
+//! puts a job (the checks of one request and a oneshot sender) on a bounded
+//! channel that dispatcher threads drain (see `dispatch/`), and awaits the
+//! oneshot. A decision is sent a second time only when the first attempt
+//! provably never reached Redis; `dispatch/single.rs` spells out the rule.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use super::breaker::{Breaker, Gate};
+use super::clock::{deadline_margin, RedisClock};
+use super::conn::{manager, pool_of, spoils, Manager, Pool};
+use super::deny_cache::DenyCache;
+#[cfg(feature = "cluster")]
+use super::dispatch::cluster::masters::MasterHealths;
+use super::dispatch::single::Single;
+use super::dispatch::Job;
+use super::local::LocalLimiter;
+use super::topology::RedisConn;
+use super::wire::SCRIPT_SOURCE;
+use super::{Check, Decision, Dispatch, LimiterError, LimiterOptions, RedisConfig};
+
+/// Dispatcher threads; two let one gather a batch while the other waits on Redis.
+pub(crate) const DISPATCHERS: usize = 2;
+/// Jobs that may wait for a dispatcher before new ones are refused.
+const QUEUE: usize = 16_384;
+
+/// What the limiter and its dispatcher threads share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) errors: AtomicU64,
+    /// Jobs the script skipped because their deadline had passed.
+    pub(crate) late: AtomicU64,
+    pub(crate) clock: RedisClock,
+    pub(crate) breaker: Breaker,
+    pub(crate) deny_cache: Option<DenyCache>,
+    /// Redis Cluster: each master's breaker and clock, by address.
+    #[cfg(feature = "cluster")]
+    pub(crate) masters: MasterHealths,
+}
+
+/// Decides checks against Redis. Cheap to share (`Arc`); dropping the last
+/// handle stops the dispatcher threads.
+pub struct Limiter {
+    queue: SyncSender<Job>,
+    pool: Pool,
+    pub(crate) timeout: Duration,
+    pub(crate) shared: Arc<Shared>,
+    local: LocalLimiter,
+    dispatch: Dispatch,
+    /// Tells this limiter's worker lanes apart from other limiters'.
+    pub(crate) id: u64,
+    /// What a worker lane is made of.
+    pub(crate) manager: Manager,
+    pub(crate) script: Arc<redis::Script>,
+    /// Redis Cluster mode: keys carry hash tags, and batches go by slot.
+    cluster: bool,
+    /// Where operator changes are published (see `operator.rs`).
+    channel: String,
+}
+
+/// `FLOODGATE_DISPATCH=threads` (or `worker`) overrides the dispatch the
+/// options ask for: for comparing the two on one build (`scripts/bench`).
+fn dispatch(asked: Dispatch) -> Dispatch {
+    match std::env::var("FLOODGATE_DISPATCH").as_deref() {
+        Ok("threads") => Dispatch::Threads,
+        Ok("worker") => Dispatch::Worker,
+        _ => asked,
+    }
+}
+
+/// Source of [`Limiter`] ids.
+static LIMITERS: AtomicU64 = AtomicU64::new(0);
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl Limiter {
+    /// Builds the pool and starts the dispatcher threads.
+    pub fn new(config: &RedisConfig, options: LimiterOptions) -> Result<Limiter, LimiterError> {
+        // One source for the pool and the dispatchers: in Sentinel mode they
+        // share what the Sentinels said last.
+        let manager = manager(config)?;
+        let pool = pool_of(config, manager.clone());
+        let (queue, rx) = sync_channel::<Job>(QUEUE);
+        let rx = Arc::new(Mutex::new(rx));
+        let script = Arc::new(redis::Script::new(SCRIPT_SOURCE));
+        let id = LIMITERS.fetch_add(1, Ordering::Relaxed);
+        let shared = Arc::new(Shared {
+            errors: AtomicU64::new(0),
+            late: AtomicU64::new(0),
+            clock: RedisClock::new(),
+            breaker: Breaker::new(options.breaker),
+            deny_cache: options.deny_cache.then(DenyCache::default),
+            #[cfg(feature = "cluster")]
+            masters: MasterHealths::new(config, options.breaker),
+        });
+        let cluster = !config.cluster.is_empty();
+        #[cfg(feature = "cluster")]
+        if cluster {
+            // A cluster's batches are split by slot: see `dispatch/cluster/`.
+            super::dispatch::cluster::start(
+                config,
+                &rx,
+                &shared,
+                deadline_margin(config.timeout),
+                DISPATCHERS,
+            )?;
+        }
+        for i in 0..if cluster { 0 } else { DISPATCHERS } {
+            let transport = Single::new(
+                manager.clone(),
+                Arc::clone(&script),
+                Arc::clone(&shared),
+                deadline_margin(config.timeout),
+            );
+            super::dispatch::spawn(format!("floodgate-redis-{i}"), &rx, transport)?;
+        }
+        if shared.deny_cache.is_some() {
+            super::operator::listen(config, manager.source.clone(), &shared);
+        }
+        Ok(Limiter {
+            channel: super::operator::channel(&config.key_prefix),
+            queue,
+            pool,
+            timeout: config.timeout,
+            shared,
+            local: LocalLimiter::default(),
+            // A cluster's batches need the slot-aware dispatcher threads.
+            dispatch: if cluster {
+                Dispatch::Threads
+            } else {
+                dispatch(options.dispatch)
+            },
+            id,
+            manager,
+            script,
+            cluster,
+        })
+    }
+
+    /// The denial cache, when `deny_cache` is on.
+    pub fn deny_cache(&self) -> Option<&DenyCache> {
+        self.shared.deny_cache.as_ref()
+    }
+
+    /// The in-process limiter for `on_redis_error = "local"`.
+    pub fn local(&self) -> &LocalLimiter {
+        &self.local
+    }
+
+    /// Forgets what the process remembers about keys (cached denials and
+    /// local counts): the rules changed.
+    pub fn forget_keys(&self) {
+        if let Some(cache) = self.deny_cache() {
+            cache.clear();
+        }
+        self.local.clear();
+    }
+
+    /// Whether the breaker is open (Redis failed and has not answered
+    /// since); on a cluster, whether any master's is.
+    pub fn breaker_open(&self) -> bool {
+        #[cfg(feature = "cluster")]
+        if self.shared.masters.any_open() {
+            return true;
+        }
+        self.shared.breaker.is_open()
+    }
+
+    /// Decisions the script skipped because their caller had given up.
+    pub fn late_count(&self) -> u64 {
+        self.shared.late.load(Ordering::Relaxed)
+    }
+
+    /// Decides the checks of one request, atomically: either every check is
+    /// recorded (the request is allowed by every enforce check) or none is.
+    /// Answers within `redis.timeout` (plus scheduling) whatever Redis does.
+    pub async fn decide(&self, checks: Vec<Check>) -> Result<Decision, LimiterError> {
+        self.submit(checks, None).await
+    }
+
+    /// As [`Limiter::decide`], with the clock pinned to `now_ms` (ms since the
+    /// epoch) instead of Redis `TIME`: for property tests of the algorithms.
+    #[doc(hidden)]
+    pub async fn decide_at(
+        &self,
+        now_ms: u64,
+        checks: Vec<Check>,
+    ) -> Result<Decision, LimiterError> {
+        self.submit(checks, Some(now_ms)).await
+    }
+
+    async fn submit(
+        &self,
+        checks: Vec<Check>,
+        now_ms: Option<u64>,
+    ) -> Result<Decision, LimiterError> {
+        if checks.is_empty() {
+            return Ok(Decision {
+                outcomes: Vec::new(),
+                allowed: true,
+            });
+        }
+        if self.cluster {
+            // A cluster's breakers are per master, and only the
+            // dispatchers know which master a key is on.
+            return self.call(checks, now_ms, false).await;
+        }
+        let breaker = &self.shared.breaker;
+        // Held across the call: if this future is dropped while it waits
+        // (its client went away), the guard still lets the next one probe.
+        let probing = match Breaker::gate(breaker) {
+            Gate::Closed => None,
+            Gate::Probe(probing) => Some(probing),
+            Gate::Open => return Err(LimiterError::BreakerOpen),
+        };
+        let result = self.call(checks, now_ms, probing.is_some()).await;
+        breaker.observe(&result, probing.is_some());
+        drop(probing);
+        result
+    }
+
+    async fn call(
+        &self,
+        checks: Vec<Check>,
+        now_ms: Option<u64>,
+        probe: bool,
+    ) -> Result<Decision, LimiterError> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            checks,
+            now_ms,
+            deadline: Instant::now() + self.timeout,
+            probe,
+            reply,
+        };
+        // The probe of an open breaker goes through the dispatcher threads:
+        // if Redis is still stalled, no worker waits for it.
+        if self.dispatch == Dispatch::Worker && !probe && actix_rt::Arbiter::try_current().is_some()
+        {
+            let lane = self.lane();
+            lane.queue.borrow_mut().push(job);
+            if !lane.scheduled.replace(true) {
+                actix_rt::spawn(async move {
+                    // Every request made ready in this tick joins the batch.
+                    tokio::task::yield_now().await;
+                    lane.flush();
+                });
+            }
+        } else {
+            match self.queue.try_send(job) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) => return Err(self.count(LimiterError::Overloaded)),
+                Err(TrySendError::Disconnected(_)) => return Err(LimiterError::Stopped),
+            }
+        }
+        match tokio::time::timeout(self.timeout, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(LimiterError::Stopped),
+            Err(_) => Err(self.count(LimiterError::Timeout)),
+        }
+    }
+
+    fn count(&self, e: LimiterError) -> LimiterError {
+        self.shared.errors.fetch_add(1, Ordering::Relaxed);
+        e
+    }
+
+    /// Redis errors and timeouts seen so far (for `/metrics`).
+    pub fn error_count(&self) -> u64 {
+        self.shared.errors.load(Ordering::Relaxed)
+    }
+
+    /// The connection pool (the site's and `/readyz`'s own Redis work goes
+    /// through [`Limiter::with_redis`]).
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Runs `work` once on a connection from the limiter's pool, for an
+    /// application's own data in the same Redis (whatever the mode: one
+    /// server, Sentinel or Cluster). It runs on actix's blocking threads,
+    /// never on a worker thread. The checkout hands out only a connection
+    /// Redis answers on (one that sat idle is checked with a PING first);
+    /// `work` is never repeated, since after a failure nobody can tell
+    /// which of its commands ran, and a connection that saw an I/O error is
+    /// dropped instead of going back to the pool. On a Cluster, keep the
+    /// keys of one pipeline or transaction in one hash slot.
+    ///
+    /// The outer error says no connection was had in time (or the blocking
+    /// pool is gone); the inner result is what `work` returned.
+    pub async fn with_redis<T, F>(&self, work: F) -> Result<redis::RedisResult<T>, LimiterError>
+    where
+        F: FnOnce(&mut RedisConn) -> redis::RedisResult<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let pool = self.pool.clone();
+        actix_web::web::block(move || {
+            let mut conn = pool
+                .get()
+                .map_err(|e| LimiterError::Other(format!("redis pool: {e}")))?;
+            let result = work(&mut conn);
+            conn.note(&result);
+            Ok(result)
+        })
+        .await
+        .map_err(|e| LimiterError::Other(e.to_string()))?
+    }
+
+    /// Whether keys carry a hash tag (Redis Cluster mode): the rules of one
+    /// identity then share a slot, so their all-or-nothing stays one call.
+    pub fn hash_tags(&self) -> bool {
+        self.cluster
+    }
+
+    /// The channel operator changes are published on.
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// The configured bound on every Redis operation.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Whether Redis is ready for decisions: PING through the pool, bounded
+    /// by the timeout. Blocking.
+    ///
+    /// It agrees with the breaker: a PING answered while the breaker is
+    /// open closes it, so that once this answers `Ok` the next decision is
+    /// asked of Redis; and while the breaker stays open this is an error.
+    /// On a cluster, each master whose breaker is open is sent a PING of
+    /// its own too.
+    pub fn ping(&self) -> Result<(), LimiterError> {
+        self.ping_pool()?;
+        #[cfg(feature = "cluster")]
+        if self.cluster {
+            return self.shared.masters.ping_open(self.timeout);
+        }
+        self.shared.breaker.close();
+        Ok(())
+    }
+
+    /// PING through the pool, bounded by the timeout. Blocking.
+    ///
+    /// The checkout already replaces a pooled connection that died while
+    /// idle. If the PING still fails on a broken connection (it broke a
+    /// moment ago), it is sent once more on another connection: a PING can
+    /// be repeated safely. A checkout that timed out is not retried (Redis
+    /// is away, and the answer must come within the timeout).
+    fn ping_pool(&self) -> Result<(), LimiterError> {
+        let deadline = Instant::now() + self.timeout;
+        let mut retried = false;
+        loop {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            let mut conn = self
+                .pool
+                .get_timeout(wait)
+                .map_err(|e| LimiterError::Other(e.to_string()))?;
+            match conn.ping() {
+                Ok(()) => return Ok(()),
+                Err(e) if spoils(&e) && !retried && Instant::now() < deadline => {
+                    log::debug!("readiness PING on a broken connection ({e}); trying another");
+                    retried = true;
+                }
+                Err(e) => return Err(LimiterError::from(e)),
+            }
+        }
+    }
+}
