@@ -141,6 +141,7 @@ pub use crate::rule::{Key, KeyFn};
 /// Items the benchmarks and tests reach; not part of the supported API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::limit::local::LocalLimiter;
     pub use crate::limit::redis::{decide_batch, decide_batch_with_deadlines, SCRIPT_SOURCE};
     pub use crate::rule::{redis_key, redis_key_for};
 }

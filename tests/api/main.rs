@@ -16,7 +16,6 @@ mod json_api;
 mod keys;
 
 mod limits;
-mod model;
 mod operator;
 mod peek;
 mod resilience;
