@@ -10,6 +10,11 @@
 //! holds it to the same reference models as the scripts, on a pinned clock
 //! ([`LocalLimiter::decide_at`]).
 //!
+//! A banned identity is denied as Redis would deny it (the ban's time left,
+//! nothing taken) while this process knows of the ban: [`Bans`] keeps those
+//! Redis answered and those announced on the operator channel (see
+//! `operator.rs`), each until its end.
+//!
 //! Its counts are this process's only: several processes each admit up to
 //! the limit, and what was counted in Redis before the outage is not seen.
 //! The state stays after Redis returns (a later outage starts from it) until
@@ -30,10 +35,12 @@
 //! keeps its count. One lock for everything: a decision over several rules
 //! is all-or-nothing, exactly as in Redis.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::deny_cache::DenyCache;
 use super::{Algorithm, Check, Decision, Outcome};
 
 /// Most bytes held at once, by the estimate [`LocalLimiter::bytes`] keeps.
@@ -110,12 +117,81 @@ struct Inner {
     bytes: usize,
 }
 
+/// What this process knows of bans, for the local fallback: those Redis
+/// answered (a decision denied as banned) and those announced on the
+/// operator channel, each until the ban's end (bounded as the denial
+/// cache is: 32768 keys, the ones that end soonest dropped first). And the
+/// operator bans this process claimed to count in its metrics.
+#[derive(Debug, Default)]
+pub(crate) struct Bans {
+    known: DenyCache,
+    /// Whether metrics are served from this process (a filter watches the
+    /// limiter): only then does it claim operator bans to count them.
+    counting: AtomicBool,
+    /// Operator bans claimed here, per rule.
+    counted: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Bans {
+    /// Remembers that `key` is banned for `wait`, as Redis answered a call
+    /// sent at `sent` and answered at `answered` (or as a message heard at
+    /// `answered` said: then both are that moment). Not remembered when
+    /// the key's ban was ended (or reset) after `sent`.
+    pub(crate) fn learn(&self, key: &str, wait: Duration, sent: Instant, answered: Instant) {
+        self.known.remember_ban(key, wait, sent, answered);
+    }
+
+    /// The ban of `key` ended, or may have: forget it (and a ban Redis
+    /// answered for a call sent before now).
+    pub(crate) fn forget(&self, key: &str) {
+        self.known.forget(key);
+    }
+
+    /// Forgets every ban (the operator channel may have missed an unban).
+    pub(crate) fn clear(&self) {
+        self.known.clear();
+    }
+
+    /// How long `key` stays banned, if it is at `now`.
+    pub(crate) fn banned(&self, key: &str, now: Instant) -> Option<Duration> {
+        self.known.denial(key, 1, now).map(|(wait, _)| wait)
+    }
+
+    /// From now on this process counts the operator bans it claims.
+    pub(crate) fn count_here(&self) {
+        self.counting.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether this process counts the operator bans it claims.
+    pub(crate) fn counting(&self) -> bool {
+        self.counting.load(Ordering::Relaxed)
+    }
+
+    /// Counts one operator ban under `rule`, claimed by this process.
+    pub(crate) fn count(&self, rule: &str) {
+        let mut counted = match self.counted.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        *counted.entry(rule.to_string()).or_default() += 1;
+    }
+
+    /// The operator bans counted here, per rule.
+    pub(crate) fn counted(&self) -> BTreeMap<String, u64> {
+        match self.counted.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+}
+
 /// Rules enforced in memory while Redis is away.
 #[derive(Debug)]
 pub struct LocalLimiter {
     inner: Mutex<Inner>,
     epoch: Instant,
     max_bytes: usize,
+    bans: Arc<Bans>,
 }
 
 impl Default for LocalLimiter {
@@ -130,6 +206,7 @@ struct Peek {
     allowed: bool,
     remaining: u64,
     wait_ms: f64,
+    banned: bool,
     commit: Commit,
 }
 
@@ -160,7 +237,13 @@ impl LocalLimiter {
             inner: Mutex::new(Inner::default()),
             epoch: Instant::now(),
             max_bytes: max_bytes.max(SLOT_BYTES),
+            bans: Arc::default(),
         }
+    }
+
+    /// The bans this process knows of (shared with the operator listener).
+    pub(crate) fn bans(&self) -> &Arc<Bans> {
+        &self.bans
     }
 
     fn now_ms(&self) -> u64 {
@@ -189,13 +272,26 @@ impl LocalLimiter {
 
     /// As [`LocalLimiter::decide`], with the algorithms' clock pinned to
     /// `now_ms` (any scale; it may step back): for the tests that hold the
-    /// local fallback to the same reference models as the scripts.
+    /// local fallback to the same reference models as the scripts. Bans
+    /// are timed on the real clock.
     #[doc(hidden)]
     pub fn decide_at(&self, now_ms: u64, checks: &[Check]) -> Decision {
         let now = now_ms;
+        let real_now = Instant::now();
         let mut inner = self.lock();
         let mut peeks = Vec::with_capacity(checks.len());
         for c in checks {
+            if let Some(wait) = self.bans.banned(&c.key, real_now) {
+                // Denied as Redis would: the ban's time left, nothing read.
+                peeks.push(Peek {
+                    allowed: false,
+                    remaining: 0,
+                    wait_ms: wait.as_millis() as f64,
+                    banned: true,
+                    commit: Commit::Nothing,
+                });
+                continue;
+            }
             let peek = match inner.slots.get_mut(c.key.as_str()) {
                 Some(slot) => {
                     // Asked for again, allowed or not: keep it.
@@ -234,7 +330,7 @@ impl LocalLimiter {
                 allowed: p.allowed,
                 remaining: p.remaining,
                 wait: Duration::from_millis(p.wait_ms.max(0.0).ceil() as u64),
-                banned: false,
+                banned: p.banned,
                 ban_started: false,
             })
             .collect();
@@ -378,7 +474,8 @@ impl LocalLimiter {
         }
     }
 
-    /// Forgets everything (the rules changed).
+    /// Forgets every count (the rules changed). The bans stay: they end
+    /// by themselves, whatever the rules.
     pub fn clear(&self) {
         let mut inner = self.lock();
         inner.slots.clear();
@@ -449,6 +546,7 @@ fn peek(slot: &mut Slot, c: &Check, now: u64) -> Peek {
                     allowed: true,
                     remaining: limit - used - cost,
                     wait_ms: (oldest + window) as f64 - now as f64,
+                    banned: false,
                     commit: Commit::Sliding {
                         expired: first,
                         now_eff,
@@ -461,6 +559,7 @@ fn peek(slot: &mut Slot, c: &Check, now: u64) -> Peek {
                     allowed: false,
                     remaining: limit.saturating_sub(used),
                     wait_ms: (freeing + window) as f64 - now as f64,
+                    banned: false,
                     commit: Commit::Nothing,
                 }
             }
@@ -496,6 +595,7 @@ fn peek(slot: &mut Slot, c: &Check, now: u64) -> Peek {
                     allowed: true,
                     remaining: limit - used - cost,
                     wait_ms,
+                    banned: false,
                     commit: Commit::Fixed { start, used },
                 }
             } else {
@@ -503,6 +603,7 @@ fn peek(slot: &mut Slot, c: &Check, now: u64) -> Peek {
                     allowed: false,
                     remaining: limit.saturating_sub(used),
                     wait_ms,
+                    banned: false,
                     commit: Commit::Nothing,
                 }
             }
@@ -539,6 +640,7 @@ fn peek(slot: &mut Slot, c: &Check, now: u64) -> Peek {
                     allowed: true,
                     remaining: (left + 1e-9).floor() as u64,
                     wait_ms: now_eff as f64 + (burst - left) * 1000.0 / rate - now as f64,
+                    banned: false,
                     commit: Commit::Bucket { tokens, now_eff },
                 }
             } else {
@@ -546,6 +648,7 @@ fn peek(slot: &mut Slot, c: &Check, now: u64) -> Peek {
                     allowed: false,
                     remaining: (tokens + 1e-9).floor() as u64,
                     wait_ms: now_eff as f64 + (cost - tokens) * 1000.0 / rate - now as f64,
+                    banned: false,
                     commit: Commit::Nothing,
                 }
             }

@@ -627,16 +627,15 @@ impl Limiter {
                 .spawn(move || dispatcher.run())
                 .map_err(|e| LimiterError::Other(format!("cannot start a dispatcher: {e}")))?;
         }
-        if shared.deny_cache.is_some() {
-            super::operator::listen(config, manager.source.clone(), &shared);
-        }
+        let local = LocalLimiter::default();
+        super::operator::listen(config, manager.source.clone(), &shared, local.bans());
         Ok(Limiter {
             channel: super::operator::channel(&config.key_prefix),
             queue,
             pool,
             timeout: config.timeout,
             shared,
-            local: LocalLimiter::default(),
+            local,
             // A cluster's batches need the slot-aware dispatcher threads.
             dispatch: if cluster {
                 Dispatch::Threads
