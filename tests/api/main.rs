@@ -12,7 +12,6 @@ mod fields;
 mod filter;
 mod helpers;
 mod isolation;
-mod json_api;
 mod keys;
 
 mod limits;

@@ -5,6 +5,8 @@
 //! choose its quota, skip predicates, TOML text whose every setting is
 //! used, and key values kept out of Redis key names.
 
+mod common;
+
 use std::net::TcpListener;
 use std::time::Duration;
 
@@ -14,7 +16,7 @@ use floodgate::rule::{Identity, OnMissingKey};
 use floodgate::{Filter, Key, Limit};
 use serde::Deserialize;
 
-use crate::helpers::RedisServer;
+use common::RedisServer;
 
 fn filter(redis: &RedisServer, rules: &str) -> Filter {
     let text = format!("[redis]\nurl = \"{}\"\n{rules}", redis.url());
