@@ -98,6 +98,8 @@ async fn a_json_login_is_limited_per_account_under_concurrency() {
     drop(handle.stop(false));
 }
 
+// Phone numbers as keys: the `e164` feature.
+#[cfg(feature = "e164")]
 #[actix_web::test]
 async fn a_form_and_a_json_body_share_one_body_counter() {
     let redis = RedisServer::start();
