@@ -142,6 +142,7 @@ pub use crate::rule::{Key, KeyFn};
 #[doc(hidden)]
 pub mod __private {
     pub use crate::limit::dispatch::single::{decide_batch, decide_batch_with_deadlines};
+    pub use crate::limit::local::LocalLimiter;
     pub use crate::limit::wire::SCRIPT_SOURCE;
     pub use crate::rule::{redis_key, redis_key_for};
 }

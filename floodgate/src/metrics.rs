@@ -90,8 +90,14 @@ pub struct Metrics {
 impl Metrics {
     /// Shows `limiter`'s breaker state and skipped late decisions (the
     /// first limiter attached stays).
+    ///
+    /// From then on the limiter's process counts the operator bans it
+    /// claims (one process of those sharing the Redis counts each: see
+    /// [`Limiter::operate`]), and they are shown here.
     pub fn watch(&self, limiter: &Arc<Limiter>) {
-        let _ = self.limiter.set(Arc::clone(limiter));
+        if self.limiter.set(Arc::clone(limiter)).is_ok() {
+            limiter.local().bans().count_here();
+        }
     }
 
     /// Counts one rule's outcome for one request.
@@ -191,14 +197,29 @@ impl Metrics {
         );
         out.push_str("# TYPE floodgate_bans_total counter\n");
         {
+            // Operator bans are counted where they are claimed (the
+            // limiter); the rest here.
+            let mut bans: BTreeMap<String, [u64; BANS.len()]> = BTreeMap::new();
+            if let Some(limiter) = self.limiter.get() {
+                for (rule, n) in limiter.local().bans().counted() {
+                    bans.entry(rule).or_default()[0] += n;
+                }
+            }
             let map = match self.decisions.read() {
                 Ok(m) => m,
                 Err(p) => p.into_inner(),
             };
             for (rule, counters) in map.iter() {
-                for (slot, source) in BANS {
-                    let n = counters[slot].load(Ordering::Relaxed);
+                for (i, (slot, _)) in BANS.iter().enumerate() {
+                    let n = counters[*slot].load(Ordering::Relaxed);
                     if n > 0 {
+                        bans.entry(rule.clone()).or_default()[i] += n;
+                    }
+                }
+            }
+            for (rule, counts) in &bans {
+                for ((_, source), n) in BANS.iter().zip(counts) {
+                    if *n > 0 {
                         let _ = writeln!(
                             out,
                             "floodgate_bans_total{{rule=\"{rule}\",source=\"{source}\"}} {n}"

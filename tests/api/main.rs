@@ -12,11 +12,9 @@ mod fields;
 mod filter;
 mod helpers;
 mod isolation;
-mod json_api;
 mod keys;
 
 mod limits;
-mod model;
 mod operator;
 mod peek;
 mod resilience;

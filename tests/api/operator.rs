@@ -1025,3 +1025,63 @@ async fn on_a_cluster_an_override_gives_its_own_numbers_and_its_denial_ends_with
     let app = spawn_app_with(TWO_RULES, move |c| c.filter.redis.cluster = seeds.clone()).await;
     override_numbers(&app).await;
 }
+
+/// Subscribers of the operator channel on `redis`.
+fn subscribers(redis: &RedisServer) -> i64 {
+    let (_, n): (String, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg("floodgate:operator")
+        .query(&mut redis.connection())
+        .unwrap();
+    n
+}
+
+#[actix_web::test]
+async fn a_command_line_ban_is_counted_once_by_the_serving_processes() {
+    let a = spawn_app_with(TWO_RULES, |_| {}).await;
+    let url = a.redis.url();
+    let b = spawn_app_with(TWO_RULES, move |c| c.filter.redis.url = url).await;
+    wait_until(Duration::from_secs(30), "both apps subscribed", || {
+        subscribers(&a.redis) >= 2
+    });
+    // Each app remembers a denial of 127.0.0.1 (the test's address): its
+    // listener forgetting it later shows that it heard what came before.
+    while status(&a, "/check").await == 200 {}
+    assert_eq!(status(&b, "/check").await, 429);
+    let config = config_file("counted", TWO_RULES);
+    let url = a.redis.url();
+    floodgate(
+        &config,
+        &url,
+        &["ban", "check", "203.0.113.9", "--for", "10m"],
+    )
+    .json();
+    floodgate(&config, &url, &["reset", "check", "127.0.0.1"]).json();
+    for app in [&a, &b] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while status(app, "/check").await != 200 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the reset did not arrive"
+            );
+            actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // Both heard the ban before the reset; one of them claimed it.
+    let name = "floodgate_bans_total{rule=\"check\",source=\"operator\"}";
+    let counted = |text: &str| crate::helpers::metric(text, name).unwrap_or(0);
+    let (in_a, in_b) = (counted(&a.metrics().await), counted(&b.metrics().await));
+    assert_eq!(in_a + in_b, 1, "a counted {in_a}, b counted {in_b}");
+    // The admin API's own ban: counted once too, by the process that made it.
+    b.filter
+        .operate(
+            "check",
+            &["203.0.113.10"],
+            Action::Ban(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    let (again_a, again_b) = (counted(&a.metrics().await), counted(&b.metrics().await));
+    assert_eq!((again_a, again_b), (in_a, in_b + 1));
+    std::fs::remove_file(config).unwrap();
+}

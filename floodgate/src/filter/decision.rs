@@ -69,8 +69,17 @@ pub(crate) async fn decide(
     let result = limiter.decide(checks.clone()).await;
     match result {
         Ok(decision) => {
+            let answered = Instant::now();
+            for ((r, c), o) in matched.iter().zip(&checks).zip(&decision.outcomes) {
+                if o.banned && r.on_redis_error == OnRedisError::Local {
+                    // For the local fallback, should Redis go away.
+                    limiter
+                        .local()
+                        .bans()
+                        .learn(&c.key, o.wait, started, answered);
+                }
+            }
             if let Some(cache) = limiter.deny_cache() {
-                let answered = Instant::now();
                 for ((r, c), o) in matched.iter().zip(&checks).zip(&decision.outcomes) {
                     if o.allowed || !cacheable(r) {
                         continue;
@@ -130,6 +139,7 @@ fn fallback(
     for (i, r) in matched.iter().enumerate() {
         let counted = match local.iter().position(|&l| l == i) {
             Some(at) if decision.outcomes[at].allowed => Counted::LocalAllowed,
+            Some(at) if decision.outcomes[at].banned => Counted::Banned,
             Some(_) => Counted::LocalDenied,
             None => Counted::ErrorAllowed,
         };

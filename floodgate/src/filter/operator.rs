@@ -128,15 +128,12 @@ impl Filter {
             &action,
         )
         .map_err(OperatorError::Input)?;
-        let done = self
-            .state
+        // (A ban is counted by the process that claims it: see
+        // `limit/operator.rs`.)
+        self.state
             .limiter
             .operate(check, action)
             .await
-            .map_err(OperatorError::Redis)?;
-        if let Action::Ban(_) = action {
-            self.state.metrics.ban(rule, "operator");
-        }
-        Ok(done)
+            .map_err(OperatorError::Redis)
     }
 }

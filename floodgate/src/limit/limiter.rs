@@ -129,16 +129,15 @@ impl Limiter {
             );
             super::dispatch::spawn(format!("floodgate-redis-{i}"), &rx, transport)?;
         }
-        if shared.deny_cache.is_some() {
-            super::operator::listen(config, manager.source.clone(), &shared);
-        }
+        let local = LocalLimiter::default();
+        super::operator::listen(config, manager.source.clone(), &shared, local.bans());
         Ok(Limiter {
             channel: super::operator::channel(&config.key_prefix),
             queue,
             pool,
             timeout: config.timeout,
             shared,
-            local: LocalLimiter::default(),
+            local,
             // A cluster's batches need the slot-aware dispatcher threads.
             dispatch: if cluster {
                 Dispatch::Threads

@@ -1,7 +1,19 @@
 //! The local limiter: while Redis cannot decide, a rule with
 //! `on_redis_error = "local"` is enforced by this process alone, with the
 //! same algorithms, limits and answers as the Lua scripts, on the process's
-//! own monotonic clock.
+//! own monotonic clock. Each state is what the script keeps in Redis, and
+//! lives as long as its key would there: it is gone once its TTL would
+//! have run out, a window or bucket takes on a reload's parameters at its
+//! next decision as the scripts do (a window still open under the window it
+//! was opened with, a bucket refilling at its old rate until then), and a
+//! clock that steps back meets the state's own time. `tests/model.rs`
+//! holds it to the same reference models as the scripts, on a pinned clock
+//! ([`LocalLimiter::decide_at`]).
+//!
+//! A banned identity is denied as Redis would deny it (the ban's time left,
+//! nothing taken) while this process knows of the ban: [`Bans`] keeps those
+//! Redis answered and those announced on the operator channel (see
+//! `operator.rs`), each until its end.
 //!
 //! Its counts are this process's only: several processes each admit up to
 //! the limit, and what was counted in Redis before the outage is not seen.
@@ -23,10 +35,12 @@
 //! keeps its count. One lock for everything: a decision over several rules
 //! is all-or-nothing, exactly as in Redis.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::deny_cache::DenyCache;
 use super::{Algorithm, Check, Decision, Outcome};
 
 /// Most bytes held at once, by the estimate [`LocalLimiter::bytes`] keeps.
@@ -43,24 +57,32 @@ pub(crate) const SLOT_BYTES: usize = 320;
 /// Second chances given per decision before the oldest state goes anyway.
 const SECOND_CHANCES: usize = 32;
 
+/// A key's state, as the Lua scripts keep it in Redis (times in ms on the
+/// limiter's clock).
 #[derive(Debug)]
 enum State {
-    /// Admission times in ms, oldest first, one per unit.
+    /// Nothing: the key expired (its TTL in Redis would have run out), or
+    /// a reload changed its algorithm.
+    Gone,
+    /// Admission times, oldest first, one per unit.
     Sliding(VecDeque<u64>),
-    Fixed {
-        start: u64,
-        used: u64,
-    },
+    /// The window opened at `start` with `used` units taken, under a window
+    /// of `window` ms (the one in force when it was last decided).
+    Fixed { start: u64, used: u64, window: u64 },
+    /// `tokens` left at `at`, refilling under `rate` and `burst`.
     Bucket {
         tokens: f64,
         at: u64,
+        rate: f64,
+        burst: f64,
     },
 }
 
 #[derive(Debug)]
 struct Slot {
     state: State,
-    /// When the state holds nothing any more (ms).
+    /// The last moment the state exists (ms): what the key's TTL in Redis
+    /// would say. After it, the state is gone.
     expires: u64,
     /// Used since its turn in the eviction queue last came.
     used: bool,
@@ -79,6 +101,12 @@ impl Slot {
                 _ => 0,
             }
     }
+
+    /// Sets the TTL as the scripts' `set_ttl` does: `ms` from `now`,
+    /// rounded up, at least 1.
+    fn set_ttl(&mut self, now: u64, ms: f64) {
+        self.expires = now + (ms.ceil() as u64).max(1);
+    }
 }
 
 #[derive(Debug, Default)]
@@ -89,12 +117,81 @@ struct Inner {
     bytes: usize,
 }
 
+/// What this process knows of bans, for the local fallback: those Redis
+/// answered (a decision denied as banned) and those announced on the
+/// operator channel, each until the ban's end (bounded as the denial
+/// cache is: 32768 keys, the ones that end soonest dropped first). And the
+/// operator bans this process claimed to count in its metrics.
+#[derive(Debug, Default)]
+pub(crate) struct Bans {
+    known: DenyCache,
+    /// Whether metrics are served from this process (a filter watches the
+    /// limiter): only then does it claim operator bans to count them.
+    counting: AtomicBool,
+    /// Operator bans claimed here, per rule.
+    counted: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Bans {
+    /// Remembers that `key` is banned for `wait`, as Redis answered a call
+    /// sent at `sent` and answered at `answered` (or as a message heard at
+    /// `answered` said: then both are that moment). Not remembered when
+    /// the key's ban was ended (or reset) after `sent`.
+    pub(crate) fn learn(&self, key: &str, wait: Duration, sent: Instant, answered: Instant) {
+        self.known.remember_ban(key, wait, sent, answered);
+    }
+
+    /// The ban of `key` ended, or may have: forget it (and a ban Redis
+    /// answered for a call sent before now).
+    pub(crate) fn forget(&self, key: &str) {
+        self.known.forget(key);
+    }
+
+    /// Forgets every ban (the operator channel may have missed an unban).
+    pub(crate) fn clear(&self) {
+        self.known.clear();
+    }
+
+    /// How long `key` stays banned, if it is at `now`.
+    pub(crate) fn banned(&self, key: &str, now: Instant) -> Option<Duration> {
+        self.known.denial(key, 1, now).map(|(wait, _)| wait)
+    }
+
+    /// From now on this process counts the operator bans it claims.
+    pub(crate) fn count_here(&self) {
+        self.counting.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether this process counts the operator bans it claims.
+    pub(crate) fn counting(&self) -> bool {
+        self.counting.load(Ordering::Relaxed)
+    }
+
+    /// Counts one operator ban under `rule`, claimed by this process.
+    pub(crate) fn count(&self, rule: &str) {
+        let mut counted = match self.counted.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        *counted.entry(rule.to_string()).or_default() += 1;
+    }
+
+    /// The operator bans counted here, per rule.
+    pub(crate) fn counted(&self) -> BTreeMap<String, u64> {
+        match self.counted.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+}
+
 /// Rules enforced in memory while Redis is away.
 #[derive(Debug)]
 pub struct LocalLimiter {
     inner: Mutex<Inner>,
     epoch: Instant,
     max_bytes: usize,
+    bans: Arc<Bans>,
 }
 
 impl Default for LocalLimiter {
@@ -103,11 +200,34 @@ impl Default for LocalLimiter {
     }
 }
 
-/// What a check's algorithm sees: its peek, before anything is recorded.
+/// What a check's algorithm sees: its peek, before anything is recorded,
+/// and what a commit then writes.
 struct Peek {
     allowed: bool,
     remaining: u64,
     wait_ms: f64,
+    banned: bool,
+    commit: Commit,
+}
+
+/// What an admission writes, as the peek found it.
+#[derive(Clone, Copy)]
+enum Commit {
+    Nothing,
+    /// Drop the first `expired` entries (out of the window at `now_eff`),
+    /// push the cost at `now_eff`.
+    Sliding {
+        expired: usize,
+        now_eff: u64,
+    },
+    Fixed {
+        start: u64,
+        used: u64,
+    },
+    Bucket {
+        tokens: f64,
+        now_eff: u64,
+    },
 }
 
 impl LocalLimiter {
@@ -117,7 +237,13 @@ impl LocalLimiter {
             inner: Mutex::new(Inner::default()),
             epoch: Instant::now(),
             max_bytes: max_bytes.max(SLOT_BYTES),
+            bans: Arc::default(),
         }
+    }
+
+    /// The bans this process knows of (shared with the operator listener).
+    pub(crate) fn bans(&self) -> &Arc<Bans> {
+        &self.bans
     }
 
     fn now_ms(&self) -> u64 {
@@ -141,18 +267,52 @@ impl LocalLimiter {
     /// limiter's clock, for [`LocalLimiter::give_back`].
     pub fn decide_stamped(&self, checks: &[Check]) -> (Decision, u64) {
         let now = self.now_ms();
+        (self.decide_at(now, checks), now)
+    }
+
+    /// As [`LocalLimiter::decide`], with the algorithms' clock pinned to
+    /// `now_ms` (any scale; it may step back): for the tests that hold the
+    /// local fallback to the same reference models as the scripts. Bans
+    /// are timed on the real clock.
+    #[doc(hidden)]
+    pub fn decide_at(&self, now_ms: u64, checks: &[Check]) -> Decision {
+        let now = now_ms;
+        let real_now = Instant::now();
         let mut inner = self.lock();
-        let peeks: Vec<Peek> = checks
-            .iter()
-            .map(|c| {
-                let slot = inner.slots.get_mut(c.key.as_str()).map(|s| {
-                    // Asked for again, allowed or not: keep it.
-                    s.used = true;
-                    &*s
+        let mut peeks = Vec::with_capacity(checks.len());
+        for c in checks {
+            if let Some(wait) = self.bans.banned(&c.key, real_now) {
+                // Denied as Redis would: the ban's time left, nothing read.
+                peeks.push(Peek {
+                    allowed: false,
+                    remaining: 0,
+                    wait_ms: wait.as_millis() as f64,
+                    banned: true,
+                    commit: Commit::Nothing,
                 });
-                peek(slot, c, now)
-            })
-            .collect();
+                continue;
+            }
+            let peek = match inner.slots.get_mut(c.key.as_str()) {
+                Some(slot) => {
+                    // Asked for again, allowed or not: keep it.
+                    slot.used = true;
+                    let before = slot.bytes(c.key.len());
+                    let peek = peek(slot, c, now);
+                    let after = slot.bytes(c.key.len());
+                    inner.bytes = (inner.bytes + after).saturating_sub(before);
+                    peek
+                }
+                None => {
+                    let mut gone = Slot {
+                        state: State::Gone,
+                        expires: now,
+                        used: true,
+                    };
+                    peek(&mut gone, c, now)
+                }
+            };
+            peeks.push(peek);
+        }
         let allowed = checks
             .iter()
             .zip(&peeks)
@@ -160,7 +320,7 @@ impl LocalLimiter {
         if allowed {
             for (c, p) in checks.iter().zip(&peeks) {
                 if p.allowed {
-                    self.commit(&mut inner, c, now);
+                    self.commit(&mut inner, c, &p.commit, now);
                 }
             }
         }
@@ -170,12 +330,12 @@ impl LocalLimiter {
                 allowed: p.allowed,
                 remaining: p.remaining,
                 wait: Duration::from_millis(p.wait_ms.max(0.0).ceil() as u64),
-                banned: false,
+                banned: p.banned,
                 ban_started: false,
                 quota: None,
             })
             .collect();
-        (Decision { outcomes, allowed }, now)
+        Decision { outcomes, allowed }
     }
 
     /// Gives back `check.cost` units admitted at `at` (from
@@ -200,7 +360,7 @@ impl LocalLimiter {
                     }
                 }
             }
-            (State::Fixed { start, used }, Algorithm::FixedWindow { .. }) if *start <= at => {
+            (State::Fixed { start, used, .. }, Algorithm::FixedWindow { .. }) if *start <= at => {
                 *used = used.saturating_sub(u64::from(check.cost));
             }
             (State::Bucket { tokens, .. }, Algorithm::TokenBucket { burst, .. }) => {
@@ -210,8 +370,7 @@ impl LocalLimiter {
         }
     }
 
-    fn commit(&self, inner: &mut Inner, c: &Check, now: u64) {
-        let cost = u64::from(c.cost);
+    fn commit(&self, inner: &mut Inner, c: &Check, commit: &Commit, now: u64) {
         let key_len = c.key.len();
         let before = match inner.slots.get(c.key.as_str()) {
             Some(slot) => slot.bytes(key_len),
@@ -226,7 +385,7 @@ impl LocalLimiter {
                 let key: Arc<str> = Arc::from(c.key.as_str());
                 inner.queue.push_back(Arc::clone(&key));
                 let slot = Slot {
-                    state: fresh(c.algorithm, now),
+                    state: State::Gone,
                     expires: now,
                     used: true,
                 };
@@ -238,37 +397,45 @@ impl LocalLimiter {
             return;
         };
         slot.used = true;
-        if !same_kind(&slot.state, c.algorithm) {
-            slot.state = fresh(c.algorithm, now);
-        }
-        match (&mut slot.state, c.algorithm) {
-            (State::Sliding(log), Algorithm::SlidingWindow { window, .. }) => {
+        let cost = u64::from(c.cost);
+        match (*commit, c.algorithm) {
+            (Commit::Sliding { expired, now_eff }, Algorithm::SlidingWindow { window, .. }) => {
                 let window = window.as_millis() as u64;
-                while log.front().is_some_and(|&t| t + window <= now) {
-                    log.pop_front();
+                if !matches!(slot.state, State::Sliding(_)) {
+                    slot.state = State::Sliding(VecDeque::new());
                 }
-                let t = log.back().map_or(now, |&b| b.max(now));
-                log.extend(std::iter::repeat_n(t, c.cost as usize));
-                // A log that emptied out gives its room back.
-                if log.capacity() > 64 && log.len() < log.capacity() / 4 {
-                    log.shrink_to(log.len() * 2);
+                if let State::Sliding(log) = &mut slot.state {
+                    log.drain(..expired.min(log.len()));
+                    log.extend(std::iter::repeat_n(now_eff, c.cost as usize));
+                    // A log that emptied out gives its room back.
+                    if log.capacity() > 64 && log.len() < log.capacity() / 4 {
+                        log.shrink_to(log.len() * 2);
+                    }
                 }
-                slot.expires = t + window;
+                slot.set_ttl(now, (now_eff + window - now) as f64);
             }
-            (State::Fixed { start, used }, Algorithm::FixedWindow { window, .. }) => {
+            (Commit::Fixed { start, used }, Algorithm::FixedWindow { window, .. }) => {
                 let window = window.as_millis() as u64;
-                if now >= *start + window {
-                    *start = now;
-                    *used = 0;
-                }
-                *used += cost;
-                slot.expires = *start + window;
+                slot.state = State::Fixed {
+                    start,
+                    used: used + cost,
+                    window,
+                };
+                slot.set_ttl(now, (start + window - now) as f64);
             }
-            (State::Bucket { tokens, at }, Algorithm::TokenBucket { rate, burst }) => {
-                let t = refill(*tokens, *at, now, rate, burst);
-                *tokens = (t - f64::from(c.cost)).max(0.0);
-                *at = now.max(*at);
-                slot.expires = *at + ((f64::from(burst.get()) - *tokens) * 1000.0 / rate) as u64;
+            (Commit::Bucket { tokens, now_eff }, Algorithm::TokenBucket { rate, burst }) => {
+                let burst = f64::from(burst.get());
+                let left = (tokens - f64::from(c.cost)).max(0.0);
+                slot.state = State::Bucket {
+                    tokens: left,
+                    at: now_eff,
+                    rate,
+                    burst,
+                };
+                slot.set_ttl(
+                    now,
+                    now_eff as f64 + (burst - left) * 1000.0 / rate - now as f64,
+                );
             }
             _ => {}
         }
@@ -296,7 +463,7 @@ impl LocalLimiter {
                 inner.queue.push_back(key);
                 continue;
             }
-            if slot.used && slot.expires > now && chances < SECOND_CHANCES {
+            if slot.used && slot.expires >= now && chances < SECOND_CHANCES {
                 slot.used = false;
                 chances += 1;
                 inner.queue.push_back(key);
@@ -308,7 +475,8 @@ impl LocalLimiter {
         }
     }
 
-    /// Forgets everything (the rules changed).
+    /// Forgets every count (the rules changed). The bans stay: they end
+    /// by themselves, whatever the rules.
     pub fn clear(&self) {
         let mut inner = self.lock();
         inner.slots.clear();
@@ -337,106 +505,152 @@ impl LocalLimiter {
     }
 }
 
-fn fresh(algorithm: Algorithm, now: u64) -> State {
-    match algorithm {
-        Algorithm::SlidingWindow { .. } => State::Sliding(VecDeque::new()),
-        Algorithm::FixedWindow { .. } => State::Fixed {
-            start: now,
-            used: 0,
-        },
-        Algorithm::TokenBucket { burst, .. } => State::Bucket {
-            tokens: f64::from(burst.get()),
-            at: now,
-        },
-    }
-}
-
-fn same_kind(state: &State, algorithm: Algorithm) -> bool {
-    matches!(
-        (state, algorithm),
+/// Reads `slot` for `c` at `now` as the algorithm's peek in Lua does, and
+/// writes what that peek writes in Redis even when nothing is admitted:
+/// a state gone past its TTL or of another algorithm is dropped, and a
+/// window or bucket decided under changed parameters takes them on.
+fn peek(slot: &mut Slot, c: &Check, now: u64) -> Peek {
+    let live = slot.expires >= now;
+    let kind = matches!(
+        (&slot.state, c.algorithm),
         (State::Sliding(_), Algorithm::SlidingWindow { .. })
             | (State::Fixed { .. }, Algorithm::FixedWindow { .. })
             | (State::Bucket { .. }, Algorithm::TokenBucket { .. })
-    )
-}
-
-fn refill(tokens: f64, at: u64, now: u64, rate: f64, burst: std::num::NonZeroU32) -> f64 {
-    let elapsed = now.saturating_sub(at) as f64;
-    (tokens + elapsed * rate / 1000.0).min(f64::from(burst.get()))
-}
-
-fn peek(slot: Option<&Slot>, c: &Check, now: u64) -> Peek {
+    );
+    if !live || !kind {
+        slot.state = State::Gone;
+    }
     let cost = u64::from(c.cost);
-    let state = slot.map(|s| &s.state).filter(|s| same_kind(s, c.algorithm));
     match c.algorithm {
         Algorithm::SlidingWindow { limit, window } => {
             let (limit, window) = (u64::from(limit.get()), window.as_millis() as u64);
             // The log is oldest first: its live part is a suffix.
             let empty = VecDeque::new();
-            let log = match state {
-                Some(State::Sliding(log)) => log,
+            let log = match &slot.state {
+                State::Sliding(log) => log,
                 _ => &empty,
             };
-            let now_eff = log.back().map_or(now, |&b| b.max(now));
+            let newest = log.back().copied();
+            let now_eff = newest.map_or(now, |b| b.max(now));
             let first = log.partition_point(|&t| t + window <= now_eff);
             let used = (log.len() - first) as u64;
+            let oldest = log.get(first).copied().unwrap_or(now_eff);
+            let freeing = (used + cost)
+                .checked_sub(limit + 1)
+                .and_then(|i| log.get(first + i as usize).copied());
+            if let (Some(newest), true) = (newest, used > 0) {
+                // Every decision on a live log sets its TTL again.
+                slot.set_ttl(now, (newest + window - now) as f64);
+            }
             if used + cost <= limit {
-                let oldest = log.get(first).copied().unwrap_or(now);
                 Peek {
                     allowed: true,
                     remaining: limit - used - cost,
                     wait_ms: (oldest + window) as f64 - now as f64,
+                    banned: false,
+                    commit: Commit::Sliding {
+                        expired: first,
+                        now_eff,
+                    },
                 }
             } else {
                 // The entry that must leave last for the request to fit.
-                let must_leave = (used + cost - limit) as usize;
-                let freeing = log.get(first + must_leave - 1).copied().unwrap_or(now);
+                let freeing = freeing.unwrap_or(now_eff);
                 Peek {
                     allowed: false,
                     remaining: limit.saturating_sub(used),
                     wait_ms: (freeing + window) as f64 - now as f64,
+                    banned: false,
+                    commit: Commit::Nothing,
                 }
             }
         }
         Algorithm::FixedWindow { limit, window } => {
             let (limit, window) = (u64::from(limit.get()), window.as_millis() as u64);
-            let (start, used) = match state {
-                Some(&State::Fixed { start, used }) if now < start + window => (start, used),
-                _ => (now, 0),
-            };
+            let mut open = None;
+            let mut adopted = None;
+            if let State::Fixed {
+                start,
+                used,
+                window: was,
+            } = &mut slot.state
+            {
+                let now_eff = now.max(*start);
+                // Open while open under the window it was decided under
+                // and under the one in force.
+                if now_eff < *start + *was && now_eff < *start + window {
+                    if *was != window {
+                        *was = window;
+                        adopted = Some(*start + window);
+                    }
+                    open = Some((*start, *used));
+                }
+            }
+            if let Some(closes) = adopted {
+                slot.set_ttl(now, (closes - now) as f64);
+            }
+            let (start, used) = open.unwrap_or((now, 0));
             let wait_ms = (start + window) as f64 - now as f64;
             if used + cost <= limit {
                 Peek {
                     allowed: true,
                     remaining: limit - used - cost,
                     wait_ms,
+                    banned: false,
+                    commit: Commit::Fixed { start, used },
                 }
             } else {
                 Peek {
                     allowed: false,
                     remaining: limit.saturating_sub(used),
                     wait_ms,
+                    banned: false,
+                    commit: Commit::Nothing,
                 }
             }
         }
         Algorithm::TokenBucket { rate, burst } => {
-            let tokens = match state {
-                Some(&State::Bucket { tokens, at }) => refill(tokens, at, now, rate, burst),
-                _ => f64::from(burst.get()),
-            };
+            let burst = f64::from(burst.get());
+            let (mut tokens, mut now_eff) = (burst, now);
+            let mut adopted = None;
+            if let State::Bucket {
+                tokens: left,
+                at,
+                rate: was_rate,
+                burst: was_burst,
+            } = &mut slot.state
+            {
+                now_eff = now.max(*at);
+                // It refills under the parameters it was decided under.
+                let t = *left + (now_eff - *at) as f64 * *was_rate / 1000.0;
+                if t < *was_burst {
+                    tokens = t.min(burst);
+                    if *was_rate != rate || *was_burst != burst {
+                        (*left, *at, *was_rate, *was_burst) = (tokens, now_eff, rate, burst);
+                        adopted = Some(now_eff as f64 + (burst - tokens) * 1000.0 / rate);
+                    }
+                }
+            }
+            if let Some(full) = adopted {
+                slot.set_ttl(now, full - now as f64);
+            }
             let cost = f64::from(c.cost);
             if tokens + 1e-9 >= cost {
                 let left = (tokens - cost).max(0.0);
                 Peek {
                     allowed: true,
                     remaining: (left + 1e-9).floor() as u64,
-                    wait_ms: (f64::from(burst.get()) - left) * 1000.0 / rate,
+                    wait_ms: now_eff as f64 + (burst - left) * 1000.0 / rate - now as f64,
+                    banned: false,
+                    commit: Commit::Bucket { tokens, now_eff },
                 }
             } else {
                 Peek {
                     allowed: false,
                     remaining: (tokens + 1e-9).floor() as u64,
-                    wait_ms: (cost - tokens) * 1000.0 / rate,
+                    wait_ms: now_eff as f64 + (cost - tokens) * 1000.0 / rate - now as f64,
+                    banned: false,
+                    commit: Commit::Nothing,
                 }
             }
         }

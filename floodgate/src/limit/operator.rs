@@ -7,21 +7,35 @@
 //! read, and an `HMGET` for a check whose record exists; never a round trip. On a Cluster the record shares the state key's
 //! hash tag, so its slot.
 //!
-//! What the script cannot reach is each process's denial cache: after
-//! every change the action publishes the state key on the channel
-//! `PREFIX:operator`, and every [`Limiter`] with a denial cache keeps one
-//! subscriber connection (a thread) that forgets the key's remembered
-//! denial. A subscriber that lost its connection forgets every remembered
-//! denial when it is subscribed again, since it may have missed messages.
+//! What the script cannot reach is each process's memory: after every
+//! change the action publishes on the channel `PREFIX:operator`, and every
+//! [`Limiter`] keeps one subscriber connection (a thread) that hears it.
+//! Two messages go out per change: the state key alone (what the previous
+//! version's listeners read: forget the key's remembered denial), then an
+//! announcement, `!ban MS KEY` (banned for MS ms from now), `!unban KEY`,
+//! `!reset KEY`, `!override KEY` or `!clear KEY`, from which a listener
+//! also keeps the bans the local fallback enforces while Redis is away (see
+//! `local.rs`). A subscriber that lost its connection forgets every
+//! remembered denial and every ban it heard of when it is subscribed again,
+//! since it may have missed messages.
+//!
+//! An operator's ban is counted in `floodgate_bans_total` once, by one of
+//! the processes whose metrics are served: each claims it with one atomic
+//! call on the ban's record ([`CLAIM_SOURCE`]), and only the claimer counts
+//! it. The process that made the ban claims it as soon as it is made (the
+//! admin API), the others when they hear of it; a command-line process,
+//! whose metrics nobody reads, never claims.
 
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use super::conn::Pool;
 use super::limiter::Shared;
+use super::local::Bans;
 use super::topology::{Master, RedisConn, Source};
 use super::wire;
 use super::{Check, Limiter, LimiterError, RedisConfig};
+use crate::logging::Escaped;
 
 /// The Lua of an operator's action: the shared helpers, the algorithm
 /// files, then the action's driver.
@@ -30,6 +44,92 @@ pub const OPERATOR_SOURCE: &str = wire::OPERATOR_SOURCE;
 fn script() -> &'static redis::Script {
     static SCRIPT: OnceLock<redis::Script> = OnceLock::new();
     SCRIPT.get_or_init(|| redis::Script::new(OPERATOR_SOURCE))
+}
+
+/// Claims the operator ban in force on a record (KEYS[1]) for one
+/// process's count: 1 for the first claim of that ban (its end, in the
+/// field `bc`), 0 for any later one, or when no operator ban is in force.
+/// Writes nothing but that field of a record that exists (and keeps its
+/// TTL).
+pub const CLAIM_SOURCE: &str = r#"
+local ban = redis.call('HGET', KEYS[1], 'ban')
+if not ban or redis.call('HGET', KEYS[1], 'by') ~= 'operator' then
+  return 0
+end
+if redis.call('HGET', KEYS[1], 'bc') == ban then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'bc', ban)
+return 1
+"#;
+
+fn claim_script() -> &'static redis::Script {
+    static SCRIPT: OnceLock<redis::Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| redis::Script::new(CLAIM_SOURCE))
+}
+
+/// Claims the operator ban on the identity `key` (a state key under
+/// `prefix`) for this process's count, and counts it in `bans` when the
+/// claim is this process's.
+fn claim(conn: &mut RedisConn, bans: &Bans, prefix: &str, key: &str) -> redis::RedisResult<()> {
+    let claimed: i64 = claim_script().key(record_key(key)).invoke(conn)?;
+    if claimed == 1 {
+        // PREFIX:RULE:KIND:ID; rule names hold no ':'.
+        let rule = key
+            .strip_prefix(prefix)
+            .and_then(|k| k.strip_prefix(':'))
+            .and_then(|k| k.split(':').next());
+        if let Some(rule) = rule {
+            bans.count(rule);
+        }
+    }
+    Ok(())
+}
+
+/// What a listener hears of one change (see the module's docs).
+#[derive(Debug, PartialEq, Eq)]
+enum Heard<'m> {
+    /// A key alone: forget its remembered denial.
+    Key(&'m str),
+    /// Banned for this long from when it is heard.
+    Ban(Duration, &'m str),
+    /// Its ban ended (an unban, a reset).
+    Unbanned(&'m str),
+    /// Its override changed: forget its remembered denial.
+    Changed(&'m str),
+    /// An announcement of a later version: nothing this one understands.
+    Unknown,
+}
+
+/// The announcement of `action` on `key`, as [`heard`] reads it.
+fn announcement(action: Action, key: &str) -> String {
+    match action {
+        Action::Ban(d) => format!("!ban {} {key}", d.as_millis()),
+        Action::Clear => format!("!clear {key}"),
+        other => format!("!{} {key}", other.name()),
+    }
+}
+
+/// Reads one message on the operator channel.
+fn heard(message: &str) -> Heard<'_> {
+    let Some(news) = message.strip_prefix('!') else {
+        return Heard::Key(message);
+    };
+    let Some((what, rest)) = news.split_once(' ') else {
+        return Heard::Unknown;
+    };
+    match what {
+        "ban" => match rest.split_once(' ') {
+            Some((ms, key)) => match ms.parse::<u64>() {
+                Ok(ms) => Heard::Ban(Duration::from_millis(ms), key),
+                Err(_) => Heard::Unknown,
+            },
+            None => Heard::Unknown,
+        },
+        "unban" | "reset" => Heard::Unbanned(rest),
+        "override" | "clear" => Heard::Changed(rest),
+        _ => Heard::Unknown,
+    }
 }
 
 /// Escalating bans for a rule: `after` denials of one identity within
@@ -188,12 +288,14 @@ fn secs(ms: i64) -> u64 {
 
 /// Runs `action` on the identity `check.key` (under the rule whose
 /// algorithm and cost `check` carries) on a connection from `pool`,
-/// publishes the change on `channel`, and answers what the rule holds for
-/// the identity afterwards. Blocking; bounded by the connection's timeouts.
+/// publishes the change on `channel`, claims a ban for `bans`'s count
+/// (when this process counts), and answers what the rule holds for the
+/// identity afterwards. Blocking; bounded by the connection's timeouts.
 pub(crate) fn operate_blocking(
     pool: &Pool,
     timeout: Duration,
     channel: &str,
+    bans: &Bans,
     check: &Check,
     action: Action,
 ) -> Result<Inspection, LimiterError> {
@@ -223,14 +325,32 @@ pub(crate) fn operate_blocking(
     let result: redis::RedisResult<Vec<i64>> = call.invoke(&mut **conn);
     conn.note(&result);
     let v = result.map_err(LimiterError::from)?;
+    if let (Action::Ban(_), true) = (action, bans.counting()) {
+        // Claimed before it is published: a process that counts is the one
+        // that counts its own ban.
+        let prefix = channel.strip_suffix(":operator").unwrap_or(channel);
+        let claimed = claim(&mut conn, bans, prefix, &check.key);
+        conn.note(&claimed);
+        if let Err(e) = claimed {
+            // A listener (this process's too) claims it then.
+            log::debug!(
+                "could not claim the ban of {} to count it: {e}",
+                Escaped(&check.key)
+            );
+        }
+    }
     if action != Action::Inspect {
-        // Every process forgets its remembered denial of the key.
-        let published: redis::RedisResult<i64> = redis::cmd("PUBLISH")
-            .arg(channel)
-            .arg(&check.key)
-            .query(&mut **conn);
-        conn.note(&published);
-        published.map_err(LimiterError::from)?;
+        // Every process forgets its remembered denial of the key (the key
+        // alone, for the previous version's listeners), and hears what
+        // changed.
+        for message in [check.key.clone(), announcement(action, &check.key)] {
+            let published: redis::RedisResult<i64> = redis::cmd("PUBLISH")
+                .arg(channel)
+                .arg(message)
+                .query(&mut **conn);
+            conn.note(&published);
+            published.map_err(LimiterError::from)?;
+        }
     }
     inspection(check, &v)
 }
@@ -275,8 +395,9 @@ impl Limiter {
         let pool = self.pool().clone();
         let timeout = self.timeout();
         let channel = self.channel().to_string();
+        let bans = Arc::clone(self.local().bans());
         let work = actix_rt::task::spawn_blocking(move || {
-            operate_blocking(&pool, timeout, &channel, &check, action)
+            operate_blocking(&pool, timeout, &channel, &bans, &check, action)
         });
         match tokio::time::timeout(timeout * 3, work).await {
             Ok(Ok(result)) => result,
@@ -294,20 +415,31 @@ impl Limiter {
         check: &Check,
         action: Action,
     ) -> Result<Inspection, LimiterError> {
-        operate_blocking(self.pool(), self.timeout(), self.channel(), check, action)
+        operate_blocking(
+            self.pool(),
+            self.timeout(),
+            self.channel(),
+            self.local().bans(),
+            check,
+            action,
+        )
     }
 }
 
-/// Starts the thread that listens for operator changes and forgets the
-/// changed keys' remembered denials in `shared`'s cache. It ends once the
-/// limiter is dropped.
-pub(super) fn listen(config: &RedisConfig, source: Source, shared: &Arc<Shared>) {
+/// Starts the thread that listens for operator changes: it forgets the
+/// changed keys' remembered denials in `shared`'s cache, keeps the bans it
+/// hears of in `bans`, and claims operator bans to count them. It ends
+/// once the limiter is dropped.
+pub(super) fn listen(config: &RedisConfig, source: Source, shared: &Arc<Shared>, bans: &Arc<Bans>) {
     let listener = Listener {
         seeds: config.cluster.clone(),
         source,
         channel: channel(&config.key_prefix),
+        prefix: config.key_prefix.clone(),
         timeout: config.timeout,
         shared: Arc::downgrade(shared),
+        bans: Arc::clone(bans),
+        commands: None,
     };
     let started = std::thread::Builder::new()
         .name("floodgate-operator".into())
@@ -322,8 +454,14 @@ struct Listener {
     seeds: Vec<String>,
     source: Source,
     channel: String,
+    /// `[redis] key_prefix`: state keys are PREFIX:RULE:KIND:ID.
+    prefix: String,
     timeout: Duration,
     shared: Weak<Shared>,
+    bans: Arc<Bans>,
+    /// A connection for claims (a subscribed one sends no commands),
+    /// opened when first needed.
+    commands: Option<RedisConn>,
 }
 
 /// How long the listener waits for a message before it checks that the
@@ -331,7 +469,7 @@ struct Listener {
 const LISTEN_TICK: Duration = Duration::from_millis(500);
 
 impl Listener {
-    fn run(self) {
+    fn run(mut self) {
         let mut seed = 0;
         let mut failing_since: Option<Instant> = None;
         loop {
@@ -379,8 +517,58 @@ impl Listener {
         }
     }
 
+    /// Claims the operator ban on `key` for this process's count, on the
+    /// listener's own command connection (opened again after an error).
+    fn claim(&mut self, key: &str) {
+        if self.commands.is_none() {
+            match self.source.open(self.timeout, self.timeout) {
+                Ok((conn, _)) => self.commands = Some(conn),
+                Err(e) => {
+                    log::debug!("operator listener: cannot connect to claim a ban ({e})");
+                    return;
+                }
+            }
+        }
+        let Some(conn) = self.commands.as_mut() else {
+            return;
+        };
+        if let Err(e) = claim(conn, &self.bans, &self.prefix, key) {
+            log::debug!(
+                "operator listener: could not claim the ban of {} ({e})",
+                Escaped(key)
+            );
+            self.commands = None;
+        }
+    }
+
+    /// Acts on one message: the denial cache forgets, the bans learn or
+    /// forget, a ban is claimed.
+    fn hear(&mut self, shared: &Shared, message: &str) {
+        let forget = |key: &str| {
+            if let Some(cache) = &shared.deny_cache {
+                cache.forget(key);
+            }
+        };
+        match heard(message) {
+            Heard::Key(key) | Heard::Changed(key) => forget(key),
+            Heard::Ban(wait, key) => {
+                forget(key);
+                let now = Instant::now();
+                self.bans.learn(key, wait, now, now);
+                if self.bans.counting() {
+                    self.claim(key);
+                }
+            }
+            Heard::Unbanned(key) => {
+                forget(key);
+                self.bans.forget(key);
+            }
+            Heard::Unknown => {}
+        }
+    }
+
     /// Listens until the connection fails (false) or the limiter is gone (true).
-    fn listen(&self, mut conn: redis::Connection, master: Option<&Master>) -> bool {
+    fn listen(&mut self, mut conn: redis::Connection, master: Option<&Master>) -> bool {
         let mut pubsub = conn.as_pubsub();
         if pubsub.subscribe(&self.channel).is_err()
             || pubsub.set_read_timeout(Some(LISTEN_TICK)).is_err()
@@ -393,6 +581,7 @@ impl Listener {
                 if let Some(cache) = &shared.deny_cache {
                     cache.clear();
                 }
+                self.bans.clear();
             }
             None => return true,
         }
@@ -403,11 +592,8 @@ impl Listener {
             };
             match message {
                 Ok(msg) => {
-                    if let (Some(cache), Ok(key)) = (
-                        &shared.deny_cache,
-                        std::str::from_utf8(msg.get_payload_bytes()),
-                    ) {
-                        cache.forget(key);
+                    if let Ok(text) = std::str::from_utf8(msg.get_payload_bytes()) {
+                        self.hear(&shared, text);
                     }
                 }
                 Err(e) if e.is_timeout() => {
@@ -419,5 +605,42 @@ impl Listener {
                 Err(_) => return false,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn announcements_read_back_as_they_were_written() {
+        let key = "fg:check:ip:203.0.113.7";
+        let ban = Action::Ban(Duration::from_secs(90));
+        assert_eq!(
+            heard(&announcement(ban, key)),
+            Heard::Ban(Duration::from_secs(90), key)
+        );
+        for action in [Action::Unban, Action::Reset] {
+            assert_eq!(heard(&announcement(action, key)), Heard::Unbanned(key));
+        }
+        let over = Action::Override {
+            limit: 5,
+            window: None,
+            lasts: None,
+        };
+        for action in [over, Action::Clear] {
+            assert_eq!(heard(&announcement(action, key)), Heard::Changed(key));
+        }
+        // What the previous version publishes: the key alone.
+        assert_eq!(heard(key), Heard::Key(key));
+        // A later version's news, or a garbled ban: nothing.
+        assert_eq!(heard("!pause 10 k"), Heard::Unknown);
+        assert_eq!(heard("!ban soon k"), Heard::Unknown);
+        assert_eq!(heard("!ban"), Heard::Unknown);
+        // A key with spaces (a header value) stays whole.
+        assert_eq!(
+            heard("!ban 5 fg:h:header:a b"),
+            Heard::Ban(Duration::from_millis(5), "fg:h:header:a b")
+        );
     }
 }

@@ -5,23 +5,59 @@
 //! decision (allowed, remaining, wait) and every TTL the script sets must
 //! match it, so no schedule admits more than the limit in force allows.
 //!
+//! The same schedules run against the local fallback (`on_redis_error =
+//! "local"`, the process deciding alone) on the same pinned clock: its
+//! decisions must match the same models, expiry included (a state is gone
+//! when its key's TTL in Redis would have run out). TTLs themselves are
+//! Redis's only.
+//!
 //! Redis's own expiry runs on real time, not on the pinned clock: after each
 //! step the test reads the key's TTL (it must be what the model says), then
 //! removes it, and expires the key itself when the pinned clock passes the
 //! moment the model says Redis would.
 
-use std::cell::{Cell, RefCell};
-use std::time::Instant;
+mod common;
 
-use floodgate::__private::decide_batch;
+use std::cell::{Cell, RefCell};
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use floodgate::__private::{decide_batch, LocalLimiter};
 use floodgate::limit::Algorithm;
 use floodgate::limit::Check;
 use floodgate::limit::Decision;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 
-use crate::changes::{bucket, fixed, sliding, T0};
-use crate::helpers::RedisServer;
+use common::RedisServer;
+
+/// A realistic pinned epoch (ms).
+const T0: u64 = 1_700_000_000_000;
+
+fn nz(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).unwrap()
+}
+
+fn sliding(limit: u32, window_ms: u64) -> Algorithm {
+    Algorithm::SlidingWindow {
+        limit: nz(limit),
+        window: Duration::from_millis(window_ms),
+    }
+}
+
+fn fixed(limit: u32, window_ms: u64) -> Algorithm {
+    Algorithm::FixedWindow {
+        limit: nz(limit),
+        window: Duration::from_millis(window_ms),
+    }
+}
+
+fn bucket(rate: f64, burst: u32) -> Algorithm {
+    Algorithm::TokenBucket {
+        rate,
+        burst: nz(burst),
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {
@@ -245,7 +281,15 @@ fn quota(algorithm: &Algorithm) -> u32 {
     algorithm.quota()
 }
 
-fn run(conn: &mut redis::Connection, schedule: &Schedule, case: u64) -> Result<(), TestCaseError> {
+/// What decides the schedule's requests.
+enum Backend<'a> {
+    /// The scripts on a real Redis (the key's TTL is checked too).
+    Redis(&'a mut redis::Connection),
+    /// The local fallback, on the same pinned clock.
+    Local(LocalLimiter),
+}
+
+fn run(backend: &mut Backend, schedule: &Schedule, case: u64) -> Result<(), TestCaseError> {
     let key = format!("floodgate:model:ip:{case}");
     let mut model = Model::default();
     let mut now = T0 as i64;
@@ -258,7 +302,10 @@ fn run(conn: &mut redis::Connection, schedule: &Schedule, case: u64) -> Result<(
     for (i, tick) in schedule.ticks.iter().enumerate() {
         now += tick.step;
         if model.expire_at.is_some_and(|at| now > at) {
-            redis::cmd("DEL").arg(&key).query::<()>(conn).unwrap();
+            if let Backend::Redis(conn) = backend {
+                redis::cmd("DEL").arg(&key).query::<()>(*conn).unwrap();
+            }
+            // (The local fallback forgets it by itself.)
             model = Model::default();
             // What Redis dropped is gone for the definition too.
             admitted.clear();
@@ -288,17 +335,29 @@ fn run(conn: &mut redis::Connection, schedule: &Schedule, case: u64) -> Result<(
             })
             .collect();
         let sent = Instant::now();
-        let results = if tick.together {
-            decide_batch(conn, jobs).unwrap()
-        } else {
-            jobs.into_iter()
+        let results: Vec<Decision> = match backend {
+            Backend::Redis(conn) if tick.together => decide_batch(conn, jobs)
+                .unwrap()
+                .into_iter()
+                .map(Result::unwrap)
+                .collect(),
+            Backend::Redis(conn) => jobs
+                .into_iter()
                 .flat_map(|job| decide_batch(conn, vec![job]).unwrap())
-                .collect()
+                .map(Result::unwrap)
+                .collect(),
+            Backend::Local(local) => jobs
+                .into_iter()
+                .map(|(at, checks)| local.decide_at(at.unwrap(), &checks))
+                .collect(),
         };
-        let ttl: i64 = redis::cmd("PTTL").arg(&key).query(conn).unwrap();
+        let ttl: Option<i64> = match backend {
+            Backend::Redis(conn) => Some(redis::cmd("PTTL").arg(&key).query(*conn).unwrap()),
+            Backend::Local(_) => None,
+        };
         let elapsed = sent.elapsed().as_millis() as i64 + 1;
         for (j, (&(algorithm, cost), result)) in requests.iter().zip(&results).enumerate() {
-            let got = answer(result.as_ref().unwrap());
+            let got = answer(result);
             if single {
                 if let Algorithm::SlidingWindow { limit, window } = algorithm {
                     let window = window.as_millis() as i64;
@@ -326,6 +385,9 @@ fn run(conn: &mut redis::Connection, schedule: &Schedule, case: u64) -> Result<(
                 model
             );
         }
+        let (Some(ttl), Backend::Redis(conn)) = (ttl, &mut *backend) else {
+            continue;
+        };
         if model.ttl_set {
             let want = model.expire_at.unwrap() - now;
             prop_assert!(
@@ -345,9 +407,17 @@ fn run(conn: &mut redis::Connection, schedule: &Schedule, case: u64) -> Result<(
         } else {
             prop_assert_eq!(ttl, -2, "tick {}: the key should not exist", i);
         }
-        redis::cmd("PERSIST").arg(&key).query::<()>(conn).unwrap();
+        redis::cmd("PERSIST").arg(&key).query::<()>(*conn).unwrap();
     }
     Ok(())
+}
+
+/// The failure seeds, beside this file.
+fn persistence() -> Option<Box<dyn proptest::test_runner::FailurePersistence>> {
+    Some(Box::new(FileFailurePersistence::Direct(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/proptest-regressions/model.txt"
+    ))))
 }
 
 #[test]
@@ -356,14 +426,32 @@ fn random_reloads_and_clock_steps_match_the_reference_models() {
     let conn = RefCell::new(redis.connection());
     let cases = Cell::new(0);
     let mut config = Config::with_cases(200);
-    config.source_file = Some(file!());
-    config.failure_persistence = Some(Box::new(FileFailurePersistence::SourceParallel(
-        "proptest-regressions",
-    )));
+    config.failure_persistence = persistence();
     let mut runner = TestRunner::new(config);
     let result = runner.run(&schedule(), |schedule| {
         cases.set(cases.get() + 1);
-        run(&mut conn.borrow_mut(), &schedule, cases.get())
+        let mut conn = conn.borrow_mut();
+        run(&mut Backend::Redis(&mut conn), &schedule, cases.get())?;
+        // The same schedule, decided by the process alone.
+        run(
+            &mut Backend::Local(LocalLimiter::default()),
+            &schedule,
+            cases.get(),
+        )
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn the_local_fallback_matches_the_reference_models_on_its_own() {
+    // More schedules than Redis can run in the time: no server is asked.
+    let mut config = Config::with_cases(2000);
+    config.failure_persistence = persistence();
+    let mut runner = TestRunner::new(config);
+    let result = runner.run(&schedule(), |schedule| {
+        run(&mut Backend::Local(LocalLimiter::default()), &schedule, 0)
     });
     if let Err(e) = result {
         panic!("{e}");

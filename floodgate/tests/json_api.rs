@@ -5,6 +5,8 @@
 //! choose its quota, skip predicates, TOML text whose every setting is
 //! used, and key values kept out of Redis key names.
 
+mod common;
+
 use std::net::TcpListener;
 use std::time::Duration;
 
@@ -14,7 +16,7 @@ use floodgate::rule::{Identity, OnMissingKey};
 use floodgate::{Filter, Key, Limit};
 use serde::Deserialize;
 
-use crate::helpers::RedisServer;
+use common::RedisServer;
 
 fn filter(redis: &RedisServer, rules: &str) -> Filter {
     let text = format!("[redis]\nurl = \"{}\"\n{rules}", redis.url());
@@ -96,6 +98,8 @@ async fn a_json_login_is_limited_per_account_under_concurrency() {
     drop(handle.stop(false));
 }
 
+// Phone numbers as keys: the `e164` feature.
+#[cfg(feature = "e164")]
 #[actix_web::test]
 async fn a_form_and_a_json_body_share_one_body_counter() {
     let redis = RedisServer::start();
