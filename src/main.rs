@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use floodgate_site::{config, site};
 
 use config::{format_duration, Config, ConfigError, DEFAULT_PATH};
-use floodgate::limit::Algorithm;
+use floodgate::limiter::Algorithm;
 use floodgate::rule::HeaderDialect;
 use site::Application;
 
@@ -154,7 +154,7 @@ fn serve(path: PathBuf) -> ExitCode {
             .redis
             .cluster
             .iter()
-            .map(|u| floodgate::limit::without_password(u))
+            .map(|u| floodgate::limiter::without_password(u))
             .collect();
         format!("cluster {}", seeds.join(","))
     } else if !config.filter.redis.sentinel.is_empty() {
@@ -163,7 +163,7 @@ fn serve(path: PathBuf) -> ExitCode {
             .redis
             .sentinel
             .iter()
-            .map(|u| floodgate::limit::without_password(u))
+            .map(|u| floodgate::limiter::without_password(u))
             .collect();
         format!(
             "master {:?} via sentinel {}",
@@ -171,7 +171,7 @@ fn serve(path: PathBuf) -> ExitCode {
             sentinels.join(",")
         )
     } else {
-        floodgate::limit::without_password(&config.filter.redis.url)
+        floodgate::limiter::without_password(&config.filter.redis.url)
     };
     let (bind, rules) = (config.server.bind.clone(), config.filter.rules.len());
     let result = actix_web::rt::System::new().block_on(async move {

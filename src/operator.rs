@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use floodgate::filter::{ban_action, operator_check, override_action};
-use floodgate::limit::{Action, Dispatch, LimiterOptions};
+use floodgate::limiter::{Action, Dispatch, LimiterOptions};
 use floodgate::Limiter;
 use floodgate_site::config::Config;
 

@@ -11,11 +11,11 @@
 use std::time::Duration;
 
 use actix_web::{web, App, HttpResponse, HttpServer};
-use floodgate::{Filter, Key, Limit, Limits};
+use floodgate::{Filter, Key, Limit, Usage};
 
-async fn send_sms(limits: Limits) -> HttpResponse {
+async fn send_sms(usage: Usage) -> HttpResponse {
     // The handler sees what the limits said.
-    let left: Vec<String> = limits
+    let left: Vec<String> = usage
         .rules()
         .iter()
         .map(|r| format!("{}: {} left", r.name, r.remaining))

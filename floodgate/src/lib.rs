@@ -58,15 +58,15 @@
 //!
 //! ```no_run
 //! use actix_web::{web, App, HttpResponse};
-//! use floodgate::{Filter, Key, Limit, Limits};
+//! use floodgate::{Filter, Key, Limit, Usage};
 //!
 //! # fn build() -> Result<(), floodgate::SetupError> {
 //! let filter = Filter::builder().redis_url("redis://127.0.0.1:6379/0").build()?;
 //! let app = App::new().service(
 //!     web::resource("/sms/send")
 //!         .wrap(filter.limit(Limit::per_minute(3).key(Key::form("phone")).name("sms")))
-//!         .route(web::post().to(|limits: Limits| async move {
-//!             let left = limits.get("sms").map_or(0, |r| r.remaining);
+//!         .route(web::post().to(|usage: Usage| async move {
+//!             let left = usage.get("sms").map_or(0, |r| r.remaining);
 //!             HttpResponse::Ok().body(format!("sent; {left} left this minute"))
 //!         })),
 //! );
@@ -92,17 +92,17 @@
 //!   [`Filter::from_toml_str`] or [`Filter::builder`].
 //! - [`Limit`] and [`Key`]: limits in code; [`Filter::limit`] wraps one on a
 //!   resource or scope, sharing the filter's Redis pool and threads.
-//! - [`Limits`]: the extractor that shows a handler what was decided, and
-//!   lets it [charge](Limits::charge) or [give back](Limits::give_back) units.
+//! - [`Usage`]: the extractor that shows a handler what was decided, and
+//!   lets it [charge](Usage::charge) or [give back](Usage::give_back) units.
 //! - [`KeyFn`], [`DenialResponder`], [`FilterBuilder::session_lookup`]: your
 //!   own key function, denial response and account lookup.
-//! - [`Limiter`]: the Redis side alone, for deciding [`Check`](limit::Check)s directly, or
+//! - [`Limiter`]: the Redis side alone, for deciding [`Check`](limiter::Check)s directly, or
 //!   [peeking](Limiter::peek) at what a decision would answer.
 //!
 //! The rest lives in modules named for what they hold: [`config`] (the
 //! TOML file, and an application's own sections in it), [`filter`]
 //! (options, denial pages, rule state), [`rule`] (rules, key kinds, phone
-//! numbers), [`limit`] (the Redis side: checks, decisions, errors),
+//! numbers), [`limiter`] (the Redis side: checks, decisions, errors),
 //! [`net`] (client addresses), [`metrics`] and [`logging`].
 //!
 //! # Features
@@ -116,7 +116,7 @@
 //! - `sentinel`: `[redis] sentinel`, a master found through Redis Sentinel.
 //!
 //! Every build reads the same file format; a file (or a [`FilterBuilder`]
-//! given a [`limit::RedisConfig`]) that asks for what the build lacks is
+//! given a [`limiter::RedisConfig`]) that asks for what the build lacks is
 //! refused with the key and the feature it needs: `config.toml: [redis]
 //! cluster: this build of floodgate has no Redis Cluster support (feature
 //! "cluster")`.
@@ -125,7 +125,7 @@
 
 pub mod config;
 pub mod filter;
-pub mod limit;
+pub mod limiter;
 pub mod logging;
 pub mod metrics;
 pub mod net;
@@ -133,16 +133,16 @@ pub mod rule;
 
 pub use crate::config::{Config, ConfigError};
 pub use crate::filter::{
-    Denial, DenialResponder, Filter, FilterBuilder, Limit, Limits, SessionLookup, SetupError,
+    Denial, DenialResponder, Filter, FilterBuilder, Limit, SessionLookup, SetupError, Usage,
 };
-pub use crate::limit::Limiter;
+pub use crate::limiter::Limiter;
 pub use crate::rule::{Key, KeyFn};
 
 /// Items the benchmarks and tests reach; not part of the supported API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::limit::dispatch::single::{decide_batch, decide_batch_with_deadlines};
-    pub use crate::limit::local::LocalLimiter;
-    pub use crate::limit::wire::SCRIPT_SOURCE;
+    pub use crate::limiter::dispatch::single::{decide_batch, decide_batch_with_deadlines};
+    pub use crate::limiter::local::LocalLimiter;
+    pub use crate::limiter::wire::SCRIPT_SOURCE;
     pub use crate::rule::{redis_key, redis_key_for};
 }

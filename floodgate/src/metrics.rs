@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
-use crate::limit::Limiter;
+use crate::limiter::Limiter;
 
 /// What happened to a request under one rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Outcome {
+pub enum DecisionKind {
     /// Under the limit.
     Allowed,
     /// Over the limit and denied.
@@ -31,18 +31,18 @@ pub enum Outcome {
     Banned,
 }
 
-impl Outcome {
+impl DecisionKind {
     /// The `decision` label.
     pub fn label(self) -> &'static str {
         match self {
-            Outcome::Allowed => "allowed",
-            Outcome::Denied => "denied",
-            Outcome::ShadowDenied => "shadow_denied",
-            Outcome::ErrorAllowed => "error_allowed",
-            Outcome::ErrorDenied => "error_denied",
-            Outcome::LocalAllowed => "local_allowed",
-            Outcome::LocalDenied => "local_denied",
-            Outcome::Banned => "banned",
+            DecisionKind::Allowed => "allowed",
+            DecisionKind::Denied => "denied",
+            DecisionKind::ShadowDenied => "shadow_denied",
+            DecisionKind::ErrorAllowed => "error_allowed",
+            DecisionKind::ErrorDenied => "error_denied",
+            DecisionKind::LocalAllowed => "local_allowed",
+            DecisionKind::LocalDenied => "local_denied",
+            DecisionKind::Banned => "banned",
         }
     }
 }
@@ -53,15 +53,15 @@ const BUCKETS: [f64; 12] = [
 ];
 
 /// Outcomes in label order, for rendering.
-const OUTCOMES: [Outcome; 8] = [
-    Outcome::Allowed,
-    Outcome::Denied,
-    Outcome::Banned,
-    Outcome::ShadowDenied,
-    Outcome::ErrorAllowed,
-    Outcome::ErrorDenied,
-    Outcome::LocalAllowed,
-    Outcome::LocalDenied,
+const OUTCOMES: [DecisionKind; 8] = [
+    DecisionKind::Allowed,
+    DecisionKind::Denied,
+    DecisionKind::Banned,
+    DecisionKind::ShadowDenied,
+    DecisionKind::ErrorAllowed,
+    DecisionKind::ErrorDenied,
+    DecisionKind::LocalAllowed,
+    DecisionKind::LocalDenied,
 ];
 
 /// The slot after the outcomes: denials answered from the denial cache.
@@ -101,7 +101,7 @@ impl Metrics {
     }
 
     /// Counts one rule's outcome for one request.
-    pub fn decision(&self, rule: &str, outcome: Outcome) {
+    pub fn decision(&self, rule: &str, outcome: DecisionKind) {
         self.add(rule, outcome as usize);
     }
 
@@ -279,10 +279,10 @@ mod tests {
     #[test]
     fn renders_counts_and_a_cumulative_histogram() {
         let m = Metrics::default();
-        m.decision("check", Outcome::Allowed);
-        m.decision("check", Outcome::Allowed);
-        m.decision("check", Outcome::Denied);
-        m.decision("check", Outcome::LocalDenied);
+        m.decision("check", DecisionKind::Allowed);
+        m.decision("check", DecisionKind::Allowed);
+        m.decision("check", DecisionKind::Denied);
+        m.decision("check", DecisionKind::LocalDenied);
         m.deny_cache_hit("check");
         m.deny_cache_hit("check");
         m.observe(Duration::from_micros(50));

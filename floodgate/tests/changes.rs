@@ -12,11 +12,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use floodgate::__private::decide_batch;
-use floodgate::limit::Algorithm;
-use floodgate::limit::Check;
-use floodgate::limit::Decision;
-use floodgate::limit::LimiterError;
-use floodgate::limit::LimiterOptions;
+use floodgate::limiter::Algorithm;
+use floodgate::limiter::Check;
+use floodgate::limiter::Decision;
+use floodgate::limiter::LimiterError;
+use floodgate::limiter::LimiterOptions;
 use floodgate::{Config, Limiter};
 
 use common::RedisServer;

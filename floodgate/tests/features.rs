@@ -21,7 +21,7 @@ fn load(text: &str) -> Result<Config, String> {
 
 /// The error a filter built in code gets for `config`'s `[redis]`.
 #[allow(dead_code)]
-fn built(redis: floodgate::limit::RedisConfig) -> String {
+fn built(redis: floodgate::limiter::RedisConfig) -> String {
     match Filter::builder().redis(redis).build() {
         Ok(_) => "built".into(),
         Err(e) => e.to_string(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{test, web, App, HttpResponse};
-use floodgate::{Filter, Key, Limit, Limits};
+use floodgate::{Filter, Key, Limit, Usage};
 
 use common::RedisServer;
 
@@ -124,7 +124,7 @@ async fn a_request_an_in_code_limit_denies_takes_nothing_from_the_toml_rules() {
                 .service(web::resource("/tight").wrap(inner).route(web::get().to(ok)))
                 .route(
                     "/state",
-                    web::get().to(|limits: Limits| async move {
+                    web::get().to(|limits: Usage| async move {
                         let outer = limits.get("outer").map_or(999, |r| r.remaining);
                         HttpResponse::Ok().body(outer.to_string())
                     }),
@@ -172,7 +172,7 @@ async fn handlers_read_the_decision_and_give_units_back_or_charge_more() {
             .wrap(filter)
             .route(
                 "/refund",
-                web::get().to(|limits: Limits| async move {
+                web::get().to(|limits: Usage| async move {
                     let given = limits.give_back().await.unwrap();
                     let left = limits.get("refund").unwrap().remaining;
                     HttpResponse::Ok().body(format!("{given} {left}"))
@@ -180,7 +180,7 @@ async fn handlers_read_the_decision_and_give_units_back_or_charge_more() {
             )
             .route(
                 "/heavy",
-                web::get().to(|limits: Limits| async move {
+                web::get().to(|limits: Usage| async move {
                     let charged = limits.charge(3).await.unwrap();
                     HttpResponse::Ok().body(format!("{charged}"))
                 }),
@@ -311,7 +311,7 @@ fn panic_message<T>(f: impl FnOnce() -> T) -> Option<String> {
 /// succeeds (and its handler gives its units back itself as well),
 /// anything else fails with 401.
 async fn login(
-    limits: Limits,
+    limits: Usage,
     query: web::Query<std::collections::HashMap<String, String>>,
 ) -> HttpResponse {
     if query.get("ok").is_some() {
@@ -589,7 +589,7 @@ async fn a_handlers_give_back_frees_a_key_whose_denial_was_remembered() {
             .wrap(filter)
             .route(
                 "/r/hold",
-                web::get().to(move |limits: Limits| {
+                web::get().to(move |limits: Usage| {
                     let (e, r) = (Arc::clone(&e), Arc::clone(&r));
                     async move {
                         e.notify_one();
@@ -741,7 +741,7 @@ fn builder_refusal(path: &str, limit: Limit) -> String {
 
 #[actix_web::test]
 async fn the_builder_refuses_what_a_file_refuses_in_the_same_words() {
-    use floodgate::limit::Penalty;
+    use floodgate::limiter::Penalty;
     let day = Duration::from_secs(86_400);
     let cases: Vec<(&str, &str, Limit)> = vec![
         (

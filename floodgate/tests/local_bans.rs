@@ -15,7 +15,7 @@ use std::time::Duration;
 use actix_web::http::StatusCode;
 use actix_web::{test, web, App, HttpResponse};
 use floodgate::filter::operator_check;
-use floodgate::limit::{Action, Dispatch, LimiterOptions};
+use floodgate::limiter::{Action, Dispatch, LimiterOptions};
 use floodgate::{Config, Filter, Limiter};
 
 use common::{wait_until, RedisServer};

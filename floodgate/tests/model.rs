@@ -23,9 +23,9 @@ use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use floodgate::__private::{decide_batch, LocalLimiter};
-use floodgate::limit::Algorithm;
-use floodgate::limit::Check;
-use floodgate::limit::Decision;
+use floodgate::limiter::Algorithm;
+use floodgate::limiter::Check;
+use floodgate::limiter::Decision;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 

@@ -14,7 +14,7 @@ use subtle::ConstantTimeEq;
 
 use super::Site;
 use floodgate::filter::{ban_action, override_action, Filter, OperatorError};
-use floodgate::limit::Action;
+use floodgate::limiter::Action;
 use floodgate::logging::Escaped;
 
 /// Where the admin API lives.
@@ -37,7 +37,7 @@ fn error(status: StatusCode, what: &str) -> HttpResponse {
         status,
         format!(
             "{{\"error\":{}}}",
-            floodgate::limit::operator::json_string(what)
+            floodgate::limiter::operator::json_string(what)
         ),
     )
 }

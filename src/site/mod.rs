@@ -27,7 +27,7 @@ use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 
 use crate::config::Config;
 use floodgate::filter::Filter;
-use floodgate::limit::RedisConn;
+use floodgate::limiter::RedisConn;
 use floodgate::metrics::Metrics;
 use floodgate::rule::Region;
 

@@ -3,7 +3,7 @@
 use redis::Commands;
 use serde::{Deserialize, Serialize};
 
-use floodgate::limit::RedisConn;
+use floodgate::limiter::RedisConn;
 
 use super::phone::Phone;
 

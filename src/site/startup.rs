@@ -29,7 +29,7 @@ use crate::site::sms::{LogSender, Outbox, SmsSender};
 use crate::site::store::Store;
 use crate::site::{self, Site};
 use floodgate::filter::{Filter, FilterOptions};
-use floodgate::limit::{Limiter, LimiterError, LimiterOptions};
+use floodgate::limiter::{Limiter, LimiterError, LimiterOptions};
 use floodgate::metrics::Metrics;
 use floodgate::rule::Region;
 
@@ -39,7 +39,7 @@ pub enum StartError {
     /// The listen address could not be bound.
     Bind(String, std::io::Error),
     /// The Redis client or the dispatcher threads could not be set up.
-    Limiter(floodgate::limit::LimiterError),
+    Limiter(floodgate::limiter::LimiterError),
 }
 
 impl std::fmt::Display for StartError {

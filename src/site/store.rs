@@ -18,7 +18,7 @@ use redis::{Commands, RedisResult};
 
 use super::phone::Phone;
 use super::session::{hex, random_bytes, same, Secret, SESSION_TTL_SECS};
-use floodgate::limit::RedisConn;
+use floodgate::limiter::RedisConn;
 
 /// How long a code is valid.
 pub const CODE_TTL_SECS: u64 = 300;

@@ -9,9 +9,9 @@ use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::Duration;
 
-use floodgate::limit::Algorithm;
-use floodgate::limit::Check;
-use floodgate::limit::LimiterOptions;
+use floodgate::limiter::Algorithm;
+use floodgate::limiter::Check;
+use floodgate::limiter::LimiterOptions;
 use floodgate::Limiter;
 use floodgate_site::config::Config;
 

@@ -819,9 +819,9 @@ async fn sentinel_takes_the_demo_from_toml_to_the_error_page() {
 
 #[actix_web::test]
 async fn cluster_give_back_forgets_the_remembered_denial_of_its_key() {
-    use floodgate::limit::Algorithm;
-    use floodgate::limit::Check;
-    use floodgate::limit::LimiterOptions;
+    use floodgate::limiter::Algorithm;
+    use floodgate::limiter::Check;
+    use floodgate::limiter::LimiterOptions;
     use floodgate::Limiter;
     use floodgate_site::config::Config;
     use std::num::NonZeroU32;

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::changes::{check, sliding};
-use floodgate::limit::LimiterError;
-use floodgate::limit::LimiterOptions;
+use floodgate::limiter::LimiterError;
+use floodgate::limiter::LimiterOptions;
 use floodgate::Limiter;
 use floodgate_site::config::Config;
 

@@ -4,8 +4,8 @@
 //! request, and the rest of its batch is decided normally.
 
 use floodgate::__private::decide_batch;
-use floodgate::limit::Decision;
-use floodgate::limit::LimiterError;
+use floodgate::limiter::Decision;
+use floodgate::limiter::LimiterError;
 
 use crate::changes::{bucket, check, fixed, pinned_limiter, sliding, T0};
 use crate::helpers::{header, metric, remaining, spawn_app, RedisServer};

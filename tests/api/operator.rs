@@ -9,7 +9,7 @@ use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use floodgate::limit::{Action, Algorithm, Check, LimiterOptions, Penalty};
+use floodgate::limiter::{Action, Algorithm, Check, LimiterOptions, Penalty};
 use floodgate::Limiter;
 use serde_json::Value;
 
@@ -469,7 +469,7 @@ window = "1h"
 deny = "status"
 "#;
 
-async fn inspect(app: &TestApp, rule: &str, values: &[&str]) -> floodgate::limit::Inspection {
+async fn inspect(app: &TestApp, rule: &str, values: &[&str]) -> floodgate::limiter::Inspection {
     app.filter
         .operate(rule, values, Action::Inspect)
         .await

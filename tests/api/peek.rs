@@ -6,8 +6,8 @@
 //! expiry time). `/limits` shows the remaining of the last allowed request,
 //! also on a cluster, where the keys of one page live on different masters.
 
-use floodgate::limit::Algorithm;
-use floodgate::limit::Outcome;
+use floodgate::limiter::Algorithm;
+use floodgate::limiter::Outcome;
 
 use crate::changes::{bucket, check, fixed, pinned_limiter, sliding, T0};
 use crate::cluster_helpers::Cluster;

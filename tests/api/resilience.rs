@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use crate::changes::{check, sliding};
 use floodgate::__private::decide_batch_with_deadlines;
-use floodgate::limit::LimiterError;
-use floodgate::limit::LimiterOptions;
+use floodgate::limiter::LimiterError;
+use floodgate::limiter::LimiterOptions;
 use floodgate::Limiter;
 use floodgate_site::config::Config;
 

@@ -261,7 +261,7 @@ pub(super) fn check_topology(
     sentinel: &[String],
     master: &str,
 ) -> Result<(), (&'static str, String)> {
-    if let Some((key, why)) = crate::limit::redis_config::missing_feature(cluster, sentinel) {
+    if let Some((key, why)) = crate::limiter::redis_config::missing_feature(cluster, sentinel) {
         return Err((key, why.into()));
     }
     if !cluster.is_empty() && !sentinel.is_empty() {

@@ -71,7 +71,8 @@ pub(crate) use self::raw::*;
 #[cfg(test)]
 use self::units::parse_duration;
 pub use self::units::{format_duration, human_duration, parse_size};
-pub use crate::limit::RedisConfig;
+use crate::limiter::LimiterOptions;
+pub use crate::limiter::RedisConfig;
 use crate::net::{Cidr, ProxyHeader};
 pub use crate::rule::spec::{MAX_ERROR_PAGE, MAX_LIMIT, MAX_RATE, MAX_WINDOW};
 #[cfg(feature = "e164")]
@@ -127,8 +128,9 @@ pub struct Config {
     pub server: ServerConfig,
     /// `[redis]`
     pub redis: RedisConfig,
-    /// `[limiter]`
-    pub limiter: LimiterConfig,
+    /// `[limiter]` (its `dispatch` is not in the file: the default, or
+    /// `FLOODGATE_DISPATCH` when the limiter starts).
+    pub limiter: LimiterOptions,
     /// `[[rule]]`, with `[defaults]` applied.
     pub rules: Vec<Rule>,
     /// `[defaults] region`: the region of phone numbers written without
@@ -176,17 +178,6 @@ impl AppConfig for () {
     fn check(_: serde::de::IgnoredAny, _: &str) -> Result<(), ConfigError> {
         Ok(())
     }
-}
-
-/// `[limiter]`, checked.
-#[derive(Debug, Clone)]
-pub struct LimiterConfig {
-    /// A denied key is remembered in-process until its retry time, so a
-    /// flood on a denied key costs no Redis call.
-    pub deny_cache: bool,
-    /// After Redis failed to answer in time, rules apply `on_redis_error`
-    /// at once for this long; then one call probes Redis again.
-    pub breaker: Duration,
 }
 
 impl Config {
@@ -349,10 +340,11 @@ impl Config {
         };
 
         let l = raw.limiter;
-        let limiter = LimiterConfig {
+        let limiter = LimiterOptions {
             deny_cache: l.deny_cache.unwrap_or(true),
             breaker: duration_setting(l.breaker.as_deref().unwrap_or("1s"), MAX_BREAKER)
                 .map_err(|w| err("[limiter] breaker", w.text()))?,
+            ..LimiterOptions::default()
         };
         #[cfg(feature = "e164")]
         let region = check_defaults(&raw.defaults, &Inherited::builtin())

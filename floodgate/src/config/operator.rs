@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use super::units::{amount_of_time, invalid_duration, parse_duration_ms, DurationError};
 use super::MAX_WINDOW;
-use crate::limit::Penalty;
+use crate::limiter::Penalty;
 use crate::net::Cidr;
 use crate::rule::spec::{check_penalty_after, check_penalty_ban, check_penalty_duration};
 

@@ -316,7 +316,7 @@ pub(crate) struct RawRule {
 
 impl std::fmt::Debug for RawRedis {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let hide = |u: &String| crate::limit::without_password(u);
+        let hide = |u: &String| crate::limiter::without_password(u);
         f.debug_struct("RawRedis")
             .field("url", &self.url.as_ref().map(hide))
             .field(

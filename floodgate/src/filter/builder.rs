@@ -10,7 +10,7 @@ use actix_web::{HttpRequest, HttpResponse};
 use super::{Denial, Filter, FilterOptions, Limit, SetupError};
 
 use crate::config::{Config, ConfigError};
-use crate::limit::{Limiter, LimiterOptions, RedisConfig};
+use crate::limiter::{Limiter, LimiterOptions, RedisConfig};
 use crate::metrics::Metrics;
 use crate::net::{Cidr, ProxyHeader};
 use crate::rule::Rule;

@@ -131,7 +131,7 @@ pub struct Limit {
     skip: Option<Skip>,
     headers: HeaderDialect,
     exempt: Vec<String>,
-    penalty: Option<crate::limit::Penalty>,
+    penalty: Option<crate::limiter::Penalty>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -341,11 +341,11 @@ impl Limit {
 
     /// Escalating bans: `penalty.after` denials of one identity within
     /// `penalty.within` ban it under this limit (see
-    /// [`Penalty`](crate::limit::Penalty)).
+    /// [`Penalty`](crate::limiter::Penalty)).
     ///
     /// ```
     /// use std::time::Duration;
-    /// use floodgate::limit::Penalty;
+    /// use floodgate::limiter::Penalty;
     /// use floodgate::{Key, Limit};
     ///
     /// let guesses = Limit::per_minute(5).key(Key::form("phone")).penalty(Penalty {
@@ -356,7 +356,7 @@ impl Limit {
     /// });
     /// # let _ = guesses;
     /// ```
-    pub fn penalty(mut self, penalty: crate::limit::Penalty) -> Limit {
+    pub fn penalty(mut self, penalty: crate::limiter::Penalty) -> Limit {
         self.penalty = Some(penalty);
         self
     }

@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::limit::{Check, Decision, Limiter, LimiterError};
-use crate::metrics::{Metrics, Outcome as Counted};
+use crate::limiter::{Check, Decision, Limiter, LimiterError};
+use crate::metrics::{DecisionKind as Counted, Metrics};
 use crate::rule::{Count, Mode, OnRedisError, Rule};
 
 /// What the filter does with a request.

@@ -9,10 +9,10 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse};
 
 use super::request::summary;
-use super::{fields, values, Denial, Filter, Limits};
-use crate::limit::{Decision, LimiterError, Outcome};
+use super::{fields, values, Denial, Filter, Usage};
+use crate::limiter::{Decision, LimiterError, Outcome};
 use crate::logging::{self, Escaped};
-use crate::metrics::Outcome as Counted;
+use crate::metrics::DecisionKind as Counted;
 use crate::rule::{Deny, Mode, Rule};
 
 /// The enforce rule that denies and frees last, with its outcome.
@@ -133,8 +133,8 @@ pub(super) fn deny<B>(
                 .body("the rate limiter is unavailable; try again in a second\n")
         }
     };
-    // Limits an outer filter already took for this request go back.
-    Limits::deny_outer(req.request());
+    // Units an outer filter already took for this request go back.
+    Usage::deny_outer(req.request());
     req.into_response(response).map_into_right_body()
 }
 

@@ -1,7 +1,7 @@
 //! Why a filter could not be built.
 
 use crate::config::ConfigError;
-use crate::limit::LimiterError;
+use crate::limiter::LimiterError;
 
 /// Why a filter could not be built.
 #[derive(Debug)]

@@ -27,7 +27,7 @@ use actix_web::dev::ServiceResponse;
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use actix_web::{HttpMessage, HttpRequest, HttpResponse};
 
-use crate::limit::Outcome;
+use crate::limiter::Outcome;
 use crate::rule::{HeaderDialect, Mode, Rule};
 
 /// One rule's numbers, as a one-rule dialect shows them.

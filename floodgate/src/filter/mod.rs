@@ -19,18 +19,18 @@ mod deny;
 mod error;
 mod fields;
 mod json;
-mod limits;
 mod operator;
 mod request;
 mod text;
+mod usage;
 mod values;
 
 pub use self::builder::FilterBuilder;
 pub use self::code_limit::Limit;
 pub use self::deny::accepts;
 pub use self::error::SetupError;
-pub use self::limits::{Limits, RuleState};
 pub use self::operator::{ban_action, operator_check, override_action, OperatorError};
+pub use self::usage::{RuleState, Usage};
 pub use self::values::Unreadable;
 
 use std::collections::HashMap;
@@ -45,7 +45,7 @@ use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::{Error, HttpRequest, HttpResponse};
 
-use crate::limit::Limiter;
+use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::net::{self, Cidr, ProxyHeader};
 use crate::rule::Rule;

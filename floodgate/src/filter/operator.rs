@@ -1,14 +1,14 @@
 //! Operators' actions named as a person writes them: a rule by name and
 //! the values of its key kinds, checked here (unknown rule, wrong number of
 //! values, a bad value or limit), then run by the limiter (see
-//! `limit/operator.rs`). The `floodgate` command and the demo's admin API
+//! `limiter/operator.rs`). The `floodgate` command and the demo's admin API
 //! are thin layers over [`operator_check`] and [`Filter::operate`].
 
 use std::time::Duration;
 
 use super::Filter;
 use crate::config::MAX_LIMIT;
-use crate::limit::{Action, Algorithm, Check, Inspection, LimiterError};
+use crate::limiter::{Action, Algorithm, Check, Inspection, LimiterError};
 use crate::rule::{identity_key, Mode, Rule};
 
 /// Why an operator's action was not done.
@@ -129,7 +129,7 @@ impl Filter {
         )
         .map_err(OperatorError::Input)?;
         // (A ban is counted by the process that claims it: see
-        // `limit/operator.rs`.)
+        // `limiter/operator.rs`.)
         self.state
             .limiter
             .operate(check, action)

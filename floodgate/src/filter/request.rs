@@ -14,10 +14,10 @@ use actix_web::{Error, HttpMessage, HttpRequest};
 use super::body::read_bodies;
 use super::decision::{self, Verdict};
 use super::deny::{deny, denying, refuse, DecidedBy, Denied, Refused};
-use super::{fields, json, limits, values, Filter, Limits, MAX_HEADER_BYTES};
-use crate::limit::{Check, Decision, Outcome};
+use super::{fields, json, usage, values, Filter, Usage, MAX_HEADER_BYTES};
+use crate::limiter::{Check, Decision, Outcome};
 use crate::logging::{self, Escaped};
-use crate::metrics::{Metrics, Outcome as Counted};
+use crate::metrics::{DecisionKind as Counted, Metrics};
 use crate::net;
 use crate::rule::{self, Count, KeyKind, Mode, OnMissingKey, Rule};
 
@@ -172,7 +172,7 @@ where
 
     let metrics = &filter.state.metrics;
     let started = Instant::now();
-    // The keys again, for a give-back and for the handler's `Limits`.
+    // The keys again, for a give-back and for the handler's `Usage`.
     let kept = checks.clone();
     let verdict = decision::decide(&filter.state.limiter, metrics, &matched, checks, started).await;
     metrics.observe(started.elapsed());
@@ -458,7 +458,7 @@ where
         Escaped(path),
         summary(matched, &decision.outcomes)
     );
-    let taken = Limits::record(
+    let taken = Usage::record(
         req.request(),
         filter.limiter(),
         matched,
@@ -474,7 +474,7 @@ where
     if res
         .request()
         .extensions()
-        .get::<limits::Withdrawn>()
+        .get::<usage::Withdrawn>()
         .is_some()
     {
         // An inner filter denied the request: it takes nothing from us.
@@ -502,7 +502,7 @@ where
 async fn give_back(
     filter: &Filter,
     matched: &[&Rule],
-    taken: &limits::Taken,
+    taken: &usage::Taken,
     decision: &mut Decision,
 ) {
     let (places, given) = taken
@@ -530,8 +530,8 @@ async fn give_back(
 
 /// The rule's algorithm with `limit` as its quota (a token bucket's rate
 /// scales with its burst), when the rule can have that quota.
-fn with_quota(rule: &Rule, limit: u32) -> Option<crate::limit::Algorithm> {
-    use crate::limit::Algorithm;
+fn with_quota(rule: &Rule, limit: u32) -> Option<crate::limiter::Algorithm> {
+    use crate::limiter::Algorithm;
     let quota = std::num::NonZeroU32::new(limit)
         .filter(|q| q.get() <= crate::config::MAX_LIMIT && q.get() >= rule.cost)?;
     Some(match rule.algorithm {

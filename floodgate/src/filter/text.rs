@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::config::{Config, ConfigError};
-use crate::limit::RedisConfig;
+use crate::limiter::RedisConfig;
 use crate::net::{Cidr, ProxyHeader};
 use crate::rule::Rule;
 

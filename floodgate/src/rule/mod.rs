@@ -18,7 +18,7 @@ pub use self::key::{compose, hashed_id, redis_key, redis_key_for, CustomKey, Key
 pub use self::normalize::{e164, Region};
 pub use self::options::{Identity, LookupFn, LookupFuture, OnMissingKey, Skip};
 pub use self::path::PathPattern;
-use crate::limit::Algorithm;
+use crate::limiter::Algorithm;
 use crate::net::Cidr;
 
 /// How a header/query/form value is normalized before it becomes a key.
@@ -165,7 +165,7 @@ pub struct Rule {
     /// Requests this predicate holds for skip the rule (rules made in code).
     pub skip: Option<Skip>,
     /// Escalating bans (`None`: none).
-    pub penalty: Option<crate::limit::Penalty>,
+    pub penalty: Option<crate::limiter::Penalty>,
 }
 
 impl Rule {

@@ -10,7 +10,7 @@ use super::{
     amount_of_time, number, Count, Deny, HeaderDialect, Key, KeyKind, Mode, Normalize,
     OnMissingKey, OnRedisError, PathPattern, Rule, Skip,
 };
-use crate::limit::{Algorithm, Penalty};
+use crate::limiter::{Algorithm, Penalty};
 use crate::net::Cidr;
 
 /// Largest `limit` a window rule may have.
@@ -129,7 +129,7 @@ pub(crate) struct RuleSpec {
     /// which is not known here.
     pub paths_are_known: bool,
     /// Escalating bans, checked.
-    pub penalty: Option<crate::limit::Penalty>,
+    pub penalty: Option<crate::limiter::Penalty>,
 }
 
 /// An algorithm's numbers as given.

@@ -7,10 +7,10 @@ use std::time::Instant;
 use redis::{ErrorKind, RedisResult, ServerErrorKind, Value};
 
 use super::slot::key_slot;
-use crate::limit::clock::RedisClock;
-use crate::limit::dispatch::Job;
-use crate::limit::wire;
-use crate::limit::LimiterError;
+use crate::limiter::clock::RedisClock;
+use crate::limiter::dispatch::Job;
+use crate::limiter::wire;
+use crate::limiter::LimiterError;
 
 /// The checks of one job that fall in one slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,7 +132,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::limit::{Algorithm, Check};
+    use crate::limiter::{Algorithm, Check};
 
     fn job(keys: &[&str]) -> Job {
         let (reply, _) = oneshot::channel();

@@ -1,6 +1,6 @@
 //! Sending batches to one server (a URL, or the master the Sentinels
 //! name): the transport of the dispatcher threads
-//! ([`Dispatch::Threads`](crate::limit::Dispatch::Threads)) and of the
+//! ([`Dispatch::Threads`](crate::limiter::Dispatch::Threads)) and of the
 //! per-worker lane.
 //!
 //! The batch is written straight into one reused `redis::Cmd` (no buffer
@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{retain_waiting, Job, Transport};
-use crate::limit::conn::{call, no_longer_named, CallError, Conn, Manager, SendError};
-use crate::limit::limiter::Shared;
-use crate::limit::wire::{self, SCRIPT_SOURCE};
-use crate::limit::{Check, Decision, LimiterError};
+use crate::limiter::conn::{call, no_longer_named, CallError, Conn, Manager, SendError};
+use crate::limiter::decide::Shared;
+use crate::limiter::wire::{self, SCRIPT_SOURCE};
+use crate::limiter::{Check, Decision, LimiterError};
 
 /// One server, on a connection of the transport's own.
 pub(crate) struct Single {
@@ -92,7 +92,7 @@ impl Single {
     /// else a new one, opened before `deadline`, that answers a `TIME`. The
     /// check is what keeps a decision off a connection that died while idle
     /// (see [`Single::call`]); it costs one round trip, and only after
-    /// the dispatcher has been idle for [`IDLE_CHECK`](crate::limit::conn::IDLE_CHECK). `TIME` (safe to
+    /// the dispatcher has been idle for [`IDLE_CHECK`](crate::limiter::conn::IDLE_CHECK). `TIME` (safe to
     /// repeat, like PING) also tells Redis's clock, so a job never leaves
     /// without a deadline on it.
     ///
@@ -154,7 +154,7 @@ impl Single {
     /// The new server never saw that call, so repeating it would be right,
     /// but from the connection alone it is indistinguishable from a call
     /// that ran. So that case is kept from happening instead: a connection
-    /// idle for [`IDLE_CHECK`](crate::limit::conn::IDLE_CHECK) gets a PING first (safe to repeat), and a
+    /// idle for [`IDLE_CHECK`](crate::limiter::conn::IDLE_CHECK) gets a PING first (safe to repeat), and a
     /// failed PING means a new connection, before the batch is written.
     /// What remains is a connection that breaks within that last moment:
     /// its batch fails and `on_redis_error` applies; nothing counts twice.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::clock::RedisClock;
-use super::limiter::Shared;
+use super::decide::Shared;
 use super::{Check, Decision, LimiterError};
 
 #[cfg(feature = "cluster")]

@@ -31,11 +31,11 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
 
 use super::slot::SLOTS;
-use crate::limit::breaker::Breaker;
-use crate::limit::clock::RedisClock;
-use crate::limit::conn::Conn;
-use crate::limit::limiter::Shared;
-use crate::limit::{LimiterError, RedisConfig};
+use crate::limiter::breaker::Breaker;
+use crate::limiter::clock::RedisClock;
+use crate::limiter::conn::Conn;
+use crate::limiter::decide::Shared;
+use crate::limiter::{LimiterError, RedisConfig};
 
 /// What the dispatchers know of one master: its breaker, and the estimate
 /// of its clock taken from its own replies.

@@ -1,5 +1,5 @@
 //! What the filter decided about a request, for its handler: the
-//! [`Limits`] extractor, and charging or giving back units from a handler.
+//! [`Usage`] extractor, and charging or giving back units from a handler.
 
 use std::cell::RefCell;
 use std::future::{ready, Ready};
@@ -11,31 +11,31 @@ use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpMessage, HttpRequest};
 
 use super::Filter;
-use crate::limit::give_back::Refund;
-use crate::limit::{Check, Decision, Limiter, LimiterError, Outcome};
+use crate::limiter::give_back::Refund;
+use crate::limiter::{Check, Decision, Limiter, LimiterError, Outcome};
 use crate::rule::Rule;
 
 /// The rules that matched a request and what each said, as a handler sees
-/// them (an extractor: add a `Limits` argument). Empty when no rule matched.
+/// them (an extractor: add a `Usage` argument). Empty when no rule matched.
 ///
-/// From a handler, [`Limits::charge`] takes more units from every matched
-/// rule (all or nothing), and [`Limits::give_back`] returns what the request
+/// From a handler, [`Usage::charge`] takes more units from every matched
+/// rule (all or nothing), and [`Usage::give_back`] returns what the request
 /// took (a sign-in that succeeded, say).
 ///
 /// ```no_run
 /// use actix_web::{post, HttpResponse};
-/// use floodgate::Limits;
+/// use floodgate::Usage;
 ///
 /// #[post("/sms/send")]
-/// async fn send(limits: Limits) -> HttpResponse {
-///     for rule in limits.rules() {
+/// async fn send(usage: Usage) -> HttpResponse {
+///     for rule in usage.rules() {
 ///         println!("{}: {} left, resets in {:?}", rule.name, rule.remaining, rule.reset);
 ///     }
 ///     HttpResponse::Ok().finish()
 /// }
 /// ```
 #[derive(Clone, Default)]
-pub struct Limits {
+pub struct Usage {
     inner: Rc<RefCell<Vec<Entry>>>,
 }
 
@@ -72,18 +72,18 @@ pub struct RuleState {
 pub(super) struct Withdrawn;
 
 /// The units one filter took for a request: its entries in the request's
-/// [`Limits`]. Every way units go back (an inner filter's denial, a success
-/// under `count = "failures"`, the handler's [`Limits::give_back`]) takes
+/// [`Usage`]. Every way units go back (an inner filter's denial, a success
+/// under `count = "failures"`, the handler's [`Usage::give_back`]) takes
 /// an entry's `given_back` first, so each charge is given back at most once.
 pub(super) struct Taken {
-    limits: Limits,
+    limits: Usage,
     from: usize,
     to: usize,
     decided: Instant,
 }
 
-impl Limits {
-    /// Adds one filter's allowed decision to the request's `Limits`.
+impl Usage {
+    /// Adds one filter's allowed decision to the request's `Usage`.
     pub(super) fn record(
         req: &HttpRequest,
         limiter: &Arc<Limiter>,
@@ -94,10 +94,10 @@ impl Limits {
     ) -> Taken {
         let limits = {
             let mut ext = req.extensions_mut();
-            match ext.get::<Limits>() {
+            match ext.get::<Usage>() {
                 Some(l) => l.clone(),
                 None => {
-                    let l = Limits::default();
+                    let l = Usage::default();
                     ext.insert(l.clone());
                     l
                 }
@@ -127,7 +127,7 @@ impl Limits {
 
     /// Called by a filter that denies: outer filters give back their units.
     pub(super) fn deny_outer(req: &HttpRequest) {
-        if req.extensions().get::<Limits>().is_some() {
+        if req.extensions().get::<Usage>().is_some() {
             req.extensions_mut().insert(Withdrawn);
         }
     }
@@ -276,14 +276,14 @@ fn refund(check: &Check, outcome: &Outcome) -> Refund {
     }
 }
 
-impl FromRequest for Limits {
+impl FromRequest for Usage {
     type Error = actix_web::Error;
-    type Future = Ready<Result<Limits, actix_web::Error>>;
+    type Future = Ready<Result<Usage, actix_web::Error>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         ready(Ok(req
             .extensions()
-            .get::<Limits>()
+            .get::<Usage>()
             .cloned()
             .unwrap_or_default()))
     }

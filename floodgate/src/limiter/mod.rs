@@ -3,7 +3,7 @@
 //! A request that matches several rules becomes one [`Check`] per rule; the
 //! checks of one request go to Redis together and are decided atomically
 //! (all recorded, or none). [`Limiter::decide`] is the whole public surface:
-//! it hands the checks to a dispatcher thread (see `limit/dispatch/`) and awaits the
+//! it hands the checks to a dispatcher thread (see `limiter/dispatch/`) and awaits the
 //! answer without ever blocking the caller's thread. [`Limiter::peek`]
 //! answers the same questions without recording anything.
 
@@ -27,12 +27,12 @@ macro_rules! lua_with_algorithms {
 mod breaker;
 mod clock;
 mod conn;
+mod decide;
 pub(crate) mod deny_cache;
 pub(crate) mod dispatch;
 mod error;
 pub(crate) mod give_back;
 mod lane;
-mod limiter;
 pub(crate) mod local;
 pub mod operator;
 mod peek;
@@ -43,8 +43,8 @@ pub(crate) mod wire;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+pub use self::decide::Limiter;
 pub use self::error::LimiterError;
-pub use self::limiter::Limiter;
 pub use self::operator::{Action, Inspection, OverrideState, Penalty};
 pub use self::redis_config::{without_password, RedisConfig};
 pub use self::topology::RedisConn;

@@ -31,7 +31,7 @@ impl Limiter {
     /// use std::num::NonZeroU32;
     /// use std::time::Duration;
     /// use floodgate::config::RedisConfig;
-    /// use floodgate::limit::{Algorithm, Check, LimiterError, LimiterOptions};
+    /// use floodgate::limiter::{Algorithm, Check, LimiterError, LimiterOptions};
     /// use floodgate::Limiter;
     ///
     /// # async fn show(config: &RedisConfig) -> Result<(), LimiterError> {

@@ -50,12 +50,12 @@ use self::groups::{classify, group_by_slot, write_group, Group, Reply};
 use self::masters::{Masters, Unwritten};
 use self::slot::key_slot;
 use super::{Job, Transport};
-use crate::limit::breaker::{Breaker, Gate};
-use crate::limit::conn::spoils;
-use crate::limit::limiter::Shared;
-use crate::limit::topology::cluster_client;
-use crate::limit::wire;
-use crate::limit::{Check, Decision, LimiterError, Outcome, RedisConfig};
+use crate::limiter::breaker::{Breaker, Gate};
+use crate::limiter::conn::spoils;
+use crate::limiter::decide::Shared;
+use crate::limiter::topology::cluster_client;
+use crate::limiter::wire;
+use crate::limiter::{Check, Decision, LimiterError, Outcome, RedisConfig};
 
 mod give_back;
 mod groups;
@@ -63,10 +63,10 @@ pub(crate) mod masters;
 mod slot;
 
 /// The batch script, the same as on one server: one call per slot group.
-const BATCH_SCRIPT: &str = crate::limit::wire::SCRIPT_SOURCE;
+const BATCH_SCRIPT: &str = crate::limiter::wire::SCRIPT_SOURCE;
 
 /// Gives back what the allowed groups of a denied request took.
-const GIVE_BACK_SCRIPT: &str = crate::limit::wire::CLUSTER_GIVE_BACK_SOURCE;
+const GIVE_BACK_SCRIPT: &str = crate::limiter::wire::CLUSTER_GIVE_BACK_SOURCE;
 
 /// Starts `count` cluster dispatchers on the limiter's queue.
 pub(crate) fn start(

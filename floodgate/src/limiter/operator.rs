@@ -30,7 +30,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use super::conn::Pool;
-use super::limiter::Shared;
+use super::decide::Shared;
 use super::local::Bans;
 use super::topology::{Master, RedisConn, Source};
 use super::wire;
@@ -46,7 +46,7 @@ fn script() -> &'static redis::Script {
     SCRIPT.get_or_init(|| redis::Script::new(OPERATOR_SOURCE))
 }
 
-/// Claims the operator ban in force on a record (KEYS[1]) for one
+/// Claims the operator ban in force on a record (`KEYS[1]`) for one
 /// process's count: 1 for the first claim of that ban (its end, in the
 /// field `bc`), 0 for any later one, or when no operator ban is in force.
 /// Writes nothing but that field of a record that exists (and keeps its
