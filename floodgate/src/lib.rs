@@ -121,7 +121,7 @@
 //! cluster: this build of floodgate has no Redis Cluster support (feature
 //! "cluster")`.
 #![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub)]
+#![warn(missing_docs, unreachable_pub, unnameable_types)]
 
 pub mod config;
 pub mod filter;

@@ -857,7 +857,7 @@ async fn cluster_give_back_forgets_the_remembered_denial_of_its_key() {
     assert!(limiter.decide(vec![check(team)]).await.unwrap().allowed);
     let cache = limiter.deny_cache().unwrap();
     let now = std::time::Instant::now();
-    cache.remember(user, 1, Duration::from_secs(60), now, now);
+    cache.remember(user, 1, Duration::from_secs(60), None, now, now);
     assert!(cache.denied(user, 1, std::time::Instant::now()).is_some());
     // The user's key admits, the team's denies: what the user's key took
     // is given back, and its remembered denial goes with it.

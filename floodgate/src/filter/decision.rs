@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::limiter::{Check, Decision, Limiter, LimiterError};
+use crate::limiter::{Check, Decision, Limiter, LimiterError, Quota};
 use crate::metrics::{DecisionKind as Counted, Metrics};
 use crate::rule::{Count, Mode, OnRedisError, Rule};
 
@@ -14,8 +14,13 @@ pub(crate) enum Verdict {
     /// Redis decided.
     Redis(Decision),
     /// Denied without a call: the rule (index into the matched rules) that
-    /// denies, and when the request surely fits again.
-    Cached { rule: usize, wait: Duration },
+    /// denies, when the request surely fits again, and the identity's own
+    /// quota (an override) it was denied under.
+    Cached {
+        rule: usize,
+        wait: Duration,
+        quota: Option<Quota>,
+    },
     /// Redis did not decide and an enforce rule says `deny`: 503.
     Unavailable(LimiterError),
     /// Redis did not decide; the rules with `local` were decided in this
@@ -54,16 +59,20 @@ pub(crate) async fn decide(
             .enumerate()
             .filter(|(_, (r, _))| cacheable(r))
             .filter_map(|(i, (_, c))| cache.denial(&c.key, c.cost, started).map(|w| (i, w)))
-            .max_by_key(|(_, (w, _))| *w);
-        if let Some((rule, (wait, banned))) = hit {
+            .max_by_key(|(_, d)| d.wait);
+        if let Some((rule, denial)) = hit {
             metrics.deny_cache_hit(&matched[rule].name);
-            let counted = if banned {
+            let counted = if denial.banned {
                 Counted::Banned
             } else {
                 Counted::Denied
             };
             metrics.decision(&matched[rule].name, counted);
-            return Verdict::Cached { rule, wait };
+            return Verdict::Cached {
+                rule,
+                wait: denial.wait,
+                quota: denial.quota,
+            };
         }
     }
     let result = limiter.decide(checks.clone()).await;
@@ -91,7 +100,7 @@ pub(crate) async fn decide(
                     } else if r.penalty.is_none() {
                         // (A rule with a penalty counts every denial in
                         // Redis: only its bans are remembered here.)
-                        cache.remember(&c.key, c.cost, o.wait, started, answered);
+                        cache.remember(&c.key, c.cost, o.wait, o.quota, started, answered);
                     }
                 }
             }

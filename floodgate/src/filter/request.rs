@@ -362,7 +362,7 @@ where
             };
             Ok(deny(filter, req, path, denied))
         }
-        Verdict::Cached { rule, wait } => {
+        Verdict::Cached { rule, wait, quota } => {
             let rule = matched[rule];
             let remembered = Outcome {
                 allowed: false,
@@ -370,7 +370,7 @@ where
                 wait,
                 banned: false,
                 ban_started: false,
-                quota: None,
+                quota,
             };
             // Only the denying rule's state is known without Redis.
             let denied = Denied::Limited {

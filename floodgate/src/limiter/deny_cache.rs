@@ -28,6 +28,8 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::Quota;
+
 /// Most keys remembered at once (over all shards).
 pub(crate) const CAPACITY: usize = 32_768;
 const SHARDS: usize = 16;
@@ -44,6 +46,20 @@ struct Entry {
     free_by: Instant,
     /// A ban, not a limit, denies (any cost).
     banned: bool,
+    /// The identity's own quota (an override) the denial was decided under.
+    quota: Option<Quota>,
+}
+
+/// A remembered denial, as [`DenyCache::denial`] answers it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Remembered {
+    /// How long until the request surely fits again.
+    pub wait: Duration,
+    /// Whether a ban (rather than the limit) denies.
+    pub banned: bool,
+    /// The identity's own quota it was decided under (an operator's
+    /// override), as [`Outcome::quota`](super::Outcome::quota).
+    pub quota: Option<Quota>,
 }
 
 #[derive(Debug)]
@@ -105,47 +121,63 @@ impl DenyCache {
     /// If `cost` units on `key` are certainly denied at `now`: how long
     /// until they surely fit again.
     pub fn denied(&self, key: &str, cost: u32, now: Instant) -> Option<Duration> {
-        self.denial(key, cost, now).map(|(wait, _)| wait)
+        self.denial(key, cost, now).map(|d| d.wait)
     }
 
-    /// As [`DenyCache::denied`], and whether a ban (rather than the limit)
-    /// denies.
-    pub fn denial(&self, key: &str, cost: u32, now: Instant) -> Option<(Duration, bool)> {
+    /// As [`DenyCache::denied`], with whether a ban (rather than the limit)
+    /// denies and the quota it was decided under.
+    pub fn denial(&self, key: &str, cost: u32, now: Instant) -> Option<Remembered> {
         let (mut shard, _) = self.shard(key);
         let entry = *shard.entries.get(key)?;
         if entry.until <= now {
             shard.entries.remove(key);
             return None;
         }
-        (entry.cost <= cost).then(|| (entry.free_by.saturating_duration_since(now), entry.banned))
+        (entry.cost <= cost).then(|| Remembered {
+            wait: entry.free_by.saturating_duration_since(now),
+            banned: entry.banned,
+            quota: entry.quota,
+        })
     }
 
     /// Remembers that Redis denied `key` because its identity is banned for
     /// `wait` (every cost is denied), as [`DenyCache::remember`] does.
     pub fn remember_ban(&self, key: &str, wait: Duration, sent: Instant, answered: Instant) {
-        self.insert(key, 1, wait, sent, answered, true);
+        let denial = Remembered {
+            wait,
+            banned: true,
+            quota: None,
+        };
+        self.insert(key, 1, denial, sent, answered);
     }
 
-    /// Remembers that Redis denied `cost` units on `key` with `wait`, for a
-    /// call sent at `sent` and answered at `answered`.
-    pub fn remember(&self, key: &str, cost: u32, wait: Duration, sent: Instant, answered: Instant) {
-        self.insert(key, cost, wait, sent, answered, false);
-    }
-
-    fn insert(
+    /// Remembers that Redis denied `cost` units on `key` with `wait` (under
+    /// the identity's own `quota`, if it has one), for a call sent at `sent`
+    /// and answered at `answered`.
+    pub fn remember(
         &self,
         key: &str,
         cost: u32,
         wait: Duration,
+        quota: Option<Quota>,
         sent: Instant,
         answered: Instant,
-        banned: bool,
     ) {
+        let denial = Remembered {
+            wait,
+            banned: false,
+            quota,
+        };
+        self.insert(key, cost, denial, sent, answered);
+    }
+
+    fn insert(&self, key: &str, cost: u32, denial: Remembered, sent: Instant, answered: Instant) {
         let entry = Entry {
             cost,
-            until: sent + wait,
-            free_by: answered + wait,
-            banned,
+            until: sent + denial.wait,
+            free_by: answered + denial.wait,
+            banned: denial.banned,
+            quota: denial.quota,
         };
         if entry.until <= Instant::now() {
             return;
@@ -229,7 +261,7 @@ mod tests {
         let cache = DenyCache::default();
         let sent = Instant::now();
         let answered = sent + Duration::from_millis(2);
-        cache.remember("k", 2, Duration::from_secs(5), sent, answered);
+        cache.remember("k", 2, Duration::from_secs(5), None, sent, answered);
         let now = sent + Duration::from_secs(1);
         assert_eq!(cache.denied("k", 1, now), None, "a smaller cost may fit");
         assert_eq!(
@@ -247,19 +279,19 @@ mod tests {
     fn a_give_back_forgets_the_denial_and_one_answered_after_it() {
         let cache = DenyCache::default();
         let sent = Instant::now();
-        cache.remember("k", 1, Duration::from_secs(60), sent, sent);
+        cache.remember("k", 1, Duration::from_secs(60), None, sent, sent);
         assert!(cache.denied("k", 1, Instant::now()).is_some());
         cache.forget("k");
         assert_eq!(cache.denied("k", 1, Instant::now()), None);
         // A denial sent before the give-back, answered after it.
-        cache.remember("k", 1, Duration::from_secs(60), sent, Instant::now());
+        cache.remember("k", 1, Duration::from_secs(60), None, sent, Instant::now());
         assert_eq!(cache.denied("k", 1, Instant::now()), None);
         // One sent after it is remembered again.
         let later = Instant::now() + Duration::from_millis(1);
-        cache.remember("k", 1, Duration::from_secs(60), later, later);
+        cache.remember("k", 1, Duration::from_secs(60), None, later, later);
         assert!(cache.denied("k", 1, Instant::now()).is_some());
         // Other keys keep theirs.
-        cache.remember("other", 1, Duration::from_secs(60), later, later);
+        cache.remember("other", 1, Duration::from_secs(60), None, later, later);
         cache.forget("k");
         assert!(cache.denied("other", 1, Instant::now()).is_some());
     }
@@ -270,7 +302,7 @@ mod tests {
         let now = Instant::now();
         for i in 0..10_000u64 {
             let wait = Duration::from_secs(60 + i);
-            cache.remember(&format!("k{i}"), 1, wait, now, now);
+            cache.remember(&format!("k{i}"), 1, wait, None, now, now);
         }
         assert!(cache.len() <= SHARDS, "{}", cache.len());
         // The survivors are the ones that free last.

@@ -15,7 +15,7 @@ use super::{Algorithm, Limiter, LimiterError};
 
 /// One key's units to give back.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Refund {
+pub(crate) struct Refund {
     /// The full Redis key the request was charged under.
     pub key: String,
     /// The rule's algorithm and parameters.
@@ -51,7 +51,7 @@ impl Limiter {
     /// taken before the decision was asked for). Keys whose give-back is no
     /// longer safe are skipped; returns the units given back. Bounded by the
     /// Redis timeout.
-    pub async fn give_back(
+    pub(crate) async fn give_back(
         &self,
         refunds: Vec<Refund>,
         decided: Instant,

@@ -154,7 +154,7 @@ impl Bans {
 
     /// How long `key` stays banned, if it is at `now`.
     pub(crate) fn banned(&self, key: &str, now: Instant) -> Option<Duration> {
-        self.known.denial(key, 1, now).map(|(wait, _)| wait)
+        self.known.denial(key, 1, now).map(|d| d.wait)
     }
 
     /// From now on this process counts the operator bans it claims.

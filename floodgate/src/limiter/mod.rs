@@ -44,6 +44,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 pub use self::decide::Limiter;
+pub use self::deny_cache::{DenyCache, Remembered};
 pub use self::error::LimiterError;
 pub use self::operator::{Action, Inspection, OverrideState, Penalty};
 pub use self::redis_config::{without_password, RedisConfig};

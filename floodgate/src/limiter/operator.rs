@@ -396,11 +396,17 @@ impl Limiter {
         let timeout = self.timeout();
         let channel = self.channel().to_string();
         let bans = Arc::clone(self.local().bans());
+        let key = check.key.clone();
         let work = actix_rt::task::spawn_blocking(move || {
             operate_blocking(&pool, timeout, &channel, &bans, &check, action)
         });
         match tokio::time::timeout(timeout * 3, work).await {
-            Ok(Ok(result)) => result,
+            Ok(Ok(result)) => {
+                if result.is_ok() {
+                    self.changed_here(&key, action);
+                }
+                result
+            }
             Ok(Err(e)) => Err(LimiterError::Other(format!(
                 "the action did not finish: {e}"
             ))),
@@ -415,14 +421,39 @@ impl Limiter {
         check: &Check,
         action: Action,
     ) -> Result<Inspection, LimiterError> {
-        operate_blocking(
+        let result = operate_blocking(
             self.pool(),
             self.timeout(),
             self.channel(),
             self.local().bans(),
             check,
             action,
-        )
+        );
+        if result.is_ok() {
+            self.changed_here(&check.key, action);
+        }
+        result
+    }
+
+    /// What this process knows of `key` after `action` succeeded, at once:
+    /// the listener hears the same a moment later, but the next request
+    /// (often the operator's own check) may come before it.
+    fn changed_here(&self, key: &str, action: Action) {
+        if action == Action::Inspect {
+            return;
+        }
+        if let Some(cache) = self.deny_cache() {
+            cache.forget(key);
+        }
+        let bans = self.local().bans();
+        match action {
+            Action::Ban(d) => {
+                let now = Instant::now();
+                bans.learn(key, d, now, now);
+            }
+            Action::Unban | Action::Reset => bans.forget(key),
+            _ => {}
+        }
     }
 }
 
