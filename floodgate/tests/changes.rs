@@ -7,65 +7,16 @@
 
 mod common;
 
-use std::num::NonZeroU32;
-use std::path::Path;
-use std::time::Duration;
-
 use floodgate::__private::decide_batch;
 use floodgate::limiter::Algorithm;
 use floodgate::limiter::Check;
 use floodgate::limiter::Decision;
 use floodgate::limiter::LimiterError;
-use floodgate::limiter::LimiterOptions;
-use floodgate::{Config, Limiter};
+use floodgate::Limiter;
 
 use common::RedisServer;
 
-/// A realistic pinned epoch (ms).
-const T0: u64 = 1_700_000_000_000;
-
-fn nz(n: u32) -> NonZeroU32 {
-    NonZeroU32::new(n).unwrap()
-}
-
-/// A limiter on `redis` whose clock the test pins with `decide_at`.
-fn pinned_limiter(redis: &RedisServer) -> Limiter {
-    let mut config = Config::parse("", Path::new("test.toml")).unwrap();
-    config.redis.url = redis.url();
-    config.redis.timeout = Duration::from_secs(5);
-    Limiter::new(&config.redis, LimiterOptions::default()).unwrap()
-}
-
-fn sliding(limit: u32, window_ms: u64) -> Algorithm {
-    Algorithm::SlidingWindow {
-        limit: nz(limit),
-        window: Duration::from_millis(window_ms),
-    }
-}
-
-fn fixed(limit: u32, window_ms: u64) -> Algorithm {
-    Algorithm::FixedWindow {
-        limit: nz(limit),
-        window: Duration::from_millis(window_ms),
-    }
-}
-
-fn bucket(rate: f64, burst: u32) -> Algorithm {
-    Algorithm::TokenBucket {
-        rate,
-        burst: nz(burst),
-    }
-}
-
-fn check(key: &str, algorithm: Algorithm, cost: u32) -> Check {
-    Check {
-        key: key.to_string(),
-        algorithm,
-        cost,
-        enforce: true,
-        penalty: None,
-    }
-}
+use common::pinned::{bucket, check, fixed, pinned_limiter, sliding, T0};
 
 /// (allowed, remaining, wait in ms) of a one-check decision.
 fn one(decision: Decision) -> (bool, u64, u64) {

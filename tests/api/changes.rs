@@ -2,66 +2,14 @@
 //! limit forgets nothing still in the window, a shorter fixed window closes
 //! the open one, and the /limits page reads a fixed window. (The
 //! pinned-clock tests of the same changes are the library's own:
-//! floodgate/tests/changes.rs.) The helpers here serve the other modules'
-//! pinned-clock tests too.
+//! floodgate/tests/changes.rs.)
 
-use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::Duration;
 
-use floodgate::limiter::Algorithm;
-use floodgate::limiter::Check;
-use floodgate::limiter::LimiterOptions;
-use floodgate::Limiter;
 use floodgate_site::config::Config;
 
-use crate::helpers::{header, remaining, spawn_app, RedisServer};
-
-/// A realistic pinned epoch (ms).
-pub const T0: u64 = 1_700_000_000_000;
-
-pub fn nz(n: u32) -> NonZeroU32 {
-    NonZeroU32::new(n).unwrap()
-}
-
-/// A limiter on `redis` whose clock the test pins with `decide_at`.
-pub fn pinned_limiter(redis: &RedisServer) -> Limiter {
-    let mut config = Config::parse("", Path::new("test.toml")).unwrap();
-    config.filter.redis.url = redis.url();
-    config.filter.redis.timeout = Duration::from_secs(5);
-    Limiter::new(&config.filter.redis, LimiterOptions::default()).unwrap()
-}
-
-pub fn sliding(limit: u32, window_ms: u64) -> Algorithm {
-    Algorithm::SlidingWindow {
-        limit: nz(limit),
-        window: Duration::from_millis(window_ms),
-    }
-}
-
-pub fn fixed(limit: u32, window_ms: u64) -> Algorithm {
-    Algorithm::FixedWindow {
-        limit: nz(limit),
-        window: Duration::from_millis(window_ms),
-    }
-}
-
-pub fn bucket(rate: f64, burst: u32) -> Algorithm {
-    Algorithm::TokenBucket {
-        rate,
-        burst: nz(burst),
-    }
-}
-
-pub fn check(key: &str, algorithm: Algorithm, cost: u32) -> Check {
-    Check {
-        key: key.to_string(),
-        algorithm,
-        cost,
-        enforce: true,
-        penalty: None,
-    }
-}
+use crate::helpers::{header, remaining, spawn_app};
 
 #[actix_web::test]
 async fn a_lowered_limit_reloaded_over_http_forgets_nothing_in_the_window() {

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::changes::{check, sliding};
+use crate::helpers::pinned::{check, sliding};
 use floodgate::limiter::LimiterError;
 use floodgate::limiter::LimiterOptions;
 use floodgate::Limiter;

@@ -89,7 +89,7 @@ pub fn is_script_call(chunk: &[u8]) -> bool {
 mod common;
 // The browser tests include this file too and use only some of them.
 #[allow(unused_imports)]
-pub use common::{free_port, wait_until, RedisServer};
+pub use common::{free_port, pinned, wait_until, RedisServer};
 
 /// The `floodgate` binary serving `config` on `bind` against `redis`, with
 /// `RUST_LOG` set to `log`; its stderr lines are collected in the returned

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::changes::{check, sliding};
+use crate::helpers::pinned::{check, sliding};
 use floodgate::__private::decide_batch_with_deadlines;
 use floodgate::limiter::LimiterError;
 use floodgate::limiter::LimiterOptions;
@@ -439,7 +439,7 @@ on_redis_error = "local"
 #[actix_web::test]
 async fn a_flood_of_new_keys_stays_within_the_local_bound_and_a_hot_key_keeps_its_limit() {
     let redis = RedisServer::start();
-    let limiter = crate::changes::pinned_limiter(&redis);
+    let limiter = crate::helpers::pinned::pinned_limiter(&redis);
     let local = limiter.local();
     let hot = check("floodgate:local:ip:192.0.2.1", sliding(100, 3_600_000), 1);
     let mut allowed = 0;

@@ -2,6 +2,8 @@
 //! port (started, stopped, restarted on the same port). No demo site.
 #![allow(dead_code)]
 
+pub mod pinned;
+
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

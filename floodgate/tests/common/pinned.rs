@@ -1,0 +1,57 @@
+//! Pinned-clock plumbing: a limiter whose clock a test pins with
+//! `decide_at`, and checks of each algorithm.
+
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::time::Duration;
+
+use floodgate::limiter::{Algorithm, Check, LimiterOptions};
+use floodgate::{Config, Limiter};
+
+use super::RedisServer;
+
+/// A realistic pinned epoch (ms).
+pub const T0: u64 = 1_700_000_000_000;
+
+pub fn nz(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).unwrap()
+}
+
+/// A limiter on `redis` whose clock the test pins with `decide_at`.
+pub fn pinned_limiter(redis: &RedisServer) -> Limiter {
+    let mut config = Config::parse("", Path::new("test.toml")).unwrap();
+    config.redis.url = redis.url();
+    config.redis.timeout = Duration::from_secs(5);
+    Limiter::new(&config.redis, LimiterOptions::default()).unwrap()
+}
+
+pub fn sliding(limit: u32, window_ms: u64) -> Algorithm {
+    Algorithm::SlidingWindow {
+        limit: nz(limit),
+        window: Duration::from_millis(window_ms),
+    }
+}
+
+pub fn fixed(limit: u32, window_ms: u64) -> Algorithm {
+    Algorithm::FixedWindow {
+        limit: nz(limit),
+        window: Duration::from_millis(window_ms),
+    }
+}
+
+pub fn bucket(rate: f64, burst: u32) -> Algorithm {
+    Algorithm::TokenBucket {
+        rate,
+        burst: nz(burst),
+    }
+}
+
+pub fn check(key: &str, algorithm: Algorithm, cost: u32) -> Check {
+    Check {
+        key: key.to_string(),
+        algorithm,
+        cost,
+        enforce: true,
+        penalty: None,
+    }
+}
