@@ -211,7 +211,8 @@ impl Limit {
 
     /// The algorithm, by its name in the config file, for the limit and
     /// window given (no effect on a token bucket): `"sliding_window"` (the
-    /// default), `"fixed_window"` (see [`Algorithm`]). A name no such algorithm has is refused when the
+    /// default), `"fixed_window"`, `"gcra"`, `"sliding_counter"` (see
+    /// [`Algorithm`]). A name no such algorithm has is refused when the
     /// limit is installed, as in a file.
     ///
     /// ```
@@ -230,6 +231,18 @@ impl Limit {
                 .unwrap_or("unknown");
         }
         self
+    }
+
+    /// A GCRA limit: at most `limit` at once, then one every
+    /// `window / limit` (see [`Algorithm::Gcra`]).
+    pub fn gcra(limit: u32, window: Duration) -> Limit {
+        Limit::new(limit, window).algorithm("gcra")
+    }
+
+    /// A sliding-window counter: about `limit` per `window`, in constant
+    /// memory (see [`Algorithm::SlidingCounter`]).
+    pub fn sliding_counter(limit: u32, window: Duration) -> Limit {
+        Limit::new(limit, window).algorithm("sliding_counter")
     }
 
     /// What the limit counts by (default [`Key::ip`]).

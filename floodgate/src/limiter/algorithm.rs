@@ -27,6 +27,10 @@ macro_rules! lua_with_algorithms {
             include_str!("lua/fixed_window.lua"),
             "\n",
             include_str!("lua/token_bucket.lua"),
+            "\n",
+            include_str!("lua/gcra.lua"),
+            "\n",
+            include_str!("lua/sliding_counter.lua"),
             $("\n", include_str!($driver)),+
         )
     };
@@ -59,6 +63,27 @@ pub enum Algorithm {
         /// Capacity; the bucket starts full.
         burst: NonZeroU32,
     },
+    /// The generic cell rate algorithm: at most `limit` units at once,
+    /// then one every `window / limit`; exact, one number per key (its
+    /// theoretical arrival time).
+    Gcra {
+        /// Units at once (a fresh key, or one idle for `window`).
+        limit: NonZeroU32,
+        /// The time `limit` units take to come back (millisecond precision).
+        window: Duration,
+    },
+    /// A sliding-window counter: the previous fixed window's count,
+    /// weighted by the part of it still inside the sliding window, plus the
+    /// current window's count, stays within `limit`. Approximate (up to
+    /// twice `limit` in one sliding interval in adversarial timing, never
+    /// more than `limit` in one fixed window), two counters per key.
+    /// Windows are aligned to the epoch (Redis's clock).
+    SlidingCounter {
+        /// Units per window.
+        limit: NonZeroU32,
+        /// Window length (millisecond precision).
+        window: Duration,
+    },
 }
 
 /// The algorithms a rule names by `limit` and `window`: name, the word
@@ -78,6 +103,15 @@ const WINDOWED: &[Windowed] = &[
     ("fixed_window", "fixed", 100_000, |limit, window| {
         Algorithm::FixedWindow { limit, window }
     }),
+    ("gcra", "gcra", 1_000_000_000, |limit, window| {
+        Algorithm::Gcra { limit, window }
+    }),
+    (
+        "sliding_counter",
+        "counter",
+        1_000_000_000,
+        |limit, window| Algorithm::SlidingCounter { limit, window },
+    ),
 ];
 
 /// The name of the algorithm a rule gives by `rate` and `burst`.
@@ -94,7 +128,13 @@ pub(crate) enum Param {
 
 impl Algorithm {
     /// Every name the config file accepts, the default first.
-    pub const NAMES: &'static [&'static str] = &["sliding_window", "fixed_window", "token_bucket"];
+    pub const NAMES: &'static [&'static str] = &[
+        "sliding_window",
+        "fixed_window",
+        "token_bucket",
+        "gcra",
+        "sliding_counter",
+    ];
 
     /// The name used in the config file.
     pub fn name(&self) -> &'static str {
@@ -102,6 +142,8 @@ impl Algorithm {
             Algorithm::SlidingWindow { .. } => "sliding_window",
             Algorithm::FixedWindow { .. } => "fixed_window",
             Algorithm::TokenBucket { .. } => BUCKET,
+            Algorithm::Gcra { .. } => "gcra",
+            Algorithm::SlidingCounter { .. } => "sliding_counter",
         }
     }
 
@@ -110,7 +152,9 @@ impl Algorithm {
     pub fn limit_window(&self) -> Option<(NonZeroU32, Duration)> {
         match *self {
             Algorithm::SlidingWindow { limit, window }
-            | Algorithm::FixedWindow { limit, window } => Some((limit, window)),
+            | Algorithm::FixedWindow { limit, window }
+            | Algorithm::Gcra { limit, window }
+            | Algorithm::SlidingCounter { limit, window } => Some((limit, window)),
             Algorithm::TokenBucket { .. } => None,
         }
     }
@@ -212,7 +256,7 @@ impl Algorithm {
 
     /// The code and the two parameters the Lua files read (see the
     /// algorithm's own file): 1 sliding window, 2 fixed window, 3 token
-    /// bucket; limit and window in ms, or rate
+    /// bucket, 4 gcra, 5 sliding counter; limit and window in ms, or rate
     /// and burst.
     pub(crate) fn wire(&self) -> (u8, Param, Param) {
         let ms = |d: Duration| Param::Whole(d.as_millis() as u64);
@@ -221,6 +265,8 @@ impl Algorithm {
             Algorithm::SlidingWindow { limit, window } => (1, n(limit), ms(window)),
             Algorithm::FixedWindow { limit, window } => (2, n(limit), ms(window)),
             Algorithm::TokenBucket { rate, burst } => (3, Param::Real(rate), n(burst)),
+            Algorithm::Gcra { limit, window } => (4, n(limit), ms(window)),
+            Algorithm::SlidingCounter { limit, window } => (5, n(limit), ms(window)),
         }
     }
 
@@ -228,7 +274,9 @@ impl Algorithm {
     /// after its decision was asked for, with `margin` to spare for the
     /// call to reach Redis; `reset` is its allowed outcome's `wait`.
     /// Sliding window: its own entry is still in the window; fixed window:
-    /// its window is still open; the bucket is always safe.
+    /// its window is still open; sliding counter: the fixed window it was
+    /// counted in is still the current one (its reset is one window after
+    /// that one closes). The bucket and gcra are always safe.
     pub(crate) fn give_back_safe(
         &self,
         elapsed: Duration,
@@ -238,7 +286,8 @@ impl Algorithm {
         match *self {
             Algorithm::SlidingWindow { window, .. } => elapsed + margin < window,
             Algorithm::FixedWindow { .. } => elapsed + margin < reset,
-            Algorithm::TokenBucket { .. } => true,
+            Algorithm::SlidingCounter { window, .. } => elapsed + margin + window < reset,
+            Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => true,
         }
     }
 
@@ -256,8 +305,15 @@ impl Algorithm {
                 "bursts of at most {}, then {rate} per second {whose}",
                 per(burst.get())
             ),
+            Algorithm::Gcra { limit, window } => format!(
+                "at most {} at once, then {} per {} {whose}",
+                per(limit.get()),
+                per(limit.get()),
+                duration(window)
+            ),
             Algorithm::SlidingWindow { limit, window }
-            | Algorithm::FixedWindow { limit, window } => {
+            | Algorithm::FixedWindow { limit, window }
+            | Algorithm::SlidingCounter { limit, window } => {
                 format!(
                     "at most {} per {} {whose}",
                     per(limit.get()),
