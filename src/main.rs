@@ -7,7 +7,6 @@ use std::process::ExitCode;
 use floodgate_site::{config, site};
 
 use config::{format_duration, Config, ConfigError, DEFAULT_PATH};
-use floodgate::limiter::Algorithm;
 use floodgate::rule::HeaderDialect;
 use site::Application;
 
@@ -69,13 +68,7 @@ fn check_config(path: PathBuf) -> ExitCode {
         } else {
             r.methods.join(",")
         };
-        let limit = match r.algorithm {
-            Algorithm::SlidingWindow { limit, window }
-            | Algorithm::FixedWindow { limit, window } => {
-                format!("limit={limit} window={}", format_duration(window))
-            }
-            Algorithm::TokenBucket { rate, burst } => format!("rate={rate}/s burst={burst}"),
-        };
+        let limit = r.algorithm.fields(format_duration);
         // Only what differs from the usual is shown of these.
         let mut extra = String::new();
         if r.headers != HeaderDialect::Ietf {

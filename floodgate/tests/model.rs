@@ -59,11 +59,27 @@ fn bucket(rate: f64, burst: u32) -> Algorithm {
     }
 }
 
+fn gcra(limit: u32, window_ms: u64) -> Algorithm {
+    Algorithm::Gcra {
+        limit: nz(limit),
+        window: Duration::from_millis(window_ms),
+    }
+}
+
+fn counter(limit: u32, window_ms: u64) -> Algorithm {
+    Algorithm::SlidingCounter {
+        limit: nz(limit),
+        window: Duration::from_millis(window_ms),
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {
     Sliding,
     Fixed,
     Bucket,
+    Gcra,
+    Counter,
 }
 
 /// One moment: the clock moves by `step` ms (backwards too), then the
@@ -91,6 +107,12 @@ fn rule(kind: Kind) -> BoxedStrategy<Algorithm> {
         Kind::Fixed => (1u32..=6, 1u64..=5)
             .prop_map(|(l, w)| fixed(l, w * 1000))
             .boxed(),
+        Kind::Gcra => (1u32..=6, 1u64..=5)
+            .prop_map(|(l, w)| gcra(l, w * 1000))
+            .boxed(),
+        Kind::Counter => (1u32..=6, 1u64..=5)
+            .prop_map(|(l, w)| counter(l, w * 1000))
+            .boxed(),
         Kind::Bucket => (
             prop::sample::select(vec![0.25, 0.5, 1.0, 2.0, 4.0]),
             1u32..=6,
@@ -114,7 +136,14 @@ fn tick() -> impl Strategy<Value = Tick> {
 }
 
 fn schedule() -> impl Strategy<Value = Schedule> {
-    prop_oneof![Just(Kind::Sliding), Just(Kind::Fixed), Just(Kind::Bucket)].prop_flat_map(|kind| {
+    prop_oneof![
+        Just(Kind::Sliding),
+        Just(Kind::Fixed),
+        Just(Kind::Bucket),
+        Just(Kind::Gcra),
+        Just(Kind::Counter)
+    ]
+    .prop_flat_map(|kind| {
         (
             prop::collection::vec(rule(kind), 1..=3),
             prop::collection::vec(tick(), 1..=40),
@@ -139,10 +168,24 @@ struct Model {
     window: Option<(i64, i64, i64)>,
     /// Token bucket: tokens at ts, ts, and the rate and burst it refills under.
     bucket: Option<(f64, i64, f64, f64)>,
+    /// GCRA: the theoretical arrival time, exactly, as (numerator,
+    /// denominator) ms.
+    tat: Option<(i128, i128)>,
+    /// Sliding counter: the current window's start, its count, the
+    /// previous window's count, the window length.
+    counter: Option<(i64, i64, i64, i64)>,
     /// When Redis would drop the key (absolute ms on the pinned clock).
     expire_at: Option<i64>,
     /// Whether the current step set the key's TTL.
     ttl_set: bool,
+}
+
+fn gcd(a: i128, b: i128) -> i128 {
+    if b == 0 {
+        a.abs().max(1)
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 fn ceil_ms(ms: f64) -> i64 {
@@ -151,7 +194,11 @@ fn ceil_ms(ms: f64) -> i64 {
 
 impl Model {
     fn exists(&self) -> bool {
-        !self.log.is_empty() || self.window.is_some() || self.bucket.is_some()
+        !self.log.is_empty()
+            || self.window.is_some()
+            || self.bucket.is_some()
+            || self.tat.is_some()
+            || self.counter.is_some()
     }
 
     fn set_ttl(&mut self, now: i64, ms: f64) {
@@ -170,7 +217,97 @@ impl Model {
             Algorithm::TokenBucket { rate, burst } => {
                 self.bucket(now, rate, f64::from(burst.get()), cost)
             }
+            Algorithm::Gcra { limit, window } => self.gcra(
+                now,
+                i128::from(limit.get()),
+                window.as_millis() as i128,
+                cost,
+            ),
+            Algorithm::SlidingCounter { limit, window } => {
+                self.counter(now, i64::from(limit.get()), window.as_millis() as i64, cost)
+            }
         }
+    }
+
+    /// GCRA, exactly: with T = W / L and tau = (L - 1) T, admitted when
+    /// TAT + (c - 1) T - tau <= now, then TAT = max(TAT, now) + c T.
+    fn gcra(&mut self, now: i64, l: i128, w: i128, cost: u32) -> Answer {
+        let c = i128::from(cost);
+        let now = i128::from(now);
+        // TAT - now, in ms * L * den: everything times L and den stays whole.
+        let (num, den) = self.tat.unwrap_or((now, 1));
+        let (num, den) = if num < now * den {
+            (now * den, den)
+        } else {
+            (num, den)
+        };
+        let ahead = num - now * den; // (TAT - now) * den
+        let ceil = |a: i128, b: i128| (a + b - 1).div_euclid(b);
+        let floor = |a: i128, b: i128| a.div_euclid(b);
+        // Allowed: (TAT - now) * L <= (L - c) * W.
+        if ahead * l <= (l - c) * w * den {
+            // TAT' = TAT + c W / L, over den * L.
+            let (n2, d2) = (num * l + c * w * den, den * l);
+            let ahead2 = n2 - now * d2;
+            let g = gcd(n2, d2);
+            self.tat = Some((n2 / g, d2 / g));
+            let ttl = ceil(ahead2, d2);
+            self.expire_at = Some(now as i64 + ttl.max(1) as i64);
+            self.ttl_set = true;
+            let remaining = floor(l * d2 * w - ahead2 * l, d2 * w).max(0);
+            return (true, remaining as u64, ttl.max(0) as u64);
+        }
+        let remaining = floor(l * den * w - ahead * l, den * w).max(0);
+        // Wait: TAT - now - (L - c) W / L.
+        let wait = ceil(ahead * l - (l - c) * w * den, den * l);
+        (false, remaining as u64, wait.max(0) as u64)
+    }
+
+    /// The sliding counter: windows aligned to the epoch; the previous
+    /// window's count weighted by its part still inside the sliding
+    /// window, plus the current count, stays within the limit.
+    fn counter(&mut self, now: i64, l: i64, w: i64, cost: u32) -> Answer {
+        let c = i64::from(cost);
+        let mut now_eff = now;
+        let mut stored = None;
+        if let Some((ws, cur, prev, win)) = self.counter {
+            if win == w {
+                now_eff = now.max(ws);
+                stored = Some((ws, cur, prev));
+            }
+        }
+        let ws = now_eff - now_eff.rem_euclid(w);
+        let (cur, prev) = match stored {
+            Some((at, cur, prev)) if at == ws => (cur, prev),
+            Some((at, cur, _)) if ws == at + w => (0, cur),
+            _ => (0, 0),
+        };
+        let e = now_eff - ws;
+        let weighted = prev * (w - e);
+        if cur + c <= l && weighted <= (l - c - cur) * w {
+            self.counter = Some((ws, cur + c, prev, w));
+            self.set_ttl(now, (ws + 2 * w - now) as f64);
+            let remaining = ((l - cur - c) * w - weighted).div_euclid(w).max(0);
+            return (true, remaining as u64, (ws + 2 * w - now) as u64);
+        }
+        let remaining = ((l - cur) * w - weighted).div_euclid(w).max(0);
+        // The first moment the same request fits, with no other traffic.
+        let mut at = ws + w;
+        for t in now_eff + 1..=ws + 3 * w {
+            let wt = t - t.rem_euclid(w);
+            let (cu, pr) = if wt == ws {
+                (cur, prev)
+            } else if wt == ws + w {
+                (0, cur)
+            } else {
+                (0, 0)
+            };
+            if cu + c <= l && pr * (w - (t - wt)) <= (l - c - cu) * w {
+                at = t;
+                break;
+            }
+        }
+        (false, remaining as u64, (at - now) as u64)
     }
 
     /// At most `limit` units in any window on the state's clock, which never

@@ -209,6 +209,11 @@ fn usage(rule: &Rule, label: String, now: &Outcome, entries: &[u64], clock: u64)
                 )
             };
         }
+        _ if used == 0 => view.next = "nothing used".into(),
+        _ if now.allowed => {
+            view.next = format!("a slot is free now; all is back in {}", secs_words(wait))
+        }
+        _ => view.next = wait_words(wait),
     }
     view
 }
@@ -254,15 +259,7 @@ pub async fn limits(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
             paths: rule.path_text.join(" "),
             key: rule.key.to_string(),
             algorithm: rule.algorithm.name(),
-            params: match rule.algorithm {
-                Algorithm::SlidingWindow { limit, window }
-                | Algorithm::FixedWindow { limit, window } => {
-                    format!("{limit} per {}", human_duration(window))
-                }
-                Algorithm::TokenBucket { rate, burst } => {
-                    format!("burst {burst}, {rate} per second")
-                }
-            },
+            params: rule.algorithm.parameters(human_duration),
             description: rule.description.clone(),
             shadow: rule.mode == Mode::Shadow,
             subjects: Vec::new(),

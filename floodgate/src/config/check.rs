@@ -10,6 +10,8 @@ use super::raw::{AlgorithmName, NormalizeName, RawDefaults, RawKey, RawRule};
 pub(super) use super::units::duration_setting;
 use super::units::{invalid_duration, parse_duration_ms, DurationError};
 use super::ConfigError;
+use crate::limiter::algorithm::BUCKET;
+use crate::limiter::Algorithm;
 use crate::rule::spec::{
     check_error_page, check_exempt, check_methods, check_name, check_paths, Amount, Defaults,
     RuleSpec,
@@ -65,7 +67,7 @@ pub(super) struct Inherited {
 impl Inherited {
     pub(super) fn builtin() -> Inherited {
         Inherited {
-            algorithm: AlgorithmName::SlidingWindow,
+            algorithm: AlgorithmName(Algorithm::NAMES[0]),
             #[cfg(feature = "e164")]
             region: Region::us(),
             rule: Defaults::default(),
@@ -173,8 +175,8 @@ pub(super) fn check_rule(
         Some(NormalizeName::E164) => return Err(format!("normalize = \"e164\": {NO_E164}")),
     };
 
-    let amount = match inherited.algorithm {
-        AlgorithmName::TokenBucket => {
+    let amount = match inherited.algorithm.0 {
+        BUCKET => {
             if r.limit.is_some() || r.window.is_some() {
                 return Err(
                     "limit and window do not apply to token_bucket (use rate and burst)".into(),
@@ -189,13 +191,7 @@ pub(super) fn check_rule(
                 (None, None) => return Err("token_bucket needs rate and burst".into()),
             }
         }
-        window_algorithm => {
-            let fixed = window_algorithm == AlgorithmName::FixedWindow;
-            let window_kind = if fixed {
-                "fixed_window"
-            } else {
-                "sliding_window"
-            };
+        window_kind => {
             if r.rate.is_some() || r.burst.is_some() {
                 return Err(format!(
                     "rate and burst apply only to token_bucket, not {window_kind}"
@@ -219,7 +215,7 @@ pub(super) fn check_rule(
                 limit,
                 window,
                 written,
-                fixed,
+                name: window_kind,
             }
         }
     };

@@ -3,19 +3,23 @@
 
 use serde::Deserialize;
 
+use crate::limiter::Algorithm;
 use crate::net::ProxyHeader;
 use crate::rule::{Count, Deny, HeaderDialect, Mode, OnMissingKey, OnRedisError};
 
-/// `algorithm` as written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum AlgorithmName {
-    /// `sliding_window`
-    SlidingWindow,
-    /// `fixed_window`
-    FixedWindow,
-    /// `token_bucket`
-    TokenBucket,
+/// `algorithm` as written: one of [`Algorithm::NAMES`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AlgorithmName(pub(crate) &'static str);
+
+impl<'de> Deserialize<'de> for AlgorithmName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Algorithm::NAMES
+            .iter()
+            .find(|n| **n == text)
+            .map(|n| AlgorithmName(n))
+            .ok_or_else(|| serde::de::Error::unknown_variant(&text, Algorithm::NAMES))
+    }
 }
 
 /// `normalize` as written.
@@ -224,7 +228,7 @@ pub(crate) struct RawLimiter {
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct RawDefaults {
-    /// `sliding_window` | `fixed_window` | `token_bucket`
+    /// One of [`Algorithm::NAMES`].
     pub(crate) algorithm: Option<AlgorithmName>,
     /// `redirect` | `status`
     pub(crate) deny: Option<Deny>,

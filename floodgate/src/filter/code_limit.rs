@@ -7,6 +7,7 @@ use actix_web::HttpRequest;
 use sha2::{Digest, Sha256};
 
 use super::{Filter, SetupError};
+use crate::limiter::Algorithm;
 use crate::rule::spec::{written_duration, Amount, Defaults, RuleSpec, CODE_DENY};
 use crate::rule::{
     Count, Deny, HeaderDialect, Key, KeyKind, Mode, Normalize, OnMissingKey, OnRedisError, Rule,
@@ -139,7 +140,9 @@ enum LimitAlgorithm {
     Window {
         limit: u32,
         window: Duration,
-        fixed: bool,
+        /// The algorithm's name, one of [`Algorithm::NAMES`] given by limit
+        /// and window (an unknown one is refused when the rule is built).
+        name: &'static str,
     },
     Bucket {
         rate: f64,
@@ -155,7 +158,7 @@ impl Limit {
             algorithm: LimitAlgorithm::Window {
                 limit,
                 window,
-                fixed: false,
+                name: Algorithm::NAMES[0],
             },
             key: d.key,
             name: None,
@@ -202,11 +205,44 @@ impl Limit {
 
     /// Counts in fixed windows that open at the first request, instead of
     /// a sliding window (no effect on a token bucket).
-    pub fn fixed_window(mut self) -> Limit {
-        if let LimitAlgorithm::Window { fixed, .. } = &mut self.algorithm {
-            *fixed = true;
+    pub fn fixed_window(self) -> Limit {
+        self.algorithm("fixed_window")
+    }
+
+    /// The algorithm, by its name in the config file, for the limit and
+    /// window given (no effect on a token bucket): `"sliding_window"` (the
+    /// default), `"fixed_window"`, `"gcra"`, `"sliding_counter"` (see
+    /// [`Algorithm`]). A name no such algorithm has is refused when the
+    /// limit is installed, as in a file.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use floodgate::Limit;
+    ///
+    /// let api = Limit::new(100, Duration::from_secs(60)).algorithm("fixed_window");
+    /// # let _ = api;
+    /// ```
+    pub fn algorithm(mut self, name: &str) -> Limit {
+        if let LimitAlgorithm::Window { name: n, .. } = &mut self.algorithm {
+            *n = Algorithm::NAMES
+                .iter()
+                .find(|k| **k == name && Algorithm::max_limit(k).is_some())
+                .copied()
+                .unwrap_or("unknown");
         }
         self
+    }
+
+    /// A GCRA limit: at most `limit` at once, then one every
+    /// `window / limit` (see [`Algorithm::Gcra`]).
+    pub fn gcra(limit: u32, window: Duration) -> Limit {
+        Limit::new(limit, window).algorithm("gcra")
+    }
+
+    /// A sliding-window counter: about `limit` per `window`, in constant
+    /// memory (see [`Algorithm::SlidingCounter`]).
+    pub fn sliding_counter(limit: u32, window: Duration) -> Limit {
+        Limit::new(limit, window).algorithm("sliding_counter")
     }
 
     /// What the limit counts by (default [`Key::ip`]).
@@ -374,12 +410,12 @@ impl Limit {
             LimitAlgorithm::Window {
                 limit,
                 window,
-                fixed,
+                name,
             } => Amount::Window {
                 limit: i64::from(limit),
                 window,
                 written: written_duration(window),
-                fixed,
+                name,
             },
             LimitAlgorithm::Bucket { rate, burst } => Amount::Bucket {
                 rate,
@@ -455,12 +491,12 @@ impl Limit {
             LimitAlgorithm::Window {
                 limit,
                 window,
-                fixed,
+                name,
             } => {
                 if !window.subsec_nanos().is_multiple_of(1_000_000) {
                     exact = false;
                 }
-                let algorithm = if fixed { "fixed" } else { "sliding" };
+                let algorithm = Algorithm::tag(name);
                 parts.push(format!("{algorithm}-{limit}-per-{}ms", window.as_millis()));
             }
             LimitAlgorithm::Bucket { rate, burst } => {

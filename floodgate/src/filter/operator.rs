@@ -7,8 +7,7 @@
 use std::time::Duration;
 
 use super::Filter;
-use crate::config::MAX_LIMIT;
-use crate::limiter::{Action, Algorithm, Check, Inspection, LimiterError};
+use crate::limiter::{Action, Check, Inspection, LimiterError};
 use crate::rule::{identity_key, Mode, Rule};
 
 /// Why an operator's action was not done.
@@ -53,22 +52,14 @@ pub fn operator_check(
     };
     let key = identity_key(r, values, key_prefix, hash_tags)?;
     if let Action::Override { limit, window, .. } = *action {
-        if limit < r.cost || limit > MAX_LIMIT {
+        let max = r.algorithm.max_quota();
+        if limit < r.cost || limit > max {
             return Err(format!(
-                "limit must be between {} (the rule's cost) and {MAX_LIMIT}, got {limit}",
+                "limit must be between {} (the rule's cost) and {max}, got {limit}",
                 r.cost
             ));
         }
-        if let (Some(w), Algorithm::TokenBucket { .. }) = (window, r.algorithm) {
-            // The refill rate it makes: at most what a rule may have.
-            if f64::from(limit) / w.as_secs_f64() > crate::config::MAX_RATE {
-                return Err(format!(
-                    "a bucket of {limit} refilled in {} refills faster than {} per second",
-                    crate::rule::human_duration(w),
-                    crate::config::MAX_RATE
-                ));
-            }
-        }
+        r.algorithm.check_override(limit, window)?;
     }
     Ok(Check {
         key,

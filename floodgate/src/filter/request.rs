@@ -296,7 +296,7 @@ fn checks<'r>(
                     &logging::BAD_QUOTA,
                     "rule {}: a key function chose the quota {limit}, which the rule cannot have (1 ..= {}, at least its cost {}); the rule's own applies",
                     rule.name,
-                    crate::config::MAX_LIMIT,
+                    rule.algorithm.max_quota(),
                     rule.cost
                 ),
             }
@@ -531,23 +531,9 @@ async fn give_back(
 /// The rule's algorithm with `limit` as its quota (a token bucket's rate
 /// scales with its burst), when the rule can have that quota.
 fn with_quota(rule: &Rule, limit: u32) -> Option<crate::limiter::Algorithm> {
-    use crate::limiter::Algorithm;
     let quota = std::num::NonZeroU32::new(limit)
-        .filter(|q| q.get() <= crate::config::MAX_LIMIT && q.get() >= rule.cost)?;
-    Some(match rule.algorithm {
-        Algorithm::SlidingWindow { window, .. } => Algorithm::SlidingWindow {
-            limit: quota,
-            window,
-        },
-        Algorithm::FixedWindow { window, .. } => Algorithm::FixedWindow {
-            limit: quota,
-            window,
-        },
-        Algorithm::TokenBucket { rate, burst } => Algorithm::TokenBucket {
-            rate: rate * f64::from(quota.get()) / f64::from(burst.get()),
-            burst: quota,
-        },
-    })
+        .filter(|q| q.get() <= rule.algorithm.max_quota() && q.get() >= rule.cost)?;
+    Some(rule.algorithm.with_quota(quota))
 }
 
 fn count_allowed(metrics: &Metrics, matched: &[&Rule], decision: &Decision) {

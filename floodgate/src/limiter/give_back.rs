@@ -22,22 +22,17 @@ pub(crate) struct Refund {
     pub algorithm: Algorithm,
     /// Units the request took.
     pub cost: u32,
-    /// For a fixed window: how long the window had left when the request
-    /// was charged (the `wait` of its allowed outcome).
+    /// The `wait` of its allowed outcome: for a fixed window, how long the
+    /// window had left when the request was charged.
     pub window_left: Duration,
 }
 
 impl Refund {
     /// Whether giving back now is still safe, `elapsed` after the decision
-    /// was asked for: the request's own entry must still be in its window
-    /// (sliding), or its window still open (fixed), with `margin` to spare
-    /// for the call to reach Redis.
+    /// was asked for (see [`Algorithm::give_back_safe`]).
     fn safe(&self, elapsed: Duration, margin: Duration) -> bool {
-        match self.algorithm {
-            Algorithm::SlidingWindow { window, .. } => elapsed + margin < window,
-            Algorithm::FixedWindow { .. } => elapsed + margin < self.window_left,
-            Algorithm::TokenBucket { .. } => true,
-        }
+        self.algorithm
+            .give_back_safe(elapsed, margin, self.window_left)
     }
 }
 

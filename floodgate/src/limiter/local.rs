@@ -69,6 +69,16 @@ enum State {
     /// The window opened at `start` with `used` units taken, under a window
     /// of `window` ms (the one in force when it was last decided).
     Fixed { start: u64, used: u64, window: u64 },
+    /// GCRA: the theoretical arrival time, whole ms and fraction.
+    Gcra { ms: i64, frac: f64 },
+    /// Sliding counter: the window opened at `ws` (epoch-aligned) with
+    /// `cur` units, the one before with `prev`, under a window of `win` ms.
+    Counter {
+        ws: u64,
+        cur: f64,
+        prev: f64,
+        win: u64,
+    },
     /// `tokens` left at `at`, refilling under `rate` and `burst`.
     Bucket {
         tokens: f64,
@@ -228,7 +238,20 @@ enum Commit {
         tokens: f64,
         now_eff: u64,
     },
+    /// TAT becomes now + `owed` ms.
+    Gcra {
+        owed: f64,
+        ttl: f64,
+    },
+    Counter {
+        ws: u64,
+        cur: f64,
+        prev: f64,
+    },
 }
+
+/// GCRA's slack at exact boundaries, in emission intervals (as `gcra.lua`).
+const GCRA_SLACK: f64 = 1e-6;
 
 impl LocalLimiter {
     /// A limiter holding at most about `max_bytes` (by its estimate).
@@ -366,6 +389,19 @@ impl LocalLimiter {
             (State::Bucket { tokens, .. }, Algorithm::TokenBucket { burst, .. }) => {
                 *tokens = (*tokens + f64::from(check.cost)).min(f64::from(burst.get()));
             }
+            (State::Gcra { ms, frac }, Algorithm::Gcra { limit, window }) => {
+                let now = self.now_ms() as i64;
+                let t = window.as_millis() as f64 / f64::from(limit.get());
+                let owed = (*ms - now) as f64 + *frac - f64::from(check.cost) * t;
+                // At or before now: a fresh key, as an expired one is.
+                let whole = owed.max(0.0).floor();
+                (*ms, *frac) = (now + whole as i64, owed.max(0.0) - whole);
+            }
+            (State::Counter { ws, cur, win, .. }, Algorithm::SlidingCounter { .. })
+                if at - at % *win == *ws =>
+            {
+                *cur = (*cur - f64::from(check.cost)).max(0.0);
+            }
             _ => {}
         }
     }
@@ -436,6 +472,24 @@ impl LocalLimiter {
                     now,
                     now_eff as f64 + (burst - left) * 1000.0 / rate - now as f64,
                 );
+            }
+            (Commit::Gcra { owed, ttl }, Algorithm::Gcra { .. }) => {
+                let whole = owed.floor();
+                slot.state = State::Gcra {
+                    ms: now as i64 + whole as i64,
+                    frac: owed - whole,
+                };
+                slot.set_ttl(now, ttl);
+            }
+            (Commit::Counter { ws, cur, prev }, Algorithm::SlidingCounter { window, .. }) => {
+                let win = window.as_millis() as u64;
+                slot.state = State::Counter {
+                    ws,
+                    cur: cur + f64::from(c.cost),
+                    prev,
+                    win,
+                };
+                slot.set_ttl(now, (ws + 2 * win - now) as f64);
             }
             _ => {}
         }
@@ -516,6 +570,8 @@ fn peek(slot: &mut Slot, c: &Check, now: u64) -> Peek {
         (State::Sliding(_), Algorithm::SlidingWindow { .. })
             | (State::Fixed { .. }, Algorithm::FixedWindow { .. })
             | (State::Bucket { .. }, Algorithm::TokenBucket { .. })
+            | (State::Gcra { .. }, Algorithm::Gcra { .. })
+            | (State::Counter { .. }, Algorithm::SlidingCounter { .. })
     );
     if !live || !kind {
         slot.state = State::Gone;
@@ -604,6 +660,86 @@ fn peek(slot: &mut Slot, c: &Check, now: u64) -> Peek {
                     allowed: false,
                     remaining: limit.saturating_sub(used),
                     wait_ms,
+                    banned: false,
+                    commit: Commit::Nothing,
+                }
+            }
+        }
+        Algorithm::Gcra { limit, window } => {
+            let (l, t) = (
+                f64::from(limit.get()),
+                window.as_millis() as f64 / f64::from(limit.get()),
+            );
+            let x = match slot.state {
+                State::Gcra { ms, frac } => (((ms - now as i64) as f64 + frac) / t).max(0.0),
+                _ => 0.0,
+            };
+            let cost = f64::from(c.cost);
+            if x + cost <= l + GCRA_SLACK {
+                let owed = (x + cost) * t;
+                Peek {
+                    allowed: true,
+                    remaining: (l - x - cost + GCRA_SLACK).floor().max(0.0) as u64,
+                    wait_ms: owed - GCRA_SLACK * t,
+                    banned: false,
+                    commit: Commit::Gcra {
+                        owed,
+                        ttl: owed - GCRA_SLACK * t,
+                    },
+                }
+            } else {
+                Peek {
+                    allowed: false,
+                    remaining: (l - x + GCRA_SLACK).floor().max(0.0) as u64,
+                    wait_ms: (x + cost - l - GCRA_SLACK) * t,
+                    banned: false,
+                    commit: Commit::Nothing,
+                }
+            }
+        }
+        Algorithm::SlidingCounter { limit, window } => {
+            let (l, w) = (f64::from(limit.get()), window.as_millis() as u64);
+            let wf = w as f64;
+            let mut now_eff = now;
+            let mut stored = None;
+            if let State::Counter { ws, cur, prev, win } = slot.state {
+                if win == w {
+                    now_eff = now.max(ws);
+                    stored = Some((ws, cur, prev));
+                }
+            }
+            let ws = now_eff - now_eff % w;
+            let (cur, prev) = match stored {
+                Some((at, cur, prev)) if at == ws => (cur, prev),
+                Some((at, cur, _)) if ws == at + w => (0.0, cur),
+                _ => (0.0, 0.0),
+            };
+            let e = (now_eff - ws) as f64;
+            let weighted = prev * (wf - e);
+            let cost = f64::from(c.cost);
+            if cur + cost <= l && weighted <= (l - cost - cur) * wf {
+                Peek {
+                    allowed: true,
+                    remaining: (((l - cur - cost) * wf - weighted) / wf).floor().max(0.0) as u64,
+                    wait_ms: (ws + 2 * w) as f64 - now as f64,
+                    banned: false,
+                    commit: Commit::Counter { ws, cur, prev },
+                }
+            } else {
+                // The first moment the same request fits (sliding_counter.lua).
+                let (mut from, mut cur2, mut prev2) = (ws as f64, cur, prev);
+                if cur + cost > l {
+                    (from, prev2, cur2) = (from + wf, cur, 0.0);
+                }
+                let at = if prev2 == 0.0 {
+                    from
+                } else {
+                    from + wf - ((l - cost - cur2) * wf / prev2).floor()
+                };
+                Peek {
+                    allowed: false,
+                    remaining: (((l - cur) * wf - weighted) / wf).floor().max(0.0) as u64,
+                    wait_ms: at.max(now_eff as f64) - now as f64,
                     banned: false,
                     commit: Commit::Nothing,
                 }

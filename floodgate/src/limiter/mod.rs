@@ -7,23 +7,8 @@
 //! answer without ever blocking the caller's thread. [`Limiter::peek`]
 //! answers the same questions without recording anything.
 
-/// `concat!` of the Lua every script starts with (the shared helpers and
-/// the three algorithms, in load order), then the given driver files.
-macro_rules! lua_with_algorithms {
-    ($($driver:literal),+) => {
-        concat!(
-            include_str!("lua/common.lua"),
-            "\n",
-            include_str!("lua/sliding_window.lua"),
-            "\n",
-            include_str!("lua/fixed_window.lua"),
-            "\n",
-            include_str!("lua/token_bucket.lua"),
-            $("\n", include_str!($driver)),+
-        )
-    };
-}
-
+#[macro_use]
+pub(crate) mod algorithm;
 mod breaker;
 mod clock;
 mod conn;
@@ -40,9 +25,9 @@ pub(crate) mod redis_config;
 pub(crate) mod topology;
 pub(crate) mod wire;
 
-use std::num::NonZeroU32;
 use std::time::Duration;
 
+pub use self::algorithm::Algorithm;
 pub use self::decide::Limiter;
 pub use self::deny_cache::{DenyCache, Remembered};
 pub use self::error::LimiterError;
@@ -90,68 +75,6 @@ pub enum Dispatch {
     /// serve.
     #[default]
     Worker,
-}
-
-/// A rate-limiting algorithm with its parameters. Invalid ones cannot be
-/// built: limits and bursts are non-zero, windows are checked by the config.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Algorithm {
-    /// At most `limit` units in any interval of length `window`
-    /// (a log of admission times per key).
-    SlidingWindow {
-        /// Units per window.
-        limit: NonZeroU32,
-        /// Window length (millisecond precision).
-        window: Duration,
-    },
-    /// At most `limit` units in a window that opens at the first allowed
-    /// request for the key.
-    FixedWindow {
-        /// Units per window.
-        limit: NonZeroU32,
-        /// Window length (millisecond precision).
-        window: Duration,
-    },
-    /// A bucket of `burst` tokens refilled at `rate` per second.
-    TokenBucket {
-        /// Tokens added per second.
-        rate: f64,
-        /// Capacity; the bucket starts full.
-        burst: NonZeroU32,
-    },
-}
-
-impl Algorithm {
-    /// The name used in the config file.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Algorithm::SlidingWindow { .. } => "sliding_window",
-            Algorithm::FixedWindow { .. } => "fixed_window",
-            Algorithm::TokenBucket { .. } => "token_bucket",
-        }
-    }
-
-    /// The quota `q` of the `RateLimit-Policy` field: limit, or burst.
-    pub fn quota(&self) -> u32 {
-        match self {
-            Algorithm::SlidingWindow { limit, .. } | Algorithm::FixedWindow { limit, .. } => {
-                limit.get()
-            }
-            Algorithm::TokenBucket { burst, .. } => burst.get(),
-        }
-    }
-
-    /// The window `w` of the `RateLimit-Policy` field, in whole seconds
-    /// (token bucket: time to refill from empty), at least 1.
-    pub fn window_seconds(&self) -> u64 {
-        let ms = match self {
-            Algorithm::SlidingWindow { window, .. } | Algorithm::FixedWindow { window, .. } => {
-                window.as_millis() as f64
-            }
-            Algorithm::TokenBucket { rate, burst } => f64::from(burst.get()) * 1000.0 / rate,
-        };
-        ((ms / 1000.0).ceil() as u64).max(1)
-    }
 }
 
 /// One rule's question about one request: may `cost` units be taken from `key`?

@@ -6,13 +6,14 @@
 //!
 //! Every caller goes through here: the dispatchers (one server, the
 //! per-worker lane, the cluster), the peek, the give-backs and the
-//! operator's actions. A new algorithm gets its code and parameters in
-//! [`algorithm`] and nowhere else on this side.
+//! operator's actions. An algorithm's code and parameters come from
+//! [`Algorithm::wire`].
 
 use std::time::Duration;
 
 use redis::ToRedisArgs;
 
+use super::algorithm::Param;
 use super::{Algorithm, Check, Decision, LimiterError, Outcome, Quota};
 
 /// The Lua that Redis runs: one function per algorithm, then the batch driver.
@@ -64,25 +65,17 @@ impl Args for redis::ScriptInvocation<'_> {
     }
 }
 
-/// Writes an algorithm as the Lua files read it: its code (1 sliding
-/// window, 2 fixed window, 3 token bucket), then `p1`, `p2` as the
-/// algorithm's own file names them (limit and window in ms; rate and burst).
+/// Writes an algorithm as the Lua files read it: its code, then `p1`,
+/// `p2` as the algorithm's own file names them (see [`Algorithm::wire`]).
 pub(crate) fn algorithm<A: Args>(out: &mut A, algorithm: &Algorithm) {
-    match *algorithm {
-        Algorithm::SlidingWindow { limit, window } => {
-            out.put(1).put(limit.get()).put(ms(window));
-        }
-        Algorithm::FixedWindow { limit, window } => {
-            out.put(2).put(limit.get()).put(ms(window));
-        }
-        Algorithm::TokenBucket { rate, burst } => {
-            out.put(3).put(rate).put(burst.get());
-        }
+    let (code, p1, p2) = algorithm.wire();
+    out.put(code);
+    for p in [p1, p2] {
+        match p {
+            Param::Whole(n) => out.put(n),
+            Param::Real(x) => out.put(x),
+        };
     }
-}
-
-fn ms(d: Duration) -> u64 {
-    d.as_millis() as u64
 }
 
 /// Writes one check of a batch job as `lua/batch.lua` reads it: the

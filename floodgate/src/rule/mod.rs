@@ -215,19 +215,7 @@ pub(crate) fn describe(algorithm: &Algorithm, cost: u32, key: &Key) -> String {
             format!("{n} requests")
         }
     };
-    match algorithm {
-        Algorithm::SlidingWindow { limit, window } | Algorithm::FixedWindow { limit, window } => {
-            format!(
-                "at most {} per {} {whose}",
-                per(limit.get()),
-                human_duration(*window)
-            )
-        }
-        Algorithm::TokenBucket { rate, burst } => format!(
-            "bursts of at most {}, then {rate} per second {whose}",
-            per(burst.get())
-        ),
-    }
+    algorithm.describe(per, human_duration, &whose)
 }
 
 /// "10 seconds", "minute", "10 minutes", "hour", "1500 ms".

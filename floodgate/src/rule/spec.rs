@@ -13,7 +13,9 @@ use super::{
 use crate::limiter::{Algorithm, Penalty};
 use crate::net::Cidr;
 
-/// Largest `limit` a window rule may have.
+/// Largest `limit` a sliding-window log or fixed window may have (and a
+/// token bucket's burst); gcra and the sliding counter take up to 10^9
+/// (see [`Algorithm::max_limit`]).
 pub const MAX_LIMIT: u32 = 100_000;
 
 /// Longest window, and longest time a token bucket may take to refill from empty.
@@ -135,7 +137,7 @@ pub(crate) struct RuleSpec {
 /// An algorithm's numbers as given.
 #[derive(Debug, Clone)]
 pub(crate) enum Amount {
-    /// A sliding or fixed window.
+    /// An algorithm given by limit and window.
     Window {
         /// Units per window.
         limit: i64,
@@ -143,8 +145,8 @@ pub(crate) enum Amount {
         window: Duration,
         /// The window as its author wrote it, for messages.
         written: String,
-        /// Fixed (opens at the first request) rather than sliding.
-        fixed: bool,
+        /// The algorithm's name (one [`Algorithm::windowed`] knows).
+        name: &'static str,
     },
     /// A token bucket.
     Bucket {
@@ -207,19 +209,17 @@ fn check(r: RuleSpec, earlier: &[Rule]) -> Result<Rule, String> {
             limit,
             window,
             written,
-            fixed,
+            name,
         } => {
+            let unknown = || format!("unknown algorithm {name:?}");
+            let max = Algorithm::max_limit(name).ok_or_else(unknown)?;
             let limit = u32::try_from(limit)
                 .ok()
-                .filter(|l| *l <= MAX_LIMIT)
+                .filter(|l| *l <= max)
                 .and_then(NonZeroU32::new)
-                .ok_or_else(|| format!("limit must be between 1 and {MAX_LIMIT}, got {limit}"))?;
+                .ok_or_else(|| format!("limit must be between 1 and {max}, got {limit}"))?;
             let window = check_window(window, &written)?;
-            if fixed {
-                Algorithm::FixedWindow { limit, window }
-            } else {
-                Algorithm::SlidingWindow { limit, window }
-            }
+            Algorithm::windowed(name, limit, window).ok_or_else(unknown)?
         }
     };
 
@@ -229,10 +229,7 @@ fn check(r: RuleSpec, earlier: &[Rule]) -> Result<Rule, String> {
         .ok()
         .filter(|c| (1..=quota).contains(c))
         .ok_or_else(|| {
-            let of = match algorithm {
-                Algorithm::TokenBucket { .. } => "burst",
-                _ => "limit",
-            };
+            let of = algorithm.quota_word();
             format!(
                 "cost must be between 1 and {quota} (the rule's {of}), got {}",
                 r.cost

@@ -9,7 +9,7 @@
 --         deadline in ms on Redis's clock ("" = none): a job that reaches
 --         Redis at or after it is skipped, because its caller has given up,
 --         number of checks, then per check:
---           algorithm (1 sliding_window, 2 fixed_window, 3 token_bucket),
+--           algorithm (its code in ALGORITHMS, see common.lua),
 --           p1, p2 (see each algorithm), cost, flags: enforce (1) or
 --           shadow (0), then for a rule with a penalty
 --           ":AFTER:WITHIN_MS:BAN_MS:MAX_MS" (see common.lua)
@@ -34,8 +34,6 @@
 -- jobs are decided as if it had not been there. A key that holds another
 -- algorithm's state (a reload changed the rule's algorithm) is started
 -- afresh. Every key written gets its TTL before the call returns.
-local peeks = { sliding_window_peek, fixed_window_peek, token_bucket_peek }
-local commits = { sliding_window_commit, fixed_window_commit, token_bucket_commit }
 
 -- Redis's clock, read once: every job of the call is decided at this moment.
 local time = redis.call('TIME')
@@ -46,7 +44,8 @@ local function redis_now()
 end
 
 local function peek(alg, key, now, p1, p2, cost)
-  local ok, allowed, remaining, ms, state = pcall(peeks[alg], key, now, p1, p2, cost)
+  local def = ALGORITHMS[alg]
+  local ok, allowed, remaining, ms, state = pcall(def.peek, key, now, p1, p2, cost)
   if ok then
     return allowed, remaining, ms, state
   end
@@ -58,12 +57,12 @@ local function peek(alg, key, now, p1, p2, cost)
     fail(ERR_TYPE)
   end
   memo[key] = nil
-  if who == 'legacy' and alg == 2 then
-    fixed_window_adopt(key, now, p2)
+  if who == 'legacy' and def.adopt then
+    def.adopt(key, now, p2)
   else
     redis.call('DEL', key)
   end
-  return peeks[alg](key, now, p1, p2, cost)
+  return def.peek(key, now, p1, p2, cost)
 end
 
 -- The wait of a denial under an override that ends at `ends` (nil: never):
@@ -90,11 +89,8 @@ local quotas = {}
 local function decided_under(k, alg, p1, p2)
   local n = #quotas
   quotas[n + 1] = k - 1
-  if alg == 3 then
-    quotas[n + 2], quotas[n + 3] = p2, math.ceil(p2 * 1000 / p1)
-  else
-    quotas[n + 2], quotas[n + 3] = p1, p2
-  end
+  local limit, window = ALGORITHMS[alg].quota(p1, p2)
+  quotas[n + 2], quotas[n + 3] = limit, math.ceil(window)
 end
 
 -- code: 1 allowed, 0 denied, 2 denied by a ban, 3 denied by a ban that
@@ -139,7 +135,7 @@ local function decide_job(n, now, k, a)
     end
     local allowed, remaining, ms, state = peek(alg, key, now, p1, p2, cost)
     if allowed then
-      commits[alg](key, now, p1, p2, cost, state)
+      ALGORITHMS[alg].commit(key, now, p1, p2, cost, state)
       emit(k, 1, remaining, ms)
       return
     end
@@ -197,7 +193,7 @@ local function decide_job(n, now, k, a)
     failing = i - 1
     local c = checks[i]
     if all_enforced_allow and c[6] then
-      commits[c[2]](c[1], now, c[3], c[4], c[5], c[9])
+      ALGORITHMS[c[2]].commit(c[1], now, c[3], c[4], c[5], c[9])
     elseif c[13] == 0 and c[10] and c[11] and not any_banned then
       -- Denied by its own limit: one more denial towards a penalty.
       local ban = ops_penalize(c[1], c[12], c[11], now)

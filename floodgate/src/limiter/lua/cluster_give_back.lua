@@ -4,8 +4,8 @@
 -- key. All keys are in one slot.
 --
 -- KEYS  the keys to give back
--- ARGV  per key, 5 values: algorithm (1 sliding_window, 2 fixed_window,
---       3 token_bucket), p1, p2, cost, and a pinned clock in ms
+-- ARGV  per key, 5 values: algorithm (its code in ALGORITHMS,
+--       see common.lua), p1, p2, cost, and a pinned clock in ms
 --       ("" = Redis TIME)
 -- Returns the number of keys seen.
 local clock

@@ -1,4 +1,4 @@
--- Shared by the algorithms and the batch driver; loaded first.
+-- Shared by the algorithms and the drivers; loaded first.
 --
 -- Time: every state remembers the time it was last written at on the clock
 -- that decided it, and a decision never treats time as earlier than that
@@ -13,8 +13,11 @@ local ERR_PARAMS = 2 -- the check's parameters are out of range
 local ERR_STATE = 3 -- the key's state is not made of numbers
 local ERR_OTHER = 4 -- anything else (the message goes to the Redis log)
 
--- The largest limit a window rule may have; no log grows past it.
+-- The largest limit a sliding-window log or fixed window may have (and a
+-- bucket's burst); no log grows past it.
 local MAX_LIMIT = 100000
+-- The largest limit of the algorithms whose state does not grow with it.
+local MAX_LARGE_LIMIT = 1000000000
 
 local function fail(code)
   error({ floodgate = code }, 0)
@@ -56,19 +59,56 @@ local function whole(x, lo, hi)
   return x ~= nil and x >= lo and x <= hi and x == math.floor(x)
 end
 
+-- The algorithms, by their code on the wire (see limiter/algorithm.rs).
+-- Each algorithm's file registers itself with register(code, def), def:
+--   kind       the Redis type of its state: 'list', 'hash' or 'string'
+--   marker     (hash) a field only its state has
+--   owns(v)    (string) whether the value v is its state
+--   valid(p1, p2, cost)              whether the parameters are in range
+--   peek(key, now, p1, p2, cost)     allowed, remaining, ms, state
+--   commit(key, now, p1, p2, cost, state)
+--   give_back(key, now, p1, p2, cost)  units given back (see give_back_fn.lua)
+--   quota(p1, p2)                    limit, window in ms (the RateLimit fields)
+--   override(p1, p2, ol, ow)         the parameters under an operator's
+--                                    override of limit ol, window ow (nil:
+--                                    the rule's), or nil: it does not apply
+--   adopt(key, now, p2)              optional: take over a legacy counter
+-- The batch, peek, give-back and operator scripts read only this table.
+local ALGORITHMS = {}
+local function register(code, def)
+  ALGORITHMS[code] = def
+end
+
+-- valid() of an algorithm given by limit (1..max) and window in ms.
+local function window_valid(max)
+  return function(p1, p2, cost)
+    return whole(p1, 1, max) and whole(p2, 1, math.huge) and whole(cost, 1, p1)
+  end
+end
+
+-- quota() of an algorithm given by limit and window.
+local function window_quota(p1, p2)
+  return p1, p2
+end
+
+-- override() of an algorithm given by limit (at most max) and window.
+local function window_override(max)
+  return function(_, p2, ol, ow)
+    if ol > max then
+      return nil
+    end
+    return ol, ow or p2
+  end
+end
+
 -- One check's algorithm and parameters, or fail(ERR_PARAMS).
 local function params(a)
   local alg = tonumber(ARGV[a])
   local p1, p2 = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local cost = tonumber(ARGV[a + 3])
-  if alg == 1 or alg == 2 then
-    if whole(p1, 1, MAX_LIMIT) and whole(p2, 1, math.huge) and whole(cost, 1, p1) then
-      return alg, p1, p2, cost
-    end
-  elseif alg == 3 then
-    if p1 and p1 > 0 and p1 < math.huge and whole(p2, 1, math.huge) and whole(cost, 1, p2) then
-      return alg, p1, p2, cost
-    end
+  local def = alg and ALGORITHMS[alg]
+  if def and def.valid(p1, p2, cost) then
+    return alg, p1, p2, cost
   end
   fail(ERR_PARAMS)
 end
@@ -88,25 +128,62 @@ local function wrong_type(e)
   return type(m) == 'string' and string.sub(m, 1, 9) == 'WRONGTYPE'
 end
 
--- Which algorithm's state a key of an unexpected type holds: 1, 2, 3,
+-- Which algorithm's state a key of an unexpected type holds: its code,
 -- 'legacy' (a fixed-window counter from before windows stored their
--- start), or nil (none of ours).
+-- start: a plain integer), or nil (none of ours).
 local function owner(key)
   local t = redis.call('TYPE', key)
   t = type(t) == 'table' and t.ok or t
-  if t == 'list' then
-    return 1
-  elseif t == 'hash' then
-    local h = redis.call('HMGET', key, 'start', 'tokens')
-    if h[1] then
-      return 2
-    elseif h[2] then
-      return 3
+  local v = t == 'string' and redis.call('GET', key)
+  for code, def in ipairs(ALGORITHMS) do
+    if def.kind == t then
+      if t == 'list' or (t == 'string' and def.owns(v))
+        or (t == 'hash' and redis.call('HEXISTS', key, def.marker) == 1) then
+        return code
+      end
     end
-  elseif t == 'string' and tonumber(redis.call('GET', key)) then
+  end
+  if v and tonumber(v) then
     return 'legacy'
   end
   return nil
+end
+
+-- The fields read by hash_read for each algorithm: its own, then the
+-- markers of every other hash algorithm.
+local hash_fields = {}
+
+-- Reads `fields` of algorithm `code`'s hash at `key`, as HMGET does. A key
+-- holding another algorithm's hash (a reload changed the rule's algorithm)
+-- reads as nothing, and a decision deletes it. In peek mode what a
+-- decision would first have made of the key is read instead (READ_ONLY).
+local function hash_read(key, code, fields)
+  if READ_ONLY and READ_ONLY[key] then
+    return READ_ONLY[key]
+  end
+  local all = hash_fields[code]
+  if not all then
+    all = {}
+    for i = 1, #fields do
+      all[i] = fields[i]
+    end
+    for c, def in ipairs(ALGORITHMS) do
+      if c ~= code and def.kind == 'hash' then
+        all[#all + 1] = def.marker
+      end
+    end
+    hash_fields[code] = all
+  end
+  local h = redis.call('HMGET', key, unpack(all))
+  for i = #fields + 1, #all do
+    if h[i] then
+      if not READ_ONLY then
+        redis.call('DEL', key)
+      end
+      return {}
+    end
+  end
+  return h
 end
 
 -- Operator state: beside each state key KEY, the hash '!' .. KEY (the same
@@ -185,16 +262,11 @@ local function ops_params(op, alg, p1, p2, cost, now)
   if not ol or ol < cost or ol ~= math.floor(ol) then
     return p1, p2, false
   end
-  if alg == 3 then
-    if ow and ow > 0 then
-      return ol * 1000 / ow, ol, true, oe
-    end
-    return p1 * ol / p2, ol, true, oe
-  end
-  if ol > MAX_LIMIT then
+  local q1, q2 = ALGORITHMS[alg].override(p1, p2, ol, ow)
+  if not q1 then
     return p1, p2, false
   end
-  return ol, ow or p2, true, oe
+  return q1, q2, true, oe
 end
 
 -- Ms until the last part of the record ends (nil: a part never ends),

@@ -13,16 +13,13 @@
 -- stamped with the new window and its TTL. A lowered or raised limit
 -- applies to the units already used at once.
 -- peek returns allowed, remaining, ms until the window closes, state.
+local FIXED_WINDOW_FIELDS = { 'start', 'used', 'window' }
+
 local function fixed_window_peek(key, now, limit, window, cost)
   memo[key] = nil
-  local h = READ_ONLY and READ_ONLY[key] or redis.call('HMGET', key, 'start', 'used', 'window', 'tokens')
+  local h = hash_read(key, 2, FIXED_WINDOW_FIELDS)
   local s = { start = now, used = 0, closes = now + window }
-  if h[4] then
-    -- A token bucket's state: a reload changed the rule's algorithm.
-    if not READ_ONLY then
-      redis.call('DEL', key)
-    end
-  elseif h[1] or h[2] then
+  if h[1] or h[2] then
     local start, used = stored(h[1]), stored(h[2])
     local was = window
     if h[3] then
@@ -69,3 +66,37 @@ local function fixed_window_adopt(key, now, window)
     set_ttl(key, start + window - now)
   end
 end
+
+-- Give-back: `used` goes down, never below 0, and only while the window
+-- the request was charged in is still open.
+local function fixed_window_give_back(key, now, _, p2, cost)
+  local h = redis.call('HMGET', key, 'start', 'used', 'window')
+  if not (h[1] and h[2]) then
+    return 0
+  end
+  local start, used = stored(h[1]), stored(h[2])
+  local window = p2
+  if h[3] then
+    window = stored(h[3])
+  end
+  if math.max(now, start) >= start + window then
+    return 0
+  end
+  local back = math.min(used, cost)
+  if back > 0 then
+    redis.call('HINCRBY', key, 'used', -back)
+  end
+  return back
+end
+
+register(2, {
+  kind = 'hash',
+  marker = 'start',
+  valid = window_valid(MAX_LIMIT),
+  peek = fixed_window_peek,
+  commit = fixed_window_commit,
+  give_back = fixed_window_give_back,
+  quota = window_quota,
+  override = window_override(MAX_LIMIT),
+  adopt = fixed_window_adopt,
+})

@@ -3,7 +3,7 @@
 -- one key, outside the decision batch.
 --
 -- KEYS[1] the rule's key
--- ARGV    algorithm (1 sliding_window, 2 fixed_window, 3 token_bucket),
+-- ARGV    algorithm (its code in ALGORITHMS, see common.lua),
 --         p1, p2 (as the algorithm's own file names them), cost
 -- Returns the units given back.
 local t = redis.call('TIME')

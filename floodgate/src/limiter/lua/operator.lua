@@ -73,10 +73,7 @@ local function look()
   if allowed then
     left = remaining + cost
   end
-  local limit, window = p1, p2
-  if alg == 3 then
-    limit, window = p2, p2 * 1000 / p1
-  end
+  local limit, window = ALGORITHMS[alg].quota(p1, p2)
   local ol, ow, oe = ops_override(op, now)
   local o1, o2, o3 = -1, -1, -1
   if ol then

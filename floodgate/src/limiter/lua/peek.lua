@@ -8,7 +8,7 @@
 --
 -- KEYS  one key per check
 -- ARGV  [1] now override in ms ("" = Redis TIME), then per check:
---         algorithm (1 sliding_window, 2 fixed_window, 3 token_bucket),
+--         algorithm (its code in ALGORITHMS, see common.lua),
 --         p1, p2 (see each algorithm), cost
 -- Returns a flat array, three values per check:
 --   decided:  allowed (1/0), remaining, ms (as the batch script answers)

@@ -5,10 +5,9 @@
 -- answer is computed from what the key would then hold, and the key is left
 -- as it is.
 
-local read_only_peeks = { sliding_window_peek, fixed_window_peek, token_bucket_peek }
-
 local function read_only_peek(alg, key, now, p1, p2, cost)
-  local ok, allowed, remaining, ms = pcall(read_only_peeks[alg], key, now, p1, p2, cost)
+  local def = ALGORITHMS[alg]
+  local ok, allowed, remaining, ms = pcall(def.peek, key, now, p1, p2, cost)
   if ok then
     return allowed, remaining, ms
   end
@@ -20,10 +19,10 @@ local function read_only_peek(alg, key, now, p1, p2, cost)
     fail(ERR_TYPE)
   end
   memo[key] = nil
-  if who == 'legacy' and alg == 2 then
-    fixed_window_adopt(key, now, p2)
+  if who == 'legacy' and def.adopt then
+    def.adopt(key, now, p2)
   else
     READ_ONLY[key] = {}
   end
-  return read_only_peeks[alg](key, now, p1, p2, cost)
+  return def.peek(key, now, p1, p2, cost)
 end

@@ -137,3 +137,31 @@ local function sliding_window_commit(key, now, _, window, cost, s)
   s.oldest = s.oldest or t
   set_ttl(key, t + window - now)
 end
+
+-- Give-back: the OLDEST live entries are removed (with the expired tail,
+-- in one LTRIM). The caller only asks while its own entry is certainly
+-- still in the window, so no entry removed is newer than the request's
+-- own: what is left counts at least as long as the truth would.
+local function sliding_window_give_back(key, now, p1, p2, cost)
+  local s = sliding_window_read(key, now, p1, p2)
+  local back = math.min(s.used, cost)
+  if back <= 0 then
+    return 0
+  end
+  if s.used == back then
+    redis.call('DEL', key)
+  else
+    redis.call('LTRIM', key, 0, s.used - back - 1)
+  end
+  return back
+end
+
+register(1, {
+  kind = 'list',
+  valid = window_valid(MAX_LIMIT),
+  peek = sliding_window_peek,
+  commit = sliding_window_commit,
+  give_back = sliding_window_give_back,
+  quota = window_quota,
+  override = window_override(MAX_LIMIT),
+})

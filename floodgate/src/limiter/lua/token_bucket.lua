@@ -14,16 +14,13 @@
 -- peek returns allowed, remaining (whole tokens), ms, state:
 --   allowed: ms until the bucket is full again
 --   denied:  ms until cost tokens are there
+local TOKEN_BUCKET_FIELDS = { 'tokens', 'ts', 'rate', 'burst' }
+
 local function token_bucket_peek(key, now, rate, burst, cost)
   memo[key] = nil
-  local h = READ_ONLY and READ_ONLY[key] or redis.call('HMGET', key, 'tokens', 'ts', 'rate', 'burst', 'start')
+  local h = hash_read(key, 3, TOKEN_BUCKET_FIELDS)
   local tokens, now_eff = burst, now
-  if h[5] then
-    -- A fixed window's state: a reload changed the rule's algorithm.
-    if not READ_ONLY then
-      redis.call('DEL', key)
-    end
-  elseif h[1] or h[2] then
+  if h[1] or h[2] then
     local left, ts = stored(h[1]), stored(h[2])
     local was_rate, was_burst = rate, burst
     if h[3] then
@@ -55,3 +52,56 @@ local function token_bucket_commit(key, now, rate, burst, cost, s)
   redis.call('HSET', key, 'tokens', left, 'ts', s.now_eff, 'rate', rate, 'burst', burst)
   set_ttl(key, s.now_eff + (burst - left) * 1000 / rate - now)
 end
+
+-- Give-back: the tokens come back, never above burst.
+local function token_bucket_give_back(key, now, rate, burst, cost)
+  local h = redis.call('HMGET', key, 'tokens', 'ts', 'rate', 'burst')
+  if not (h[1] and h[2]) then
+    return 0
+  end
+  local was_rate, was_burst = rate, burst
+  if h[3] then
+    was_rate = stored(h[3])
+  end
+  if h[4] then
+    was_burst = stored(h[4])
+  end
+  local ts = stored(h[2])
+  local now_eff = math.max(now, ts)
+  local tokens = stored(h[1]) + (now_eff - ts) * was_rate / 1000
+  if tokens >= was_burst then
+    return 0
+  end
+  tokens = math.min(tokens, burst)
+  local left = math.min(burst, tokens + cost)
+  if left >= burst then
+    -- A missing key is a full bucket.
+    redis.call('DEL', key)
+  else
+    redis.call('HSET', key, 'tokens', left, 'ts', now_eff, 'rate', rate, 'burst', burst)
+    redis.call('PEXPIRE', key, math.max(1, math.ceil(now_eff + (burst - left) * 1000 / rate - now)))
+  end
+  return math.floor(left - tokens + 0.5)
+end
+
+register(3, {
+  kind = 'hash',
+  marker = 'tokens',
+  valid = function(rate, burst, cost)
+    return rate and rate > 0 and rate < math.huge and whole(burst, 1, math.huge) and whole(cost, 1, burst)
+  end,
+  peek = token_bucket_peek,
+  commit = token_bucket_commit,
+  give_back = token_bucket_give_back,
+  quota = function(rate, burst)
+    return burst, burst * 1000 / rate
+  end,
+  -- The override's limit is the burst; the rate scales with it, or
+  -- refills the burst in the override's window.
+  override = function(rate, burst, ol, ow)
+    if ow and ow > 0 then
+      return ol * 1000 / ow, ol
+    end
+    return rate * ol / burst, ol
+  end,
+})
