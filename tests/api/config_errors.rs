@@ -165,7 +165,7 @@ fn unknown_algorithm() {
     assert_refused(
         "unknown_algorithm.toml",
         "line 4, column 13: unknown variant \"leaky_bucket\", expected one of \
-         \"sliding_window\", \"fixed_window\", \"token_bucket\"",
+         \"sliding_window\", \"fixed_window\", \"token_bucket\", \"gcra\", \"sliding_counter\"",
     );
 }
 
