@@ -10,7 +10,9 @@ SLOWLOG: the longest single call), floodgate's /metrics and the server's
 VmRSS, and stops it. Two cases measure under stress: a denied flood over
 100000 distinct keys (VmRSS before and after: the denial cache is bounded),
 and a stalled Redis (CLIENT PAUSE for the whole run: what a decision takes
-while the breaker answers). Three cases compare one sliding rule on a
+while the breaker answers; and, with a second wrk on an unguarded route
+beside the guarded traffic, what the stall costs the requests that never
+needed Redis). Three cases compare one sliding rule on a
 3-master Redis Cluster (started by scripts/bench) with the same rule on the
 single server: keyed by address (one hot key) and keyed by a header that
 wrk cycles over 1000 identities; for them every master's statistics are
@@ -57,6 +59,13 @@ CLUSTER_CASES = ("cluster", "cluster_spread")
 # The stalled case: floodgate's Redis timeout, and how long Redis is paused
 # (longer than the measured run, so every decision falls in the stall).
 STALL_TIMEOUT_MS = 250
+# The cases measured while Redis is paused.
+STALL_CASES = ("stalled", "stalled_side")
+# Case 8b: the guarded route, and the unguarded one a second wrk times
+# meanwhile on these many connections.
+SIDE_GUARDED = "/api/ping"
+SIDE_UNGUARDED = "/healthz"
+SIDE_CONNECTIONS = 4
 
 
 def window_rule(name, **extra):
@@ -166,6 +175,14 @@ CASES = [
         "floodgate",
         [window_rule("stall", on_redis_error="allow")],
         "/healthz",
+        "stall",
+    ),
+    (
+        "stalled_side",
+        "8b. Redis stalled (CLIENT PAUSE): an unguarded route's latency beside guarded traffic",
+        "floodgate",
+        [{"name": "side", "paths": [SIDE_GUARDED], "key": "ip", **ALLOW, "on_redis_error": "allow"}],
+        SIDE_GUARDED,
         "stall",
     ),
 ]
@@ -378,13 +395,18 @@ def machine_busy():
     return sum(v) - idle, sum(v)
 
 
-def wrk(port, path, seconds, lua=None, latency=False):
-    cmd = ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{seconds}s"]
+def wrk_cmd(port, path, seconds, lua=None, latency=False, connections=CONNECTIONS):
+    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s"]
     if latency:
         cmd.append("--latency")
     if lua:
         cmd += ["-s", lua]
     cmd.append(f"http://127.0.0.1:{port}{path}")
+    return cmd
+
+
+def wrk(port, path, seconds, lua=None, latency=False):
+    cmd = wrk_cmd(port, path, seconds, lua, latency)
     return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
 
 
@@ -472,7 +494,7 @@ def run_case(case, redis, cluster, bins, work):
     if server == "floodgate":
         cfg = os.path.join(work, f"{key}.toml")
         with open(cfg, "w") as f:
-            f.write(floodgate_config(rules, STALL_TIMEOUT_MS if key == "stalled" else None,
+            f.write(floodgate_config(rules, STALL_TIMEOUT_MS if key in STALL_CASES else None,
                                      cluster.urls if key in CLUSTER_CASES else None))
         env = dict(
             os.environ,
@@ -537,11 +559,23 @@ def run_case(case, redis, cluster, bins, work):
         reads0 = [n.reads() for n in store.nodes()]
         cpu0, app0 = store.cpu_seconds(), cpu_seconds(proc.pid)
         wrk0, busy0 = resource.getrusage(resource.RUSAGE_CHILDREN), machine_busy()
-        if key == "stalled":
+        if key in STALL_CASES:
             # Paused for well longer than the run (wrk on a busy machine
             # overruns its seconds): every decision is made in the stall.
             redis.cli("CLIENT", "PAUSE", str(SECONDS * 1000 + 2500), "ALL")
+        side = None
+        if key == "stalled_side":
+            # The unguarded route, timed on a few connections of its own
+            # while the guarded traffic runs: same workers, no rule.
+            side = subprocess.Popen(
+                wrk_cmd(port, SIDE_UNGUARDED, SECONDS, latency=True, connections=SIDE_CONNECTIONS),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         text = wrk(port, path, SECONDS, lua, latency=True)
+        side_text = None
+        if side is not None:
+            side_text, side_err = side.communicate()
+            if side.returncode != 0:
+                raise RuntimeError(f"{key}: the unguarded wrk failed: {side_err}")
         # floodgate's counters at once, before Redis (still paused in the
         # stalled case) answers anything again.
         after = metrics(port) if server == "floodgate" else {}
@@ -551,6 +585,10 @@ def run_case(case, redis, cluster, bins, work):
         node_stats = [n.commandstats() for n in store.nodes()]
         stats = store.commandstats()
         r = parse_wrk(text)
+        if side_text is not None:
+            s_r = parse_wrk(side_text)
+            r["side"] = s_r
+            r["side_p50"], r["side_p99"] = s_r["p50"], s_r["p99"]
         r["rss_kib"] = vm_rss_kib(proc.pid)
         r["rss_before_kib"] = rss_before
         if key == "sliding":
@@ -600,6 +638,10 @@ def run_case(case, redis, cluster, bins, work):
     if expect == "stall":
         if r["non2xx"]:
             problems.append(f"{r['non2xx']} non-2xx")
+        side_r = r.get("side")
+        if side_r and (side_r["non2xx"] or side_r["socket_errors"]):
+            problems.append(f"unguarded route: {side_r['non2xx']} non-2xx, "
+                            f"{side_r['socket_errors']} socket errors")
         if not m.get("error_allowed") or m.get("allowed"):
             problems.append(f"metrics {m}")
     elif expect == "mixed":
@@ -774,6 +816,8 @@ def main():
                       if r["rss_kib"] and r["rss_before_kib"]])
     stall = {"p50": med([r["p50"] for r in runs["stalled"]]),
              "p99": med([r["p99"] for r in runs["stalled"]])}
+    side = {"p50": med([r.get("side_p50") for r in runs["stalled_side"]]),
+            "p99": med([r.get("side_p99") for r in runs["stalled_side"]])}
     slowest = max((r.get("slowlog_max_us", 0) for r in runs["sliding"]), default=0) / 1000
     targets = [
         ("one rule (2) / unguarded (1) ≥ 0.75", ratio("sliding", "unguarded"), 0.75, ">="),
@@ -791,6 +835,8 @@ def main():
         ("stalled Redis (8): median decision ms ≤ 5", stall["p50"], 5.0, "<="),
         (f"stalled Redis (8): p99 decision ms ≤ the timeout ({STALL_TIMEOUT_MS})",
          stall["p99"], float(STALL_TIMEOUT_MS), "<="),
+        (f"stalled Redis (8b): p99 ms of an unguarded route ({SIDE_UNGUARDED}) beside guarded "
+         f"traffic ≤ 10", side["p99"], 10.0, "<="),
         ("worst single call in the SLOWLOG during (2), limit 100000, ms ≤ 5", slowest, 5.0, "<="),
         ("sliding Redis µs/decision, limit 100000 / limit 10 ≤ 1.2",
          c100k["allowed_usec"] / c10["allowed_usec"], 1.2, "<="),
@@ -811,7 +857,7 @@ def main():
         log(f"target {name}: {fmt(value, '.2f')} {'pass' if ok else 'miss'}")
 
     final_rss = runs["sliding"][-1]["rss_kib"] / 1024 if runs["sliding"][-1]["rss_kib"] else None
-    extra = {"many": many, "stall": stall, "slowest_ms": slowest,
+    extra = {"many": many, "stall": stall, "side": side, "slowest_ms": slowest,
              "cluster_vs_single": ratio("cluster_spread", "sliding_spread"),
              "hot_cluster_vs_single": ratio("cluster", "sliding")}
     md = render(host, rows, by, c10, c100k, results, elapsed, final_rss, a.build_seconds, extra)
@@ -931,6 +977,11 @@ def render(host, rows, by, c10, c100k, results, elapsed, final_rss, build_second
       f"\"allow\"`: response time median {fmt(extra['stall']['p50'], '.2f')} ms, p99 "
       f"{fmt(extra['stall']['p99'], '.2f')} ms (only the calls that open the breaker, and one "
       "probe per breaker period, wait for the timeout).")
+    w(f"- **Beside a stalled Redis** (8b): the same stall, one sliding rule on `{SIDE_GUARDED}` "
+      f"driven by wrk, and a second wrk on {SIDE_CONNECTIONS} connections of its own timing "
+      f"`{SIDE_UNGUARDED}`, which no rule guards, on the same workers: median "
+      f"{fmt(extra['side']['p50'], '.2f')} ms, p99 {fmt(extra['side']['p99'], '.2f')} ms (a "
+      "worker waits a few ms at most for Redis before its lane's helper thread takes the call).")
     w(f"- **Worst single call** in Redis's SLOWLOG (every call logged) during case 2, a sliding "
       f"window with limit 100000 over 1 s, entries leaving all the time: "
       f"{extra['slowest_ms']:.2f} ms (one call decides a whole batch).")

@@ -3,10 +3,13 @@
 //! Counts live in Redis, so every server behind a load balancer shares them;
 //! every rule that matches a request is decided in one atomic Lua call
 //! (a denied request takes nothing from any rule). By default each actix
-//! worker sends the decisions of one scheduler tick as one call and blocks
-//! for that round trip (bounded by `[redis] timeout`, and skipped while the
-//! breaker is open); `Dispatch::Threads` hands them to dispatcher threads
-//! instead, so that no worker waits on Redis, at the cost of a thread
+//! worker sends the decisions of one scheduler tick as one call and reads
+//! the reply itself when it comes within a few milliseconds (a healthy
+//! Redis answers in well under one); a Redis that stalls never holds the
+//! worker longer: the call, reply still to come, goes to a helper thread
+//! of that worker's, which waits out `[redis] timeout` and answers it,
+//! while the worker serves its other requests. `Dispatch::Threads` hands
+//! every decision to dispatcher threads instead, at the cost of a thread
 //! hand-off per request.
 //!
 //! # Five minutes: a guarded route

@@ -147,21 +147,22 @@ pub struct TestApp {
     handle: ServerHandle,
 }
 
-/// Starts the app for `toml` (bind, Redis URL and workers are set here) with
+/// Starts the app for `toml` (bind, Redis URL and 2 workers are set here) with
 /// `POST /echo` added behind the filter, on a private Redis.
 pub async fn spawn_app(toml: &str) -> TestApp {
     spawn_app_with(toml, |_| {}).await
 }
 
 /// [`spawn_app`], with `edit` applied to the config after the private
-/// Redis is set (e.g. to point the app at a cluster or at Sentinels).
+/// Redis and the workers are set (e.g. to point the app at a cluster or at
+/// Sentinels, or to serve on one worker).
 pub async fn spawn_app_with(toml: &str, edit: impl FnOnce(&mut Config)) -> TestApp {
     let redis = RedisServer::start();
     let mut config = Config::parse(toml, Path::new("test.toml")).expect("the test config is valid");
     config.filter.redis.url = redis.url();
+    config.server.workers = 2;
     edit(&mut config);
     config.server.bind = "127.0.0.1:0".into();
-    config.server.workers = 2;
     let app = Application::build_with(config, extra_routes).expect("the app starts");
     let port = app.port();
     let filter = app.filter();

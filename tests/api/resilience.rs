@@ -20,8 +20,8 @@ use floodgate_site::config::Config;
 
 use crate::faults::until_redis_decides;
 use crate::helpers::{
-    header, is_script_call, metric, remaining, spawn_app, wait_until, RedisServer, Relay, ToClient,
-    ToRedis,
+    header, is_script_call, metric, remaining, spawn_app, spawn_app_with, wait_until, RedisServer,
+    Relay, ToClient, ToRedis,
 };
 
 /// `cmdstat_NAME:calls=N` from `INFO commandstats`: how many times Redis ran NAME.
@@ -636,4 +636,90 @@ on_redis_error = "allow"
         );
         actix_web::rt::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+#[actix_web::test]
+async fn a_stalled_redis_holds_no_worker_from_a_route_it_does_not_guard() {
+    // Long, so that a worker that waits on Redis always shows: it would
+    // hold `/healthz` for most of it, however fast the machine.
+    const TIMEOUT: Duration = Duration::from_secs(5);
+    let app = spawn_app_with(
+        r#"
+[[rule]]
+name = "stall"
+paths = ["/check"]
+limit = 100
+window = "1h"
+on_redis_error = "deny"
+"#,
+        |config| {
+            config.filter.redis.timeout = TIMEOUT;
+            // One worker: the guarded and the unguarded requests share it.
+            config.server.workers = 1;
+        },
+    )
+    .await;
+    let mut decided = 0;
+    assert_eq!(remaining(&app.get("/check").await, "stall"), Some(99));
+    decided += 1;
+
+    // SIGSTOP: the server keeps every connection and answers nothing.
+    app.redis.signal("STOP");
+    let done = AtomicBool::new(false);
+    let first_answered = AtomicBool::new(false);
+    let guarded = futures_util::future::join_all((0..4).map(|_| async {
+        let mut answers = Vec::new();
+        while !done.load(Ordering::SeqCst) {
+            let started = Instant::now();
+            let res = app.get("/check").await;
+            first_answered.store(true, Ordering::SeqCst);
+            answers.push((
+                res.status().as_u16(),
+                remaining(&res, "stall"),
+                header(&res, "retry-after"),
+                started.elapsed(),
+            ));
+        }
+        answers
+    }));
+    let unguarded = async {
+        let mut took = Vec::new();
+        // Until the first guarded requests have their answer (they wait
+        // for the stalled Redis until the timeout), `/healthz` is asked
+        // again and again on the same worker.
+        while !first_answered.load(Ordering::SeqCst) {
+            let started = Instant::now();
+            let res = app.get("/healthz").await;
+            took.push((res.status().as_u16(), started.elapsed()));
+        }
+        done.store(true, Ordering::SeqCst);
+        took
+    };
+    let (guarded, unguarded) = futures_util::future::join(guarded, unguarded).await;
+    assert!(!unguarded.is_empty());
+    for (status, took) in &unguarded {
+        assert_eq!(*status, 200);
+        assert!(
+            *took < TIMEOUT / 2,
+            "/healthz waited {took:?} for a stalled Redis it does not need"
+        );
+    }
+    let guarded: Vec<_> = guarded.into_iter().flatten().collect();
+    assert!(guarded.len() >= 4);
+    for (status, left, retry, took) in &guarded {
+        // Redis answers nothing: each gets the rule's policy, in time.
+        assert_eq!((*status, left, retry.as_deref()), (503, &None, Some("1")));
+        assert!(*took < TIMEOUT + TIMEOUT / 2, "the policy took {took:?}");
+    }
+
+    // Continued, Redis runs what was sent meanwhile: every job in it is
+    // past its deadline, so it takes nothing. Redis decides again, and the
+    // requests answered by the policy took no quota.
+    app.redis.signal("CONT");
+    until_redis_decides(&app, "/check", "stall").await;
+    decided += 1;
+    let res = app.get("/check").await;
+    decided += 1;
+    assert_eq!(remaining(&res, "stall"), Some(100 - decided));
+    assert_eq!(app.redis.llen("floodgate:stall:ip:127.0.0.1"), decided);
 }

@@ -169,6 +169,11 @@ pub(crate) struct Manager {
 }
 
 impl Manager {
+    /// The bound on every connect, read and write (`redis.timeout`).
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// A new connection, open within `within` (at most the timeout).
     pub(crate) fn open(&self, within: Duration) -> redis::RedisResult<Conn> {
         let within = within.min(self.timeout).max(Duration::from_millis(1));
@@ -294,10 +299,21 @@ pub(crate) fn call<T: redis::FromRedisValue>(
 ) -> Result<T, CallError> {
     packed.clear();
     cmd.write_packed_command(packed);
-    if let Err(e) = conn.send_packed_command(packed) {
+    write(conn, packed)?;
+    reply(conn)
+}
+
+/// Writes `packed` (one command or several) on `conn`. A failed write
+/// spoils the connection, and Redis ran nothing of it.
+pub(crate) fn write(conn: &mut Conn, packed: &[u8]) -> Result<(), CallError> {
+    conn.send_packed_command(packed).map_err(|e| {
         conn.spoil();
-        return Err(CallError::Unsent(e));
-    }
+        CallError::Unsent(e)
+    })
+}
+
+/// Reads the reply of a command written whole (see [`call`]).
+pub(crate) fn reply<T: redis::FromRedisValue>(conn: &mut Conn) -> Result<T, CallError> {
     let reply = loop {
         match conn.recv_response() {
             // Out-of-band RESP3 pushes are no reply.
@@ -314,4 +330,60 @@ pub(crate) fn call<T: redis::FromRedisValue>(
         .and_then(|v| redis::from_redis_value(v).map_err(redis::RedisError::from));
     conn.note(&result);
     result.map_err(CallError::Answered)
+}
+
+/// How [`wait_briefly`] ended.
+pub(crate) enum Brief {
+    /// A reply came within the wait.
+    Answered,
+    /// None came within it; the connection is fine, the reply is still to
+    /// come, and the connection skips it when it comes (see [`wait_briefly`]).
+    Waiting,
+}
+
+/// Reads one reply, whatever it says, waiting at most `wait`, then sets the
+/// read timeout back to `timeout`. For a reply nobody needs (a `PING`
+/// written just before the call that matters): when it does not come in
+/// time, the connection remembers that one reply is owed to a command
+/// whose caller stopped reading (redis-rs skips it on the next read), so
+/// the next read returns the reply of the command written after it.
+/// A read that fails otherwise spoils the connection.
+pub(crate) fn wait_briefly(
+    conn: &mut Conn,
+    wait: Duration,
+    timeout: Duration,
+) -> Result<Brief, CallError> {
+    let set =
+        |conn: &Conn, d: Duration| conn.set_read_timeout(Some(d.max(Duration::from_millis(1))));
+    if let Err(e) = set(conn, wait) {
+        conn.spoil();
+        return Err(CallError::Unanswered(e));
+    }
+    let read = loop {
+        match conn.recv_response() {
+            Ok(redis::Value::Push { .. }) => continue,
+            Ok(_) => break Ok(Brief::Answered),
+            Err(e) if e.is_timeout() => break Ok(Brief::Waiting),
+            Err(e) => break Err(e),
+        }
+    };
+    match read.and_then(|brief| set(conn, timeout).map(|()| brief)) {
+        Ok(brief) => Ok(brief),
+        Err(e) => {
+            conn.spoil();
+            Err(CallError::Unanswered(e))
+        }
+    }
+}
+
+/// Sets the read timeout of a connection whose reply is still to come to
+/// what is left until `deadline`, for the thread that waits it out.
+pub(crate) fn wait_until(conn: &mut Conn, deadline: Instant) -> Result<(), CallError> {
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    conn.set_read_timeout(Some(left)).map_err(|e| {
+        conn.spoil();
+        CallError::Unanswered(e)
+    })
 }

@@ -1,17 +1,39 @@
 //! The per-worker lane ([`Dispatch::Worker`](super::Dispatch::Worker)):
 //! each actix worker sends the decisions of one scheduler tick as one
-//! script call on a connection of its own, blocking for that round trip.
-//! No thread hand-off, no wake-up of another thread, per request.
+//! script call on a connection of its own, and reads the reply itself when
+//! Redis answers within [`WORKER_WAIT`]. No thread hand-off, no wake-up of
+//! another thread, per request.
+//!
+//! A Redis that does not answer within that wait never holds the worker
+//! any longer: the connection and its batch, reply still to come, go to the
+//! lane's helper thread, which waits for the reply until the batch's
+//! deadline and answers the jobs, then leaves the connection for the lane
+//! to take back. While the lane has no connection that answers (it is
+//! with the helper, it broke, or it was never opened), its batches go to
+//! the helper unsent, and the helper decides them as a dispatcher thread
+//! does, opening connections off the worker.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::mpsc::{channel, Receiver, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use super::clock::deadline_margin;
-use super::dispatch::single::Single;
+use super::conn::Conn;
+use super::dispatch::single::{LaneLink, Single};
 use super::dispatch::{process, Job, MAX_BATCH};
 use super::Limiter;
+
+/// The longest a worker waits for Redis's reply before it hands the call
+/// to its lane's helper thread (or `redis.timeout`, if shorter). A healthy
+/// Redis on the same network answers a batch in well under a millisecond;
+/// the slowest script call measured (limit 100000, thousands of entries
+/// expiring at once) took 7.7 ms, and such a call only costs a hand-off.
+/// It bounds what a stalled Redis adds to the requests of that worker that
+/// never needed it (`/healthz`): at most this, once per breaker period.
+pub(crate) const WORKER_WAIT: Duration = Duration::from_millis(5);
 
 thread_local! {
     /// This thread's worker lane of each limiter used on it.
@@ -27,9 +49,23 @@ pub(crate) struct Lane {
     sender: RefCell<Single>,
 }
 
+/// What a lane gives its helper thread.
+pub(crate) enum Handoff {
+    /// Jobs the lane could not send without waiting (it has no connection
+    /// that answers): the helper decides them as a dispatcher does.
+    Jobs(Vec<Job>),
+    /// A batch written on `conn` whose reply had not come within
+    /// [`WORKER_WAIT`]; `expected` is the length its reply must have.
+    Stalled {
+        conn: Conn,
+        batch: Vec<Job>,
+        expected: usize,
+    },
+}
+
 impl Lane {
     /// Sends what the tick gathered: ONE script call per [`MAX_BATCH`]
-    /// jobs, blocking this worker for the round trip.
+    /// jobs, the worker waiting at most [`WORKER_WAIT`] for each.
     pub(crate) fn flush(&self) {
         self.scheduled.set(false);
         let mut jobs = std::mem::take(&mut *self.queue.borrow_mut());
@@ -46,8 +82,41 @@ impl Lane {
     }
 }
 
+/// The helper thread of one lane: decides what the lane hands it, and,
+/// whenever nothing more waits, leaves its connection for the lane (when
+/// the lane has none waiting already). Ends with the lane.
+fn help(handoffs: &Receiver<Handoff>, mut single: Single, home: &Mutex<Option<Conn>>) {
+    let mut next = handoffs.recv().ok();
+    while let Some(handoff) = next {
+        match handoff {
+            Handoff::Jobs(jobs) => process(&mut single, jobs),
+            Handoff::Stalled {
+                conn,
+                batch,
+                expected,
+            } => single.finish_stalled(conn, batch, expected),
+        }
+        next = match handoffs.try_recv() {
+            Ok(handoff) => Some(handoff),
+            Err(TryRecvError::Disconnected) => None,
+            Err(TryRecvError::Empty) => {
+                let mut home = match home.lock() {
+                    Ok(home) => home,
+                    Err(poisoned) => poisoned.into_inner(),
+                };
+                if home.is_none() {
+                    *home = single.take_conn();
+                }
+                drop(home);
+                handoffs.recv().ok()
+            }
+        };
+    }
+}
+
 impl Limiter {
-    /// This thread's lane for this limiter (made on first use).
+    /// This thread's lane for this limiter (made on first use, with its
+    /// helper thread).
     pub(crate) fn lane(&self) -> Rc<Lane> {
         LANES.with(|lanes| {
             let mut lanes = lanes.borrow_mut();
@@ -55,15 +124,42 @@ impl Limiter {
                 Rc::new(Lane {
                     queue: RefCell::new(Vec::new()),
                     scheduled: Cell::new(false),
-                    sender: RefCell::new(Single::new(
-                        self.manager.clone(),
-                        Arc::clone(&self.script),
-                        Arc::clone(&self.shared),
-                        deadline_margin(self.timeout),
-                    )),
+                    sender: RefCell::new(self.lane_sender()),
                 })
             });
             Rc::clone(lane)
         })
+    }
+
+    /// A lane's transport, and its helper thread. Should the thread not
+    /// start, the lane waits for Redis on the worker, as a dispatcher does.
+    fn lane_sender(&self) -> Single {
+        let single = || {
+            Single::new(
+                self.manager.clone(),
+                Arc::clone(&self.script),
+                Arc::clone(&self.shared),
+                deadline_margin(self.timeout),
+            )
+        };
+        let (helper, handoffs) = channel();
+        let home = Arc::new(Mutex::new(None));
+        let started = {
+            let (single, home) = (single(), Arc::clone(&home));
+            std::thread::Builder::new()
+                .name("floodgate-lane".to_owned())
+                .spawn(move || help(&handoffs, single, &home))
+        };
+        match started {
+            Ok(_) => single().for_lane(LaneLink {
+                budget: WORKER_WAIT.min(self.timeout),
+                helper,
+                home,
+            }),
+            Err(e) => {
+                log::warn!("cannot start a worker lane's helper thread ({e}); this worker waits on Redis itself");
+                single()
+            }
+        }
     }
 }

@@ -112,6 +112,20 @@ impl RedisServer {
         conn
     }
 
+    /// Sends `signal` (`"STOP"`, `"CONT"`) to the server: a stopped server
+    /// keeps its connections open and answers nothing (a stall) until it
+    /// is continued, then takes up what was sent meanwhile.
+    #[allow(dead_code)]
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("the server runs").id();
+        let sent = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "kill -{signal} {pid}");
+    }
+
     /// Kills the server (SIGKILL) and waits for it to go.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

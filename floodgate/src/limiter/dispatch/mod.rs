@@ -143,7 +143,20 @@ fn decide<T: Transport>(transport: &mut T, mut batch: Vec<Job>) {
     if batch.is_empty() {
         return;
     }
-    let results = match transport.send(&mut batch) {
+    let results = transport.send(&mut batch);
+    conclude(transport, batch, results);
+}
+
+/// Answers the jobs of a batch that was sent with what the call came to
+/// (`results`: one per job, in order, or the error of the whole call),
+/// counting what Redis could not decide and what it skipped as late. Also
+/// for a worker lane's call that its helper thread waited out (`lane.rs`).
+pub(crate) fn conclude<T: Transport>(
+    transport: &mut T,
+    batch: Vec<Job>,
+    results: Result<Vec<Result<Decision, LimiterError>>, LimiterError>,
+) {
+    let results = match results {
         Ok(results) => results,
         Err(e) => {
             transport.shared().errors.fetch_add(1, Ordering::Relaxed);
