@@ -19,6 +19,15 @@ use super::{Algorithm, Check, Decision, LimiterError, Outcome, Quota};
 /// The Lua that Redis runs: one function per algorithm, then the batch driver.
 pub const SCRIPT_SOURCE: &str = lua_with_algorithms!("lua/batch.lua");
 
+/// The batch script as a Redis Cluster's masters run it: flagged so that
+/// one call may decide the keys of every slot its master serves (Redis 7
+/// or later; the shebang must be the script's very first line).
+#[cfg(feature = "cluster")]
+pub(crate) const CLUSTER_SCRIPT_SOURCE: &str = concat!(
+    "#!lua flags=allow-cross-slot-keys\n",
+    lua_with_algorithms!("lua/batch.lua")
+);
+
 /// Gives back one request's units on one key (`count = "failures"`).
 /// It reads a sliding-window log with the decision script's own code.
 pub(crate) const GIVE_BACK_SOURCE: &str =
@@ -114,6 +123,16 @@ where
             cmd.arg(c.key.as_str());
         }
     }
+    batch_jobs(cmd, jobs);
+    3 * keys + 1
+}
+
+/// Writes the jobs of a batch call (the ARGV [`batch`] writes) into `cmd`.
+pub(crate) fn batch_jobs<'a, J, C>(cmd: &mut redis::Cmd, jobs: J)
+where
+    J: Iterator<Item = JobArgs<C>> + Clone,
+    C: Iterator<Item = &'a Check> + Clone,
+{
     cmd.arg(jobs.clone().count());
     for job in jobs {
         cmd.put_opt(job.now_ms).put_opt(job.deadline);
@@ -122,7 +141,6 @@ where
             check(cmd, c);
         }
     }
-    3 * keys + 1
 }
 
 /// A batch script's reply with Redis's clock taken off: three values per

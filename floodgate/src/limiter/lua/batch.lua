@@ -34,6 +34,13 @@
 -- jobs are decided as if it had not been there. A key that holds another
 -- algorithm's state (a reload changed the rule's algorithm) is started
 -- afresh. Every key written gets its TTL before the call returns.
+-- The keys, and where the jobs start in ARGV. On a Redis Cluster one call
+-- decides the jobs of every slot a master serves (the cluster's copy of
+-- this script is flagged allow-cross-slot-keys): KEYS is then empty, and
+-- ARGV starts with 'cluster', the number of slots, then per slot a key of
+-- that slot that is never written, the number of keys and the keys (see
+-- dispatch/cluster/groups.rs); ARGV[1] above comes after them.
+local keys, base = KEYS, 0
 
 -- Redis's clock, read once: every job of the call is decided at this moment.
 local time = redis.call('TIME')
@@ -120,7 +127,7 @@ local function decide_job(n, now, k, a)
     failing = 0
     local alg, p1, p2, cost = params(a)
     local enforce, pen = check_flags(ARGV[a + 4])
-    local key = KEYS[k]
+    local key = keys[k]
     local op = ops_read(key)
     local banned = ops_banned(op, now)
     if banned then
@@ -162,7 +169,7 @@ local function decide_job(n, now, k, a)
     failing = i - 1
     local alg, p1, p2, cost = params(a)
     local enforce, pen = check_flags(ARGV[a + 4])
-    local key = KEYS[k + i - 1]
+    local key = keys[k + i - 1]
     local op = ops_read(key)
     local banned = ops_banned(op, now)
     if banned then
@@ -208,11 +215,41 @@ end
 
 -- Most identities have no operator record: one EXISTS for the whole call
 -- spares every check its HMGET then.
-ops_maybe = ops_any(KEYS)
+if ARGV[1] == 'cluster' then
+  -- Before anything is written, every slot must be served here and not
+  -- be on the move: only then does its never-written key answer (a slot
+  -- served elsewhere, migrating or importing answers MOVED, ASK or
+  -- TRYAGAIN for it). Otherwise nothing at all is done, and the
+  -- dispatcher sends the slots one by one. The same EXISTS asks whether
+  -- any of the slot's identities has an operator record.
+  keys = {}
+  local at, any = 3, false
+  for _ = 1, tonumber(ARGV[2]) do
+    local m = tonumber(ARGV[at + 1])
+    local names = { ARGV[at] }
+    for i = at + 2, at + 1 + m do
+      keys[#keys + 1] = ARGV[i]
+      names[#names + 1] = ops_key(ARGV[i])
+      if #names == 1000 or i == at + 1 + m then
+        local ok, found = pcall(redis.call, 'EXISTS', unpack(names))
+        if not ok then
+          return { -3 }
+        end
+        any = any or found > 0
+        names = { ARGV[at] }
+      end
+    end
+    at = at + 2 + m
+  end
+  base = at - 1
+  ops_maybe = any
+else
+  ops_maybe = ops_any(KEYS)
+end
 
-local a = 2
+local a = base + 2
 local k = 1
-for _ = 1, tonumber(ARGV[1]) do
+for _ = 1, tonumber(ARGV[base + 1]) do
   local now = tonumber(ARGV[a]) or redis_now()
   local deadline = tonumber(ARGV[a + 1])
   local n = tonumber(ARGV[a + 2])
@@ -231,7 +268,7 @@ for _ = 1, tonumber(ARGV[1]) do
     local code = type(e) == 'table' and e.floodgate
     if not code then
       code = ERR_OTHER
-      redis.log(redis.LOG_WARNING, 'floodgate: the check on ' .. tostring(KEYS[k + failing])
+      redis.log(redis.LOG_WARNING, 'floodgate: the check on ' .. tostring(keys[k + failing])
         .. ' failed: ' .. tostring(message(e)))
     end
     for i = k, k + n - 1 do

@@ -1,12 +1,13 @@
-//! A batch split by hash slot: every slot group is one call of the batch
-//! script, and how that call's reply is sorted.
+//! A batch split by hash slot, and the calls of the batch script made of
+//! the slot groups: one per master (every group its master serves), or one
+//! per group; and how a call's reply is sorted.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use redis::{ErrorKind, RedisResult, ServerErrorKind, Value};
 
-use super::slot::key_slot;
+use super::slot::{key_slot, probe_key};
 use crate::limiter::clock::RedisClock;
 use crate::limiter::dispatch::Job;
 use crate::limiter::wire;
@@ -57,6 +58,9 @@ pub(super) enum Reply {
     Redirected(redis::RedisError),
     /// Did not run; load the scripts and send it again.
     NoScript(redis::RedisError),
+    /// A per-master call that ran nothing: one of its slots is not served
+    /// there, or is being moved. Send its groups one by one.
+    Elsewhere,
     /// Failed; it may or may not have run.
     Failed(LimiterError),
     /// Not sent: every caller in it had given up.
@@ -76,6 +80,7 @@ pub(super) fn classify(
 ) -> Reply {
     match reply.and_then(|v| v.extract_error()) {
         Ok(value) => match redis::from_redis_value::<Vec<i64>>(value) {
+            Ok(values) if values == [-3] => Reply::Elsewhere,
             Ok(values) => match wire::replied(values, expected) {
                 Ok((reply, redis_us)) => {
                     if let Some(clock) = clock {
@@ -121,6 +126,50 @@ pub(super) fn write_group(
         }
     });
     wire::batch(cmd, sha, jobs)
+}
+
+/// Writes the groups of one master as one `EVALSHA sha` of the cluster's
+/// batch script (flagged allow-cross-slot-keys): no declared keys (Redis
+/// still wants those in one slot), and ARGV laid out as `lua/batch.lua`
+/// reads a per-master call: `cluster`, the number of slots, per slot its
+/// probe key, its number of keys and the keys, then the jobs, slot by slot
+/// as [`write_group`] writes them. Returns the number of values the reply
+/// must hold when it ran.
+pub(super) fn write_master_call(
+    cmd: &mut redis::Cmd,
+    sha: &str,
+    batch: &[Job],
+    groups: &[&Group],
+    deadline: impl Fn(&Job) -> Option<i64>,
+) -> usize {
+    cmd.clear();
+    cmd.arg("EVALSHA")
+        .arg(sha)
+        .arg(0)
+        .arg("cluster")
+        .arg(groups.len());
+    let mut keys = 0;
+    for group in groups {
+        let n: usize = group.parts.iter().map(|p| p.checks.len()).sum();
+        cmd.arg(probe_key(group.slot)).arg(n);
+        for part in &group.parts {
+            for &c in &part.checks {
+                cmd.arg(batch[part.job].checks[c].key.as_str());
+            }
+        }
+        keys += n;
+    }
+    let deadline = &deadline;
+    let jobs = groups.iter().flat_map(|g| g.parts.iter()).map(|part| {
+        let job = &batch[part.job];
+        wire::JobArgs {
+            now_ms: job.now_ms,
+            deadline: deadline(job),
+            checks: part.checks.iter().map(|&c| &job.checks[c]),
+        }
+    });
+    wire::batch_jobs(cmd, jobs);
+    3 * keys + 1
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The masters of a Redis Cluster as one cluster dispatcher sees them: which
 //! master serves each hash slot (read with `CLUSTER SLOTS`), and one plain
 //! connection per master, so that a batch's slot groups reach each master
-//! as one pipeline: one round trip per master per batch, however many
+//! as one call: one round trip per master per batch, however many
 //! identities the batch holds.
 //!
 //! The map is only a hint. A master that no longer serves a slot runs

@@ -1,15 +1,21 @@
 //! Deciding batches on a Redis Cluster.
 //!
-//! A script may only touch keys of one hash slot. The filter puts the ID of
-//! every key in a hash tag (`PREFIX:RULE:KIND:{ID}`), so the rules of one
-//! identity share a slot and a request keyed by one identity is still
-//! decided by one atomic call. The dispatcher here splits each batch by
-//! slot: every slot group is one `EVALSHA` of the same batch script, so a
-//! hot identity's requests still share one call. The groups go to their
-//! masters as one pipeline per master, every pipeline written before any
-//! reply is read (see [`masters`]): a batch costs one round trip,
-//! not one per identity. A pipeline's replies are read one by one, so one
-//! group's error never costs another group its answer.
+//! The filter puts the ID of every key in a hash tag
+//! (`PREFIX:RULE:KIND:{ID}`), so the rules of one identity share a slot.
+//! The dispatcher here splits each batch by slot, and sends every master
+//! the groups of all the slots it serves as ONE call of the batch script,
+//! in the cluster's copy flagged `allow-cross-slot-keys` (Redis 7): a
+//! script's declared keys must still share a slot, so that call declares
+//! none and passes its keys as arguments, slot by slot. Every master's call
+//! is written before any reply is read: a batch costs one round trip and
+//! one script call per master, however many identities it holds. One
+//! identity's checks stay one job of one call, decided atomically.
+//!
+//! Before it writes anything, the per-master call touches a never-written
+//! key of each of its slots: a slot served elsewhere, or being moved (a
+//! resharding), makes it return at once having done nothing. Its groups
+//! are then sent one by one (one `EVALSHA` of the unflagged script per
+//! slot group), as below, and the slot map is read again.
 //!
 //! A request whose checks span several slots is decided per slot group.
 //! It is allowed only if every group allows it; when one group denies (or
@@ -19,16 +25,17 @@
 //! the units are held, and a request racing for the last of them in that
 //! moment may be denied.
 //!
-//! A slot group answered `MOVED`, `ASK`, `TRYAGAIN` or `CLUSTERDOWN` did
-//! not run, and is sent again through the crate's cluster connection,
-//! which follows the redirection; so is a group whose master is not in the
-//! slot map or could not be reached before anything was written to it.
-//! `NOSCRIPT` (a master that never saw the script: a new or promoted node,
-//! or the importing side of a slot being moved) likewise ran nothing: the
-//! scripts are loaded on every master and the group is sent again. A group
-//! is sent again only for the callers still waiting; a group that may have
-//! run (its reply was lost, or its pipeline failed part way) is never sent
-//! again: its requests get their `on_redis_error` answer.
+//! A call answered `MOVED`, `ASK`, `TRYAGAIN` or `CLUSTERDOWN` did not
+//! run; its groups are sent (again) one by one through the crate's cluster
+//! connection, which follows the redirection (`ASKING` for a slot being
+//! imported); so is a group whose master is not in the slot map or could
+//! not be reached before anything was written to it. `NOSCRIPT` (a master
+//! that never saw the script: a new or promoted node, or the importing side
+//! of a slot being moved) likewise ran nothing: the scripts are loaded on
+//! every master, once, and the groups are sent again. A group is sent again
+//! only for the callers still waiting; a call that may have run (its reply
+//! was lost, or its write failed part way) is never sent again: its
+//! requests get their `on_redis_error` answer.
 //!
 //! Each master has a breaker of its own (see [`masters`]): after a
 //! master failed, its groups get `on_redis_error` at once for the breaker's
@@ -46,7 +53,7 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInf
 use redis::{ConnectionLike as _, ErrorKind, RedisResult, ServerErrorKind};
 
 use self::give_back::{GiveBack, JobChecks, Taken};
-use self::groups::{classify, group_by_slot, write_group, Group, Reply};
+use self::groups::{classify, group_by_slot, write_group, write_master_call, Group, Reply};
 use self::masters::{Masters, Unwritten};
 use self::slot::key_slot;
 use super::{Job, Transport};
@@ -62,8 +69,14 @@ mod groups;
 pub(crate) mod masters;
 mod slot;
 
-/// The batch script, the same as on one server: one call per slot group.
+/// The batch script, the same as on one server: one call per slot group
+/// (a group that goes alone: its slot is being moved, or its master is not
+/// known).
 const BATCH_SCRIPT: &str = crate::limiter::wire::SCRIPT_SOURCE;
+
+/// The same flagged allow-cross-slot-keys (Redis 7): one call for every
+/// slot group of a master.
+const CLUSTER_BATCH_SCRIPT: &str = crate::limiter::wire::CLUSTER_SCRIPT_SOURCE;
 
 /// Gives back what the allowed groups of a denied request took.
 const GIVE_BACK_SCRIPT: &str = crate::limiter::wire::CLUSTER_GIVE_BACK_SOURCE;
@@ -78,6 +91,7 @@ pub(crate) fn start(
 ) -> Result<(), LimiterError> {
     let client = cluster_client(config).map_err(LimiterError::from)?;
     let batch = Arc::new(redis::Script::new(BATCH_SCRIPT));
+    let cluster_batch = Arc::new(redis::Script::new(CLUSTER_BATCH_SCRIPT));
     let give_back = Arc::new(redis::Script::new(GIVE_BACK_SCRIPT));
     for i in 0..count {
         let transport = Cluster {
@@ -85,6 +99,7 @@ pub(crate) fn start(
             timeout: config.timeout,
             conn: None,
             batch: Arc::clone(&batch),
+            cluster_batch: Arc::clone(&cluster_batch),
             give_back: Arc::clone(&give_back),
             shared: Arc::clone(shared),
             margin,
@@ -104,7 +119,10 @@ pub(crate) struct Cluster {
     /// Its own cluster connection (one connection per master, opened on
     /// demand by the crate); dropped after an I/O error.
     conn: Option<ClusterConnection>,
+    /// The batch script for one slot group.
     batch: Arc<redis::Script>,
+    /// The batch script for every group of one master.
+    cluster_batch: Arc<redis::Script>,
     give_back: Arc<redis::Script>,
     /// The error and late counters, the denial cache, each master's
     /// breaker and clock.
@@ -200,7 +218,7 @@ impl Cluster {
         let Some(conn) = self.conn.as_mut() else {
             return Ok(());
         };
-        for source in [BATCH_SCRIPT, GIVE_BACK_SCRIPT] {
+        for source in [CLUSTER_BATCH_SCRIPT, BATCH_SCRIPT, GIVE_BACK_SCRIPT] {
             let mut load = redis::cmd("SCRIPT");
             load.arg("LOAD").arg(source);
             conn.route_command(
@@ -227,18 +245,20 @@ impl Cluster {
     /// took (once the answers are out, see [`Transport::answered`]).
     fn decide(&mut self, batch: &[Job]) -> Vec<Result<Decision, LimiterError>> {
         let mut groups = group_by_slot(batch);
-        let replies = self.call_groups(batch, &mut groups);
+        let calls = self.call_groups(batch, &mut groups);
 
         // Per job and check: what each group decided.
         let mut taken: Vec<Vec<Option<Taken>>> =
             batch.iter().map(|j| vec![None; j.checks.len()]).collect();
         // A job is failed unless every one of its checks gets decided.
         let mut failed: Vec<Option<LimiterError>> = vec![None; batch.len()];
-        for (group, reply) in groups.iter().zip(replies) {
+        for (members, reply) in calls {
+            let members = members.iter().map(|&g| &groups[g]);
             match reply {
                 Ok(reply) => {
+                    // One reply for the call's groups, one after another.
                     let mut at = 0;
-                    for part in &group.parts {
+                    for (group, part) in members.flat_map(|g| g.parts.iter().map(move |p| (g, p))) {
                         let job = &batch[part.job];
                         let checks = part.checks.iter().map(|&c| &job.checks[c]);
                         let decision = match wire::job(checks, &reply, &mut at) {
@@ -261,7 +281,7 @@ impl Cluster {
                     }
                 }
                 Err(e) => {
-                    for part in &group.parts {
+                    for part in members.flat_map(|g| g.parts.iter()) {
                         failed[part.job].get_or_insert(e.clone());
                     }
                 }
@@ -309,50 +329,102 @@ impl Cluster {
         results
     }
 
-    /// One script call per slot group. The groups whose master the slot
-    /// map knows go to it as one pipeline per master, all written before
-    /// any reply is read: one round trip for the batch. A group that did
-    /// not run (redirected, `NOSCRIPT`, its master unreachable or unknown)
-    /// is sent again through the crate's cluster connection, which follows
-    /// redirections; a group that may have run is never sent again.
+    /// One script call per master: every group of a master the slot map
+    /// knows goes to it in one call, every master's call written before any
+    /// reply is read (one round trip for the batch). Returns each call's
+    /// groups (indices into `groups`) and its reply.
+    ///
+    /// A per-master call that did not run (one of its slots served
+    /// elsewhere or being moved, `NOSCRIPT`, a redirection, its master
+    /// unreachable) is split: each of its groups is sent alone through the
+    /// crate's cluster connection, which follows `MOVED` and `ASK`
+    /// (`ASKING`, then the call); so is a group of no known master. A call
+    /// that may have run is never sent again.
     fn call_groups(
         &mut self,
         batch: &[Job],
         groups: &mut [Group],
-    ) -> Vec<Result<wire::Replied, LimiterError>> {
+    ) -> Vec<(Vec<usize>, Result<wire::Replied, LimiterError>)> {
+        let per_master = self.cluster_batch.get_hash().to_string();
         let sha = self.batch.get_hash().to_string();
-        let replies = self.pipeline(batch, groups, &sha);
-        groups
-            .iter_mut()
-            .zip(replies)
-            .map(|(group, reply)| {
-                let reply = match reply {
-                    Reply::Done(_) | Reply::Failed(_) | Reply::Abandoned => reply,
-                    not_run => self.resend(batch, group, &sha, not_run),
-                };
-                match reply {
-                    Reply::Done(values) => Ok(values),
-                    Reply::Failed(e) => Err(e),
-                    Reply::Redirected(e) | Reply::NoScript(e) => Err(LimiterError::from(e.clone())),
-                    Reply::Unsent | Reply::Abandoned => Err(LimiterError::Timeout),
+        let calls = self.pipeline(batch, groups, &per_master);
+        let mut out = Vec::with_capacity(calls.len());
+        let mut loaded = false;
+        for (members, reply) in calls {
+            let reply = match reply {
+                Reply::Done(_) | Reply::Failed(_) | Reply::Abandoned => reply,
+                Reply::Elsewhere | Reply::Redirected(_) | Reply::NoScript(_) | Reply::Unsent
+                    if members.len() > 1 =>
+                {
+                    if let Reply::NoScript(_) = reply {
+                        if !loaded {
+                            if let Err(e) = self.forget_and_load() {
+                                for g in members {
+                                    out.push((vec![g], Err(e.clone())));
+                                }
+                                continue;
+                            }
+                            loaded = true;
+                        }
+                    } else {
+                        log::debug!("a master's call goes slot by slot");
+                    }
+                    for g in members {
+                        let reply = self.resend(batch, &mut groups[g], &sha, Reply::Unsent);
+                        out.push((vec![g], finish(reply)));
+                    }
+                    continue;
                 }
-            })
-            .collect()
+                Reply::NoScript(_) if loaded => Reply::Unsent,
+                Reply::Elsewhere => Reply::Unsent,
+                not_run => match members.first() {
+                    Some(&g) => self.resend(batch, &mut groups[g], &sha, not_run),
+                    None => not_run,
+                },
+            };
+            let reply = match (reply, members.first()) {
+                (Reply::Unsent, Some(&g)) => {
+                    self.resend(batch, &mut groups[g], &sha, Reply::Unsent)
+                }
+                (reply, _) => reply,
+            };
+            out.push((members, finish(reply)));
+        }
+        out
     }
 
-    /// Writes every group whose master is known to that master, one
-    /// pipeline per master, then reads the replies. Groups of no known
-    /// master, or whose master could not be written to without risk, come
-    /// back [`Reply::Unsent`].
+    /// After a `NOSCRIPT`: a master without the scripts may be a new or
+    /// restarted one that lost every key, so the denials remembered from
+    /// before are forgotten; then the scripts are loaded on every master.
+    fn forget_and_load(&mut self) -> Result<(), LimiterError> {
+        if let Some(cache) = &self.shared.deny_cache {
+            cache.clear();
+        }
+        self.load_scripts().map_err(|e| {
+            self.note(&e);
+            LimiterError::from(e.clone())
+        })
+    }
+
+    /// Writes every master the slot map knows its groups as one call, then
+    /// reads the replies. Groups of no known master, or whose master could
+    /// not be written to without risk, come back alone as
+    /// [`Reply::Unsent`].
     ///
     /// Each master's breaker is asked first: the groups of a master held as
     /// failed get [`LimiterError::BreakerOpen`] at once, unless this batch
     /// is that master's probe. What the master's pipeline comes to moves
     /// its breaker: an answer closes it, a timeout or a lost connection
-    /// opens it. Each master's calls carry deadlines on that master's own
-    /// clock, and its replies tell that clock alone.
-    fn pipeline(&mut self, batch: &[Job], groups: &mut [Group], sha: &str) -> Vec<Reply> {
+    /// opens it. Each master's call carries deadlines on that master's own
+    /// clock, and its reply tells that clock alone.
+    fn pipeline(
+        &mut self,
+        batch: &[Job],
+        groups: &mut [Group],
+        sha: &str,
+    ) -> Vec<(Vec<usize>, Reply)> {
         let mut replies: Vec<Reply> = groups.iter().map(|_| Reply::Unsent).collect();
+        let mut calls = Vec::new();
         if self.masters.wants_reading() && self.connect().is_ok() {
             if let Some(conn) = self.conn.as_mut() {
                 self.masters.read(conn);
@@ -392,25 +464,22 @@ impl Cluster {
                 }
             }
             self.packed.clear();
-            let mut expected = Vec::with_capacity(gs.len());
-            for &g in &gs {
-                let n = write_group(&mut self.cmd, sha, batch, &groups[g].parts, |job| {
-                    job.redis_deadline(&health.clock, margin)
-                });
-                self.cmd.write_packed_command(&mut self.packed);
-                expected.push((g, n));
-            }
+            let members: Vec<&Group> = gs.iter().map(|&g| &groups[g]).collect();
+            let expected = write_master_call(&mut self.cmd, sha, batch, &members, |job| {
+                job.redis_deadline(&health.clock, margin)
+            });
+            self.cmd.write_packed_command(&mut self.packed);
             match self.masters.send(m, &self.packed) {
-                Ok(()) => sent.push((m, health, expected)),
+                Ok(()) => sent.push((m, health, gs, expected)),
                 // Nothing was written: the crate's connection may try (the
                 // slot may have moved), but this master is held as failed.
                 Err(Unwritten::NotSent(e)) => {
                     health.breaker.trip(&LimiterError::from(e.clone()));
                     log::debug!("cluster master unreachable, its groups go another way: {e}")
                 }
-                // A write that failed part way may have delivered some of
-                // the pipeline's calls whole; none is sent again.
-                Err(Unwritten::Failed(e)) if gs.len() > 1 || e.is_timeout() => {
+                // A write that timed out may yet be read whole: the
+                // call is not sent again.
+                Err(Unwritten::Failed(e)) if e.is_timeout() => {
                     health.breaker.trip(&LimiterError::from(e.clone()));
                     for &g in &gs {
                         replies[g] = Reply::Failed(LimiterError::from(e.clone()));
@@ -420,42 +489,53 @@ impl Cluster {
                 Err(Unwritten::Failed(e)) => health.breaker.trip(&LimiterError::from(e.clone())),
             }
         }
-        for (m, health, expected) in sent {
-            let mut answered = true;
-            for (k, &(g, n)) in expected.iter().enumerate() {
-                let value = match self.masters.recv(m) {
-                    Ok(value) => value,
-                    Err(e) => {
-                        // This call and the ones after it may have run.
-                        health.breaker.trip(&LimiterError::from(e.clone()));
-                        answered = false;
-                        for &(g, _) in &expected[k..] {
-                            replies[g] = Reply::Failed(LimiterError::from(e.clone()));
+        for (m, health, gs, expected) in sent {
+            let value = match self.masters.recv(m) {
+                Ok(value) => value,
+                Err(e) => {
+                    // The call may have run.
+                    health.breaker.trip(&LimiterError::from(e.clone()));
+                    calls.push((gs, Reply::Failed(LimiterError::from(e.clone()))));
+                    continue;
+                }
+            };
+            let reply = match classify(Ok(value), expected, Some(&health.clock)) {
+                Reply::Redirected(e) => {
+                    match e.redirect_node() {
+                        Some((addr, slot))
+                            if e.kind() == ErrorKind::Server(ServerErrorKind::Moved) =>
+                        {
+                            self.masters.moved(slot, addr)
                         }
-                        break;
+                        _ => self.masters.stale(),
                     }
-                };
-                replies[g] = match classify(Ok(value), n, Some(&health.clock)) {
-                    Reply::Redirected(e) => {
-                        match e.redirect_node() {
-                            Some((addr, slot))
-                                if e.kind() == ErrorKind::Server(ServerErrorKind::Moved) =>
-                            {
-                                self.masters.moved(slot, addr)
-                            }
-                            _ => self.masters.stale(),
-                        }
-                        Reply::Redirected(e)
-                    }
-                    other => other,
-                };
-            }
-            if answered {
-                health.breaker.close();
-            }
+                    Reply::Redirected(e)
+                }
+                // A slot of the call has moved (or is moving): the map is
+                // read again.
+                Reply::Elsewhere => {
+                    self.masters.stale();
+                    Reply::Elsewhere
+                }
+                other => other,
+            };
+            health.breaker.close();
+            calls.push((gs, reply));
         }
         drop(probing);
-        replies
+        // Every group not in a master's call goes alone, as it stands.
+        let mut in_call = vec![false; groups.len()];
+        for (gs, _) in &calls {
+            for &g in gs {
+                in_call[g] = true;
+            }
+        }
+        for (g, reply) in replies.into_iter().enumerate() {
+            if !in_call[g] {
+                calls.push((vec![g], reply));
+            }
+        }
+        calls
     }
 
     /// Sends a group that did not run through the crate's cluster
@@ -468,18 +548,11 @@ impl Cluster {
                 Reply::Unsent => {}
                 Reply::Redirected(e) => log::debug!("slot {} sent again: {e}", group.slot),
                 Reply::NoScript(_) => {
-                    // A master without the scripts may be a new or
-                    // restarted one that lost every key: the denials
-                    // remembered from before are forgotten.
-                    if let Some(cache) = &self.shared.deny_cache {
-                        cache.clear();
-                    }
-                    if let Err(e) = self.load_scripts() {
-                        self.note(&e);
-                        return Reply::Failed(LimiterError::from(e.clone()));
+                    if let Err(e) = self.forget_and_load() {
+                        return Reply::Failed(e);
                     }
                 }
-                Reply::Done(_) | Reply::Failed(_) | Reply::Abandoned => break,
+                Reply::Done(_) | Reply::Failed(_) | Reply::Abandoned | Reply::Elsewhere => break,
             }
             reply = self.call_group(batch, group, sha);
         }
@@ -526,6 +599,16 @@ impl Cluster {
         // The crate may have followed a redirection to another node than
         // the map names: its clock is not told.
         classify(reply, expected, None)
+    }
+}
+
+/// What a call's last reply comes to for its groups.
+fn finish(reply: Reply) -> Result<wire::Replied, LimiterError> {
+    match reply {
+        Reply::Done(values) => Ok(values),
+        Reply::Failed(e) => Err(e),
+        Reply::Redirected(e) | Reply::NoScript(e) => Err(LimiterError::from(e.clone())),
+        Reply::Unsent | Reply::Abandoned | Reply::Elsewhere => Err(LimiterError::Timeout),
     }
 }
 

@@ -19,6 +19,29 @@ pub(crate) fn key_slot(key: &[u8]) -> u16 {
     crc16(hashed) % SLOTS
 }
 
+/// A key in `slot` that nothing ever writes: a per-master call touches it
+/// first, to learn whether the slot is served where the call landed and is
+/// not being moved (see `lua/batch.lua`).
+pub(crate) fn probe_key(slot: u16) -> &'static str {
+    static PROBES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let probes = PROBES.get_or_init(|| {
+        let mut probes = vec![String::new(); usize::from(SLOTS)];
+        let mut left = probes.len();
+        let mut n: u32 = 0;
+        while left > 0 {
+            let tag = n.to_string();
+            let at = usize::from(crc16(tag.as_bytes()) % SLOTS);
+            if probes[at].is_empty() {
+                probes[at] = format!("floodgate:slot:{{{tag}}}");
+                left -= 1;
+            }
+            n += 1;
+        }
+        probes
+    });
+    probes.get(usize::from(slot)).map_or("", String::as_str)
+}
+
 fn crc16(data: &[u8]) -> u16 {
     let mut crc: u16 = 0;
     for &b in data {
@@ -48,5 +71,12 @@ mod tests {
         // An empty tag hashes the whole key; only the first tag counts.
         assert_eq!(key_slot(b"foo{}{bar}"), crc16(b"foo{}{bar}") % SLOTS);
         assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
+    }
+
+    #[test]
+    fn every_slot_has_a_probe_key_of_its_own() {
+        for slot in 0..SLOTS {
+            assert_eq!(key_slot(probe_key(slot).as_bytes()), slot);
+        }
     }
 }
