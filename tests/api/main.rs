@@ -2,6 +2,7 @@
 //! test starts its own redis-server on a free port (redis-server must be
 //! installed) and its own app, so tests run in parallel without sharing state.
 
+mod algorithms;
 mod changes;
 mod cli;
 mod cluster;
