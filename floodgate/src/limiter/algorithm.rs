@@ -5,11 +5,11 @@
 //! described in words, and how it is built from a rule's fields. The Lua
 //! of each algorithm is one file that registers itself in `ALGORITHMS`
 //! (see `lua/common.lua`); the list of those files is
-//! [`lua_with_algorithms!`] below. The local fallback (`local.rs`) keeps
+//! [`lua_with_algorithms!`] below. The local fallback (`local/state.rs`) keeps
 //! the same state in memory.
 //!
 //! A new algorithm: its Lua file (and its line in the macro below), a
-//! variant here with its arms, and its state in `local.rs`.
+//! variant here with its arms, and its state in `local/state.rs`.
 
 use std::num::NonZeroU32;
 use std::time::Duration;

@@ -63,7 +63,7 @@ pub struct Limiter {
     pub(crate) script: Arc<redis::Script>,
     /// Redis Cluster mode: keys carry hash tags, and batches go by slot.
     cluster: bool,
-    /// Where operator changes are published (see `operator.rs`).
+    /// Where operator changes are published (see `operator/`).
     channel: String,
 }
 

@@ -13,7 +13,7 @@
 //! A banned identity is denied as Redis would deny it (the ban's time left,
 //! nothing taken) while this process knows of the ban: [`Bans`] keeps those
 //! Redis answered and those announced on the operator channel (see
-//! `operator.rs`), each until its end.
+//! `operator/listener.rs`), each until its end.
 //!
 //! Its counts are this process's only: several processes each admit up to
 //! the limit, and what was counted in Redis before the outage is not seen.
