@@ -1031,8 +1031,8 @@ def render(host, rows, by, c10, c100k, results, elapsed, final_rss, build_second
     w("")
     w("- **EVALSHA per request**: script calls over the requests wrk completed. On one server "
       "a call decides every decision pending in the batch, whatever their keys; on a cluster a "
-      "script may only touch keys of one hash slot, so a batch becomes one call per slot it "
-      "touches, and spread identities make more calls.")
+      "batch becomes one call per master it touches (the cluster's script is flagged "
+      "allow-cross-slot-keys), and per slot while slots move.")
     w("- **Redis reads per EVALSHA**: how many times Redis read a client socket "
       "(`total_reads_processed` in `INFO stats`, summed over the masters; every command "
       "counts, the bench's own few `INFO` calls too) per script call. About 1 means each call "
