@@ -50,27 +50,7 @@ local function redis_now()
   return clock
 end
 
-local function peek(alg, key, now, p1, p2, cost)
-  local def = ALGORITHMS[alg]
-  local ok, allowed, remaining, ms, state = pcall(def.peek, key, now, p1, p2, cost)
-  if ok then
-    return allowed, remaining, ms, state
-  end
-  if not wrong_type(allowed) then
-    error(allowed, 0)
-  end
-  local who = owner(key)
-  if who == nil or who == alg then
-    fail(ERR_TYPE)
-  end
-  memo[key] = nil
-  if who == 'legacy' and def.adopt then
-    def.adopt(key, now, p2)
-  else
-    redis.call('DEL', key)
-  end
-  return def.peek(key, now, p1, p2, cost)
-end
+local peek = peek_check
 
 -- The wait of a denial under an override that ends at `ends` (nil: never):
 -- no longer than until the rule's own numbers (r1, r2) would allow.

@@ -149,6 +149,36 @@ local function owner(key)
   return nil
 end
 
+-- One check's peek, as every script makes it: the algorithm's own, or,
+-- when the key holds another algorithm's state (a reload changed the
+-- rule's algorithm) or an old-layout counter, the peek of what a decision
+-- first makes of it: the counter adopted, or the key started afresh
+-- (deleted; in READ_ONLY mode only noted, see above). Returns allowed,
+-- remaining, ms and the state the algorithm's commit reuses.
+local function peek_check(alg, key, now, p1, p2, cost)
+  local def = ALGORITHMS[alg]
+  local ok, allowed, remaining, ms, state = pcall(def.peek, key, now, p1, p2, cost)
+  if ok then
+    return allowed, remaining, ms, state
+  end
+  if not wrong_type(allowed) then
+    error(allowed, 0)
+  end
+  local who = owner(key)
+  if who == nil or who == alg then
+    fail(ERR_TYPE)
+  end
+  memo[key] = nil
+  if who == 'legacy' and def.adopt then
+    def.adopt(key, now, p2)
+  elseif READ_ONLY then
+    READ_ONLY[key] = {}
+  else
+    redis.call('DEL', key)
+  end
+  return def.peek(key, now, p1, p2, cost)
+end
+
 -- The fields read by hash_read for each algorithm: its own, then the
 -- markers of every other hash algorithm.
 local hash_fields = {}
