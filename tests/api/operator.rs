@@ -117,6 +117,24 @@ impl Serving {
     }
 }
 
+/// Sends `GET /check` to each process until it is allowed (once it has
+/// heard of `change`), and answers how many requests were admitted.
+fn admitted_once_heard(processes: &[&Serving], change: &str) -> u64 {
+    let mut admitted = 0;
+    for p in processes {
+        wait_until(
+            Duration::from_secs(10),
+            &format!("{change} to reach the process"),
+            || {
+                let ok = p.get("/check").status == 200;
+                admitted += u64::from(ok);
+                ok
+            },
+        );
+    }
+    admitted
+}
+
 impl Drop for Serving {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -293,18 +311,7 @@ fn a_ban_unban_and_reset_reach_every_serving_process_and_their_cached_denials() 
     // Both processes now remember the ban's denial for 10 minutes; an unban
     // makes them forget it.
     floodgate(&config, &url, &["unban", "check", "127.0.0.1"]).json();
-    let mut admitted = 0;
-    for p in [&a, &b] {
-        wait_until(
-            Duration::from_secs(10),
-            "the unban to reach the process",
-            || {
-                let ok = p.get("/check").status == 200;
-                admitted += u64::from(ok);
-                ok
-            },
-        );
-    }
+    let admitted = admitted_once_heard(&[&a, &b], "the unban");
     assert_eq!(used(), admitted);
 
     // Use up the limit, so both remember an hour-long denial; a reset
@@ -314,18 +321,7 @@ fn a_ban_unban_and_reset_reach_every_serving_process_and_their_cached_denials() 
     assert_eq!(b.get("/check").status, 429);
     assert_eq!(used(), 3);
     floodgate(&config, &url, &["reset", "check", "127.0.0.1"]).json();
-    let mut admitted = 0;
-    for p in [&a, &b] {
-        wait_until(
-            Duration::from_secs(10),
-            "the reset to reach the process",
-            || {
-                let ok = p.get("/check").status == 200;
-                admitted += u64::from(ok);
-                ok
-            },
-        );
-    }
+    let admitted = admitted_once_heard(&[&a, &b], "the reset");
     // Every admission after the reset was decided by Redis: counted.
     assert_eq!(used(), admitted);
 
