@@ -1,5 +1,5 @@
 //! The reference design that scripts/bench measures floodgate against, and
-//! the probe of the sliding-window script's Redis cost.
+//! the probe of what each algorithm's script costs Redis per decision.
 //!
 //! Not a Criterion bench: a program that scripts/bench starts. Two commands
 //! (every flag also reads an environment variable):
@@ -18,12 +18,10 @@
 //! a 250 ms timeout (Redis errors let the request through), the RateLimit
 //! fields on allowed responses, 429 with Retry-After on denied ones.
 //!
-//! `cost` fills one sliding-window key to its limit on a pinned clock, then
-//! decides `--calls` requests at the limit (each pops one expired entry and
-//! pushes one), one job per call and then 32 per call, then `--calls`
-//! denied ones, and prints the Redis time per decision (`INFO
-//! commandstats`, evalsha) and the key's `MEMORY USAGE`, as one line of
-//! `name=value` pairs.
+//! `cost` measures what one decision costs Redis, for each algorithm at
+//! `--limit` (the logs only up to 100 000) and for the plain sliding-log
+//! floor (`floor_sliding_log.lua`) it is compared with: see [`measure`].
+//! It prints one line of `name=value` pairs per algorithm.
 
 use std::time::Duration;
 
@@ -186,47 +184,110 @@ async fn guard(
     }
 }
 
-/// Microseconds of Redis time spent in EVALSHA since the last CONFIG RESETSTAT.
-async fn evalsha_usec(conn: &mut MultiplexedConnection) -> redis::RedisResult<u64> {
+/// What `cost` measures: one of floodgate's algorithms through its own batch
+/// script, or the plain sliding-log floor (`benches/floor_sliding_log.lua`).
+#[derive(Clone, Copy)]
+enum Subject {
+    /// An algorithm's code on the wire (see floodgate's `limiter/algorithm.rs`).
+    Floodgate(&'static str, u8),
+    Floor,
+}
+
+/// The plain sliding-window log: LLEN/LINDEX, then LPUSH/LTRIM/PEXPIRE.
+const FLOOR_SOURCE: &str = include_str!("floor_sliding_log.lua");
+
+/// The subjects and the largest limit each takes (the log keeps an entry per
+/// unit, so floodgate allows it 100 000 at most).
+const SUBJECTS: [(Subject, u64); 6] = [
+    (Subject::Floodgate("sliding_window", 1), 100_000),
+    (Subject::Floor, 100_000),
+    (Subject::Floodgate("fixed_window", 2), 100_000),
+    (Subject::Floodgate("token_bucket", 3), 100_000),
+    (Subject::Floodgate("gcra", 4), 1_000_000_000),
+    (Subject::Floodgate("sliding_counter", 5), 1_000_000_000),
+];
+
+impl Subject {
+    fn name(self) -> &'static str {
+        match self {
+            Subject::Floodgate(name, _) => name,
+            Subject::Floor => "floor",
+        }
+    }
+}
+
+/// Microseconds of Redis time spent in EVALSHA since the last CONFIG
+/// RESETSTAT, and Redis's own CPU time (user + system) so far.
+async fn redis_usec(conn: &mut MultiplexedConnection) -> redis::RedisResult<(f64, f64)> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
+        .arg("cpu")
         .query_async(conn)
         .await?;
-    Ok(info
+    let evalsha = info
         .lines()
         .filter_map(|l| l.strip_prefix("cmdstat_evalsha:"))
         .flat_map(|l| l.split(','))
         .filter_map(|kv| kv.strip_prefix("usec="))
-        .filter_map(|v| v.trim().parse::<u64>().ok())
-        .sum())
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum();
+    let cpu = info
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_user:")
+                .or_else(|| l.strip_prefix("used_cpu_sys:"))
+        })
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum::<f64>()
+        * 1e6;
+    Ok((evalsha, cpu))
 }
 
-/// One EVALSHA deciding `nows.len()` jobs on `key`, each at its pinned time.
-async fn batch(
-    conn: &mut MultiplexedConnection,
-    script: &redis::Script,
-    key: &str,
-    limit: u64,
-    window_ms: u64,
-    nows: &[u64],
-) -> redis::RedisResult<Vec<i64>> {
-    let mut call = script.prepare_invoke();
-    call.arg(nows.len());
-    for now in nows {
-        call.key(key)
-            .arg(now)
-            .arg("") // deadline: none
-            .arg(1)
-            .arg(1)
-            .arg(limit)
-            .arg(window_ms)
-            .arg(1)
-            .arg(1);
+/// Microseconds of EVALSHA time since the last CONFIG RESETSTAT.
+async fn evalsha_usec(conn: &mut MultiplexedConnection) -> redis::RedisResult<u64> {
+    Ok(redis_usec(conn).await?.0 as u64)
+}
+
+/// The keys one subject is measured on, and one EVALSHA deciding jobs on
+/// them: each job names its key (by index) and its pinned time.
+struct Probe<'a> {
+    conn: &'a mut MultiplexedConnection,
+    script: redis::Script,
+    subject: Subject,
+    keys: Vec<String>,
+    p1: f64,
+    p2: f64,
+}
+
+impl Probe<'_> {
+    /// One allowed flag per job.
+    async fn decide(&mut self, jobs: &[(usize, u64)]) -> redis::RedisResult<Vec<bool>> {
+        let mut call = self.script.prepare_invoke();
+        call.arg(jobs.len());
+        for &(key, now) in jobs {
+            call.key(&self.keys[key]).arg(now);
+            match self.subject {
+                Subject::Floodgate(_, code) => {
+                    call.arg("") // deadline: none
+                        .arg(1) // checks
+                        .arg(code)
+                        .arg(self.p1)
+                        .arg(self.p2)
+                        .arg(1) // cost
+                        .arg(1); // enforce
+                }
+                Subject::Floor => {
+                    call.arg(self.p1).arg(self.p2);
+                }
+            }
+        }
+        let out: Vec<i64> = call.invoke_async(self.conn).await?;
+        Ok(match self.subject {
+            // Three values per job, Redis's clock last.
+            Subject::Floodgate(..) => out.chunks_exact(3).map(|c| c[0] == 1).collect(),
+            Subject::Floor => out.iter().map(|&v| v == 1).collect(),
+        })
     }
-    let mut out: Vec<i64> = call.invoke_async(conn).await?;
-    // The last value is Redis's clock.
-    out.pop();
-    Ok(out)
 }
 
 async fn cost(args: &[String]) -> std::io::Result<()> {
@@ -238,90 +299,188 @@ async fn cost(args: &[String]) -> std::io::Result<()> {
     );
     let limit = number(args, "--limit", "BENCH_LIMIT", "10");
     let calls = number(args, "--calls", "BENCH_CALLS", "20000");
-    let result = measure(&url, limit, calls).await;
-    match result {
-        Ok(line) => {
-            println!("{line}");
+    let run = async {
+        let client = redis::Client::open(url.as_str())?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let mut lines = Vec::new();
+        for (subject, max) in SUBJECTS {
+            if limit <= max {
+                lines.push(measure(&mut conn, subject, limit, calls).await?);
+            }
+        }
+        Ok::<_, redis::RedisError>(lines)
+    };
+    match run.await {
+        Ok(lines) => {
+            for line in lines {
+                println!("{line}");
+            }
             Ok(())
         }
         Err(e) => Err(std::io::Error::other(e.to_string())),
     }
 }
 
-async fn measure(url: &str, limit: u64, calls: u64) -> redis::RedisResult<String> {
-    // The same window at every limit; entries are spaced so that exactly one
-    // leaves the window each time the clock moves on by `spacing`.
-    let window_ms: u64 = 600_000;
-    let spacing = window_ms / limit;
-    let client = redis::Client::open(url)?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
-    let script = redis::Script::new(SCRIPT_SOURCE);
-    let key = format!("costprobe:sliding:{limit}");
-    redis::cmd("DEL")
-        .arg(&key)
-        .query_async::<()>(&mut conn)
-        .await?;
-    let (secs, _): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
-    let t0 = secs * 1000 - window_ms;
+/// How many jobs one call carries in the batched figures, and on how many
+/// keys the spread figure runs (one job per key per call).
+const BATCH: usize = 20;
 
-    // Fill the key to its limit.
-    let fill: Vec<u64> = (0..limit).map(|i| t0 + i * spacing).collect();
-    for chunk in fill.chunks(1000) {
-        let out = batch(&mut conn, &script, &key, limit, window_ms, chunk).await?;
-        if out.chunks(3).any(|c| c[0] != 1) {
-            return Err(std::io::Error::other("filling: a request was denied").into());
+/// Fills BATCH keys to their limit on a pinned clock, each key's requests
+/// spaced so that its whole limit fits one window exactly, then decides
+/// `calls` more on the same schedule (for the logs: each lets exactly one
+/// old entry out and one new one in, the most work an allowed decision
+/// does): on one key one per call, on one key BATCH per call, and on the
+/// BATCH keys one job each per call; and, for the logs, `calls` denied ones
+/// on one key with the clock standing still. Prints one line of
+/// `name=value` pairs.
+async fn measure(
+    conn: &mut MultiplexedConnection,
+    subject: Subject,
+    limit: u64,
+    calls: u64,
+) -> redis::RedisResult<String> {
+    // Ten minutes at the small limits; at 10^9 one request per ms.
+    let window_ms: u64 = 600_000_u64.max(limit);
+    let spacing = window_ms / limit;
+    let (p1, p2) = match subject {
+        // Rate per second, burst.
+        Subject::Floodgate("token_bucket", _) => {
+            ((limit * 1000) as f64 / window_ms as f64, limit as f64)
+        }
+        _ => (limit as f64, window_ms as f64),
+    };
+    let (script, prefix) = match subject {
+        Subject::Floor => (redis::Script::new(FLOOR_SOURCE), "floor"),
+        Subject::Floodgate(name, _) => (redis::Script::new(SCRIPT_SOURCE), name),
+    };
+    let keys: Vec<String> = (0..BATCH)
+        .map(|i| format!("costprobe:{prefix}:{limit}:{i}"))
+        .collect();
+    for key in &keys {
+        redis::cmd("DEL")
+            .arg(key)
+            .query_async::<()>(&mut *conn)
+            .await?;
+    }
+    let (secs, _): (u64, u64) = redis::cmd("TIME").query_async(&mut *conn).await?;
+    let t0 = secs * 1000 - window_ms;
+    let mut probe = Probe {
+        conn,
+        script,
+        subject,
+        keys,
+        p1,
+        p2,
+    };
+    let is_log = matches!(
+        subject,
+        Subject::Floor | Subject::Floodgate("sliding_window", _)
+    );
+    let fail =
+        |what: &str| Err(std::io::Error::other(format!("{}: {what}", subject.name())).into());
+
+    // Fill every key to its limit (the logs; the other algorithms' cost
+    // does not depend on how full they are: 1000 requests each).
+    let fill = if is_log { limit } else { limit.min(1000) };
+    for key in 0..BATCH {
+        let mut done = 0;
+        while done < fill {
+            let n = (fill - done).min(1000);
+            let jobs: Vec<(usize, u64)> =
+                (done..done + n).map(|i| (key, t0 + i * spacing)).collect();
+            done += n;
+            if is_log && probe.decide(&jobs).await?.contains(&false) {
+                return fail("filling: a request was denied");
+            }
         }
     }
-    let len: u64 = redis::cmd("LLEN").arg(&key).query_async(&mut conn).await?;
-    let memory: u64 = redis::cmd("MEMORY")
-        .arg("USAGE")
-        .arg(&key)
-        .arg("SAMPLES")
-        .arg(0)
-        .query_async(&mut conn)
-        .await?;
+    let mut steps = [fill; BATCH];
+    let entries: u64 = if is_log {
+        redis::cmd("LLEN")
+            .arg(&probe.keys[0])
+            .query_async(&mut *probe.conn)
+            .await?
+    } else {
+        fill
+    };
 
-    let mut step = limit;
-    let mut per_decision = Vec::new();
-    for jobs in [1u64, 32] {
+    // (EVALSHA µs, Redis CPU µs) per decision: one key, 1 per call; one
+    // key, BATCH per call; BATCH keys, one each per call.
+    let mut figures = Vec::new();
+    let mut allowed = 0;
+    let mut decided = 0;
+    for shape in 0..3 {
         redis::cmd("CONFIG")
             .arg("RESETSTAT")
-            .query_async::<()>(&mut conn)
+            .query_async::<()>(&mut *probe.conn)
             .await?;
-        let mut decided = 0;
-        while decided < calls {
-            let nows: Vec<u64> = (0..jobs).map(|i| t0 + (step + i) * spacing).collect();
-            step += jobs;
-            let out = batch(&mut conn, &script, &key, limit, window_ms, &nows).await?;
-            if out.chunks(3).any(|c| c[0] != 1) {
-                return Err(std::io::Error::other("at the limit: a request was denied").into());
+        let (_, cpu0) = redis_usec(probe.conn).await?;
+        let mut n = 0;
+        while n < calls {
+            let jobs: Vec<(usize, u64)> = match shape {
+                0 => vec![(0, t0 + steps[0] * spacing)],
+                1 => (0..BATCH as u64)
+                    .map(|i| (0, t0 + (steps[0] + i) * spacing))
+                    .collect(),
+                _ => (0..BATCH).map(|k| (k, t0 + steps[k] * spacing)).collect(),
+            };
+            for &(key, _) in &jobs {
+                steps[key] += 1;
             }
-            decided += jobs;
+            let out = probe.decide(&jobs).await?;
+            if is_log && out.contains(&false) {
+                return fail("at the limit: a request was denied");
+            }
+            allowed += out.iter().filter(|&&a| a).count() as u64;
+            n += jobs.len() as u64;
         }
-        per_decision.push(evalsha_usec(&mut conn).await? as f64 / decided as f64);
+        decided += n;
+        let (evalsha, cpu1) = redis_usec(probe.conn).await?;
+        figures.push((evalsha / n as f64, (cpu1 - cpu0) / n as f64));
     }
+    // One key's size after the run (the log's at its limit).
+    let memory: Option<u64> = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(&probe.keys[0])
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async(&mut *probe.conn)
+        .await?;
 
-    // Denied at the limit: the clock stands still, nothing leaves.
-    let now = t0 + (step - 1) * spacing;
-    redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async::<()>(&mut conn)
-        .await?;
-    for _ in 0..calls {
-        let out = batch(&mut conn, &script, &key, limit, window_ms, &[now]).await?;
-        if out.first() != Some(&0) {
-            return Err(std::io::Error::other("over the limit: a request was allowed").into());
+    let mut denied = String::new();
+    if is_log {
+        // Denied at the limit: the clock stands still, nothing leaves.
+        let now = t0 + (steps[0] - 1) * spacing;
+        redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async::<()>(&mut *probe.conn)
+            .await?;
+        for _ in 0..calls {
+            if probe.decide(&[(0, now)]).await?.first() != Some(&false) {
+                return fail("over the limit: a request was allowed");
+            }
         }
+        let usec = evalsha_usec(probe.conn).await? as f64 / calls as f64;
+        denied = format!(" denied_usec={usec:.3}");
     }
-    let denied = evalsha_usec(&mut conn).await? as f64 / calls as f64;
-    let after: u64 = redis::cmd("LLEN").arg(&key).query_async(&mut conn).await?;
-    redis::cmd("DEL")
-        .arg(&key)
-        .query_async::<()>(&mut conn)
-        .await?;
+    for key in &probe.keys {
+        redis::cmd("DEL")
+            .arg(key)
+            .query_async::<()>(&mut *probe.conn)
+            .await?;
+    }
     Ok(format!(
-        "limit={limit} entries={len} entries_after={after} memory_bytes={memory} \
-         allowed_usec={:.3} allowed_batch32_usec={:.3} denied_usec={denied:.3}",
-        per_decision[0], per_decision[1]
+        "subject={} limit={limit} entries={entries} memory_bytes={} allowed_share={:.4} \
+         one_usec={:.3} one_cpu_usec={:.3} batch_usec={:.3} batch_cpu_usec={:.3} \
+         spread_usec={:.3} spread_cpu_usec={:.3}{denied}",
+        subject.name(),
+        memory.map_or_else(|| "-".to_string(), |m| m.to_string()),
+        allowed as f64 / decided as f64,
+        figures[0].0,
+        figures[0].1,
+        figures[1].0,
+        figures[1].1,
+        figures[2].0,
+        figures[2].1,
     ))
 }

@@ -685,7 +685,13 @@ def run_case(case, redis, cluster, bins, work):
     return r
 
 
+# The limits the cost probe measures every algorithm at (the logs only up
+# to 100000, the most they allow).
+COST_LIMITS = (10, 100000, 1000000000)
+
+
 def cost_probe(redis, bins, limit):
+    """{subject: {figure: value}} from `reference_async cost` at one limit."""
     out = subprocess.run(
         [bins["reference_async"], "cost", "--redis", redis.url, "--limit", str(limit),
          "--calls", str(COST_CALLS)],
@@ -693,7 +699,12 @@ def cost_probe(redis, bins, limit):
         capture_output=True,
         text=True,
     ).stdout
-    return {k: float(v) for k, v in (kv.split("=") for kv in out.split())}
+    result = {}
+    for line in out.splitlines():
+        pairs = dict(kv.split("=", 1) for kv in line.split())
+        subject = pairs.pop("subject")
+        result[subject] = {k: (None if v == "-" else float(v)) for k, v in pairs.items()}
+    return result
 
 
 def executables(build_log):
@@ -771,7 +782,7 @@ def main():
         f"wrk -t1 -c{CONNECTIONS}, {WORKERS} workers")
 
     runs = {c[0]: [] for c in CASES}
-    costs = {10: [], 100000: []}
+    costs = {limit: [] for limit in COST_LIMITS}
     for rnd in range(ROUNDS):
         order = CASES if rnd % 2 == 0 else CASES[::-1]
         for case in order:
@@ -783,10 +794,12 @@ def main():
                 log(f"round {rnd + 1} {case[0]:17} EVALSHA/request {r['evalsha_per_req']:.3f}  "
                     f"reads/EVALSHA {r['reads_per_evalsha']:.2f}  masters' shares "
                     + " ".join(f"{x:.2f}" for x in r["master_shares"]))
-        for limit in ((10, 100000) if rnd % 2 == 0 else (100000, 10)):
+        for limit in (COST_LIMITS if rnd % 2 == 0 else COST_LIMITS[::-1]):
             c = cost_probe(redis, bins, limit)
             costs[limit].append(c)
-            log(f"round {rnd + 1} sliding cost at limit {limit}: {c}")
+            for subject, f in c.items():
+                log(f"round {rnd + 1} cost at limit {limit} {subject:16} one {f['one_usec']:.2f}  "
+                    f"batch {f['batch_usec']:.2f}  spread {f['spread_usec']:.2f} µs/decision")
     elapsed = time.time() - started
 
     # Ratios within each round, then their median.
@@ -824,8 +837,17 @@ def main():
                                                           if r.get("master_shares")])],
         })
     by = {r["key"]: r for r in rows}
-    c10 = {k: med([c[k] for c in costs[10]]) for k in costs[10][0]}
-    c100k = {k: med([c[k] for c in costs[100000]]) for k in costs[100000][0]}
+    # Medians over the rounds, and ratios to the floor within each round.
+    cost = {limit: {subject: {k: med([c[subject][k] for c in rounds]) for k in rounds[0][subject]}
+                    for subject in rounds[0]}
+            for limit, rounds in costs.items()}
+
+    def floor_ratio(limit, figure):
+        return med([c["sliding_window"][figure] / c["floor"][figure] for c in costs[limit]])
+
+    floor = {(limit, figure): floor_ratio(limit, figure)
+             for limit in (10, 100000) for figure in ("one_usec", "batch_usec", "spread_usec",
+                                                       "batch_cpu_usec", "spread_cpu_usec")}
 
     many = runs["denied_many"]
     rss_growth = med([(r["rss_kib"] - r["rss_before_kib"]) / 1024 for r in many
@@ -854,8 +876,19 @@ def main():
         (f"stalled Redis (8b): p99 ms of an unguarded route ({SIDE_UNGUARDED}) beside guarded "
          f"traffic ≤ 10", side["p99"], 10.0, "<="),
         ("worst single call in the SLOWLOG during (2), limit 100000, ms ≤ 2", slowest, 2.0, "<="),
-        ("sliding Redis µs/decision, limit 100000 / limit 10 ≤ 1.2",
-         c100k["allowed_usec"] / c10["allowed_usec"], 1.2, "<="),
+        ("one rule (2): server CPU per request / unguarded (1) ≤ 1.2",
+         ratio("sliding", "unguarded", "app_cpu_us"), 1.2, "<="),
+        ("sliding window, Redis µs/decision, 20 per call on one key: limit 100000 / limit 10 ≤ 1.2",
+         med([a["sliding_window"]["batch_usec"] / b["sliding_window"]["batch_usec"]
+              for a, b in zip(costs[100000], costs[10])]), 1.2, "<="),
+        ("sliding window / plain log (floor), Redis µs/decision, 20 per call on one key, "
+         "limit 10 ≤ 1.15", floor[(10, "batch_usec")], 1.15, "<="),
+        ("sliding window / floor, same, limit 100000 ≤ 1.15",
+         floor[(100000, "batch_usec")], 1.15, "<="),
+        ("sliding window / floor, Redis µs/decision, 20 keys one each per call, limit 10 ≤ 1.15",
+         floor[(10, "spread_usec")], 1.15, "<="),
+        ("sliding window / floor, same, limit 100000 ≤ 1.15",
+         floor[(100000, "spread_usec")], 1.15, "<="),
         ("p99 of (2) / p99 of (7) ≤ 1", ratio("sliding", "reference", "p99"), 1.0, "<="),
         (f"cluster, {SPREAD_IDS} identities (9b) / single server, {SPREAD_IDS} identities (2s) ≥ 0.85",
          ratio("cluster_spread", "sliding_spread"), 0.85, ">="),
@@ -876,7 +909,7 @@ def main():
     extra = {"many": many, "stall": stall, "side": side, "slowest_ms": slowest,
              "cluster_vs_single": ratio("cluster_spread", "sliding_spread"),
              "hot_cluster_vs_single": ratio("cluster", "sliding")}
-    md = render(host, rows, by, c10, c100k, results, elapsed, final_rss, a.build_seconds, extra)
+    md = render(host, rows, by, cost, floor, results, elapsed, final_rss, a.build_seconds, extra)
     print(md)
     if a.out != "-":
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
@@ -888,7 +921,7 @@ def main():
         sys.exit(1)
 
 
-def render(host, rows, by, c10, c100k, results, elapsed, final_rss, build_seconds, extra):
+def render(host, rows, by, cost, floor, results, elapsed, final_rss, build_seconds, extra):
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = []
     w = out.append
@@ -1047,22 +1080,46 @@ def render(host, rows, by, c10, c100k, results, elapsed, final_rss, build_second
       f"same traffic (9b / 2s), and with one hot key {fmt(extra['hot_cluster_vs_single'], '.2f')} "
       "of it (9a / 2).")
     w("")
-    w("## Sliding window: Redis cost and memory against the limit")
+    w("## Redis cost per decision, by algorithm and limit")
     w("")
-    w("`reference_async cost` (in `benches/`) fills one key to its limit through "
-      "floodgate's own script on a pinned clock (the script's `now` argument), then "
-      "decides requests at the limit, each letting exactly one old entry out and one "
-      "new one in (the most work an allowed decision does), then requests over the "
-      f"limit. The window is 10 min at both limits; {COST_CALLS} decisions per figure "
-      "(`INFO commandstats`, evalsha time per decision), medians over the rounds.")
+    w("`reference_async cost` (in `benches/`) drives floodgate's own script on a pinned "
+      "clock (the script's `now` argument), and beside it `benches/floor_sliding_log.lua`, "
+      "the plain sliding-window log (LLEN and LINDEX, then LPUSH, LTRIM and PEXPIRE, "
+      "nothing else: no operator records, deadlines, error isolation, exact remaining "
+      "count or wait), with the same jobs in the same calls. Each key is filled to its "
+      "limit with requests spaced so that the limit fits one window exactly (the logs; "
+      "the other algorithms get 1000 requests, their cost does not depend on how full "
+      "they are), then decides requests on the same schedule: at the limit, each lets one "
+      "old entry out and takes one in, the most work an allowed decision does. Three "
+      "shapes: *one* request per call; *batch*: 20 requests on one key per call (a busy "
+      "identity); *spread*: one request on each of 20 keys per call (many identities). "
+      f"{COST_CALLS} decisions per figure; EVALSHA time per decision (`INFO "
+      "commandstats`); *bytes* is the key's `MEMORY USAGE` after the run; the window is "
+      "10 min (at 10^9, 10^9 ms); medians over the rounds.")
     w("")
-    w("| limit | entries | MEMORY USAGE bytes | bytes/entry | allowed, 1 per call µs | "
-      "allowed, 32 per call µs | denied, 1 per call µs |")
-    w("|---:|---:|---:|---:|---:|---:|---:|")
-    for limit, c in ((10, c10), (100000, c100k)):
-        w(f"| {limit} | {c['entries']:.0f} | {c['memory_bytes']:.0f} | "
-          f"{c['memory_bytes'] / c['entries']:.1f} | {c['allowed_usec']:.2f} | "
-          f"{c['allowed_batch32_usec']:.2f} | {c['denied_usec']:.2f} |")
+    w("| algorithm | limit | one µs | batch µs | spread µs | Redis CPU µs, batch | "
+      "denied, one µs | bytes per key |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for subject in ("sliding_window", "floor", "fixed_window", "token_bucket", "gcra",
+                    "sliding_counter"):
+        for limit in COST_LIMITS:
+            c = cost[limit].get(subject)
+            if not c:
+                continue
+            name = "plain log (floor)" if subject == "floor" else subject
+            w(f"| {name} | {limit} | {c['one_usec']:.2f} | {c['batch_usec']:.2f} | "
+              f"{c['spread_usec']:.2f} | {c['batch_cpu_usec']:.2f} | "
+              f"{fmt(c.get('denied_usec'), '.2f')} | {fmt(c['memory_bytes'], '.0f')} |")
+    w("")
+    w("The sliding window against the floor (ratios within each round, medians):")
+    w("")
+    w("| limit | one | batch | spread | Redis CPU, batch | Redis CPU, spread |")
+    w("|---:|---:|---:|---:|---:|---:|")
+    for limit in (10, 100000):
+        w(f"| {limit} | " + " | ".join(
+            fmt(floor[(limit, f)], ".2f") + "x"
+            for f in ("one_usec", "batch_usec", "spread_usec", "batch_cpu_usec",
+                      "spread_cpu_usec")) + " |")
     w("")
     if final_rss:
         w(f"floodgate's resident memory (VmRSS) after the last guarded run: {final_rss:.1f} MiB.")

@@ -594,3 +594,101 @@ fn the_local_fallback_matches_the_reference_models_on_its_own() {
         panic!("{e}");
     }
 }
+
+/// A busy call carries many requests on the same key, each at its own
+/// moment: the script then keeps what it read of the key and its writes
+/// for the call's end. The same steps decided one call each (the path the
+/// models above check) and many to a call, on two keys interleaved, must
+/// answer the same and leave the same lists.
+#[test]
+fn a_sliding_window_decided_in_one_call_answers_as_one_call_each() {
+    let redis = RedisServer::start();
+    let conn = RefCell::new(redis.connection());
+    let steps = prop::collection::vec(
+        (
+            prop_oneof![
+                6 => 0i64..=30,
+                3 => 30i64..=600,
+                1 => 600i64..=6000,
+                1 => -900i64..=-1
+            ],
+            1u32..=3,
+            0usize..2,
+        ),
+        1..=80,
+    );
+    let mut config = Config::with_cases(150);
+    config.failure_persistence = persistence();
+    let mut runner = TestRunner::new(config);
+    let case = Cell::new(0u64);
+    let result = runner.run(
+        &(1u32..=60, 1u64..=3000, steps, 2usize..=40),
+        |(limit, window, steps, chunk)| {
+            case.set(case.get() + 1);
+            let mut conn = conn.borrow_mut();
+            let conn = &mut *conn;
+            let algorithm = sliding(limit, window);
+            let keys = |mode: &str| -> [String; 2] {
+                [0, 1].map(|k| format!("floodgate:batched:{mode}:{}:{k}", case.get()))
+            };
+            let (one_each, together) = (keys("one"), keys("all"));
+            let jobs = |keys: &[String; 2]| -> Vec<(Option<u64>, Vec<Check>)> {
+                let mut now = T0 as i64;
+                steps
+                    .iter()
+                    .map(|&(step, cost, k)| {
+                        now += step;
+                        let check = Check {
+                            key: keys[k].clone(),
+                            algorithm,
+                            cost: cost.min(limit),
+                            enforce: true,
+                            penalty: None,
+                        };
+                        (Some(now as u64), vec![check])
+                    })
+                    .collect()
+            };
+            let mut answers = Vec::new();
+            for job in jobs(&one_each) {
+                let key = job.1[0].key.clone();
+                let decided = decide_batch(conn, vec![job]).unwrap();
+                answers.push(answer(decided[0].as_ref().unwrap()));
+                // Real time must not expire what the pinned clock still counts.
+                redis::cmd("PERSIST").arg(&key).query::<()>(conn).unwrap();
+            }
+            let mut batched: Vec<Answer> = Vec::new();
+            for call in jobs(&together).chunks(chunk) {
+                let decided = decide_batch(conn, call.to_vec()).unwrap();
+                batched.extend(decided.iter().map(|d| answer(d.as_ref().unwrap())));
+                for key in &together {
+                    redis::cmd("PERSIST").arg(key).query::<()>(conn).unwrap();
+                }
+            }
+            prop_assert_eq!(
+                &batched,
+                &answers,
+                "limit {} window {} ms, {} to a call",
+                limit,
+                window,
+                chunk
+            );
+            for (a, b) in together.iter().zip(&one_each) {
+                let mut list = |key: &str| -> Vec<String> {
+                    redis::cmd("LRANGE")
+                        .arg(key)
+                        .arg(0)
+                        .arg(-1)
+                        .query(conn)
+                        .unwrap()
+                };
+                let (a, b) = (list(a), list(b));
+                prop_assert_eq!(a, b);
+            }
+            Ok(())
+        },
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}

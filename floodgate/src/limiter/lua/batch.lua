@@ -262,6 +262,12 @@ for _ = 1, tonumber(ARGV[base + 1]) do
   a = a + 3 + 5 * n
   k = k + n
 end
+-- Writes the decisions kept back (see forget in common.lua), then the TTLs.
+for key, s in pairs(memo) do
+  if s.flush then
+    s.flush(key, s)
+  end
+end
 for key, ms in pairs(expire_in) do
   redis.call('PEXPIRE', key, ms)
 end

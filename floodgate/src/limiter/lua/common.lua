@@ -43,7 +43,17 @@ end
 -- Within one call, what an algorithm read of a key, for the next check on
 -- the same key. An entry is used only for the same algorithm, parameters
 -- and clock, and any other algorithm's access to the key drops it.
+-- An entry may hold writes not yet made (see the sliding window's): its
+-- `flush` makes them. forget(key) makes them and drops the entry; the
+-- batch flushes what is left when it ends.
 local memo = {}
+local function forget(key)
+  local s = memo[key]
+  if s and s.flush then
+    s.flush(key, s)
+  end
+  memo[key] = nil
+end
 
 -- Set only by the peek script (peek.lua), which answers what a decision
 -- would without writing anything: false in every other script. In peek
@@ -60,9 +70,11 @@ local function whole(x, lo, hi)
 end
 
 -- The algorithms, by their code on the wire (see limiter/algorithm.rs).
--- Each algorithm's file registers itself with register(code, def), def:
+-- Each algorithm's file defines itself with define(code, kind, marker,
+-- make):
 --   kind       the Redis type of its state: 'list', 'hash' or 'string'
 --   marker     (hash) a field only its state has
+-- and make() returns its def:
 --   owns(v)    (string) whether the value v is its state
 --   valid(p1, p2, cost)              whether the parameters are in range
 --   peek(key, now, p1, p2, cost)     allowed, remaining, ms, state
@@ -73,10 +85,26 @@ end
 --                                    override of limit ol, window ow (nil:
 --                                    the rule's), or nil: it does not apply
 --   adopt(key, now, p2)              optional: take over a legacy counter
--- The batch, peek, give-back and operator scripts read only this table.
-local ALGORITHMS = {}
-local function register(code, def)
-  ALGORITHMS[code] = def
+-- ALGORITHMS[code] is the def, made on first use: every call runs the
+-- whole script afresh, and most calls use one algorithm, so the others'
+-- functions are never made. The batch, peek, give-back and operator
+-- scripts read only this table (and KINDS).
+local KINDS, MAKERS = {}, {}
+local ALGORITHMS = setmetatable({}, {
+  __index = function(t, code)
+    local make = MAKERS[code]
+    if not make then
+      return nil
+    end
+    local def = make()
+    def.kind, def.marker = KINDS[code].kind, KINDS[code].marker
+    rawset(t, code, def)
+    return def
+  end,
+})
+local function define(code, kind, marker, make)
+  KINDS[code] = { kind = kind, marker = marker }
+  MAKERS[code] = make
 end
 
 -- valid() of an algorithm given by limit (1..max) and window in ms.
@@ -135,10 +163,10 @@ local function owner(key)
   local t = redis.call('TYPE', key)
   t = type(t) == 'table' and t.ok or t
   local v = t == 'string' and redis.call('GET', key)
-  for code, def in ipairs(ALGORITHMS) do
-    if def.kind == t then
-      if t == 'list' or (t == 'string' and def.owns(v))
-        or (t == 'hash' and redis.call('HEXISTS', key, def.marker) == 1) then
+  for code, k in ipairs(KINDS) do
+    if k.kind == t then
+      if t == 'list' or (t == 'string' and ALGORITHMS[code].owns(v))
+        or (t == 'hash' and redis.call('HEXISTS', key, k.marker) == 1) then
         return code
       end
     end
@@ -168,7 +196,7 @@ local function peek_check(alg, key, now, p1, p2, cost)
   if who == nil or who == alg then
     fail(ERR_TYPE)
   end
-  memo[key] = nil
+  forget(key)
   if who == 'legacy' and def.adopt then
     def.adopt(key, now, p2)
   elseif READ_ONLY then
@@ -197,9 +225,9 @@ local function hash_read(key, code, fields)
     for i = 1, #fields do
       all[i] = fields[i]
     end
-    for c, def in ipairs(ALGORITHMS) do
-      if c ~= code and def.kind == 'hash' then
-        all[#all + 1] = def.marker
+    for c, k in ipairs(KINDS) do
+      if c ~= code and k.kind == 'hash' then
+        all[#all + 1] = k.marker
       end
     end
     hash_fields[code] = all

@@ -19,90 +19,90 @@
 -- Time: the state's own time is its window's start: a decision's clock is
 -- max(now, cws). A reload that changes the window starts the key afresh;
 -- a changed limit applies to the counts at once.
-local SLIDING_COUNTER_FIELDS = { 'cws', 'cur', 'prev', 'cw' }
+define(5, 'hash', 'cws', function()
+  local SLIDING_COUNTER_FIELDS = { 'cws', 'cur', 'prev', 'cw' }
 
--- The current window's start, cur and prev at now_eff, and now_eff.
-local function sliding_counter_read(key, now, window)
-  local h = hash_read(key, 5, SLIDING_COUNTER_FIELDS)
-  local now_eff = now
-  local cws, cur, prev = nil, 0, 0
-  if h[1] then
-    local start, c, p, w = stored(h[1]), stored(h[2]), stored(h[3]), stored(h[4])
-    if w == window then
-      now_eff = math.max(now, start)
-      cws, cur, prev = start, c, p
+  -- The current window's start, cur and prev at now_eff, and now_eff.
+  local function sliding_counter_read(key, now, window)
+    local h = hash_read(key, 5, SLIDING_COUNTER_FIELDS)
+    local now_eff = now
+    local cws, cur, prev = nil, 0, 0
+    if h[1] then
+      local start, c, p, w = stored(h[1]), stored(h[2]), stored(h[3]), stored(h[4])
+      if w == window then
+        now_eff = math.max(now, start)
+        cws, cur, prev = start, c, p
+      end
     end
-  end
-  local ws = now_eff - now_eff % window
-  if cws ~= ws then
-    if cws and ws == cws + window then
-      prev, cur = cur, 0
-    else
-      prev, cur = 0, 0
+    local ws = now_eff - now_eff % window
+    if cws ~= ws then
+      if cws and ws == cws + window then
+        prev, cur = cur, 0
+      else
+        prev, cur = 0, 0
+      end
     end
+    return ws, cur, prev, now_eff
   end
-  return ws, cur, prev, now_eff
-end
 
--- The first moment from window start ws at which c fits over cur and prev.
-local function sliding_counter_fits_at(ws, cur, prev, limit, window, cost)
-  if cur + cost > limit then
-    -- Not in this window: in the next, where cur is the previous one.
-    ws, prev, cur = ws + window, cur, 0
+  -- The first moment from window start ws at which c fits over cur and prev.
+  local function sliding_counter_fits_at(ws, cur, prev, limit, window, cost)
+    if cur + cost > limit then
+      -- Not in this window: in the next, where cur is the previous one.
+      ws, prev, cur = ws + window, cur, 0
+    end
+    if prev == 0 then
+      return ws
+    end
+    return ws + window - math.floor((limit - cost - cur) * window / prev)
   end
-  if prev == 0 then
-    return ws
-  end
-  return ws + window - math.floor((limit - cost - cur) * window / prev)
-end
 
-local function sliding_counter_peek(key, now, limit, window, cost)
-  memo[key] = nil
-  local ws, cur, prev, now_eff = sliding_counter_read(key, now, window)
-  local e = now_eff - ws
-  local weighted = prev * (window - e)
-  local s = { ws = ws, cur = cur, prev = prev }
-  if cur + cost <= limit and weighted <= (limit - cost - cur) * window then
-    local remaining = math.floor(((limit - cur - cost) * window - weighted) / window)
-    return true, math.max(0, remaining), ws + 2 * window - now, s
+  local function sliding_counter_peek(key, now, limit, window, cost)
+    forget(key)
+    local ws, cur, prev, now_eff = sliding_counter_read(key, now, window)
+    local e = now_eff - ws
+    local weighted = prev * (window - e)
+    local s = { ws = ws, cur = cur, prev = prev }
+    if cur + cost <= limit and weighted <= (limit - cost - cur) * window then
+      local remaining = math.floor(((limit - cur - cost) * window - weighted) / window)
+      return true, math.max(0, remaining), ws + 2 * window - now, s
+    end
+    local remaining = math.floor(((limit - cur) * window - weighted) / window)
+    local at = sliding_counter_fits_at(ws, cur, prev, limit, window, cost)
+    return false, math.max(0, remaining), math.max(at, now_eff) - now, s
   end
-  local remaining = math.floor(((limit - cur) * window - weighted) / window)
-  local at = sliding_counter_fits_at(ws, cur, prev, limit, window, cost)
-  return false, math.max(0, remaining), math.max(at, now_eff) - now, s
-end
 
-local function sliding_counter_commit(key, now, _, window, cost, s)
-  redis.call('HSET', key, 'cws', s.ws, 'cur', s.cur + cost, 'prev', s.prev, 'cw', window)
-  set_ttl(key, s.ws + 2 * window - now)
-end
+  local function sliding_counter_commit(key, now, _, window, cost, s)
+    redis.call('HSET', key, 'cws', s.ws, 'cur', s.cur + cost, 'prev', s.prev, 'cw', window)
+    set_ttl(key, s.ws + 2 * window - now)
+  end
 
--- Give-back: `cur` goes down, never below 0, and only while the window the
--- request was counted in is still the current one (the caller asks only
--- then, see Algorithm::give_back_safe).
-local function sliding_counter_give_back(key, now, _, window, cost)
-  local h = redis.call('HMGET', key, 'cws', 'cur', 'cw')
-  if not (h[1] and h[2] and h[3]) then
-    return 0
+  -- Give-back: `cur` goes down, never below 0, and only while the window the
+  -- request was counted in is still the current one (the caller asks only
+  -- then, see Algorithm::give_back_safe).
+  local function sliding_counter_give_back(key, now, _, window, cost)
+    local h = redis.call('HMGET', key, 'cws', 'cur', 'cw')
+    if not (h[1] and h[2] and h[3]) then
+      return 0
+    end
+    local start, cur, w = stored(h[1]), stored(h[2]), stored(h[3])
+    local now_eff = math.max(now, start)
+    if w ~= window or now_eff - now_eff % window ~= start then
+      return 0
+    end
+    local back = math.min(cur, cost)
+    if back > 0 then
+      redis.call('HINCRBY', key, 'cur', -back)
+    end
+    return back
   end
-  local start, cur, w = stored(h[1]), stored(h[2]), stored(h[3])
-  local now_eff = math.max(now, start)
-  if w ~= window or now_eff - now_eff % window ~= start then
-    return 0
-  end
-  local back = math.min(cur, cost)
-  if back > 0 then
-    redis.call('HINCRBY', key, 'cur', -back)
-  end
-  return back
-end
 
-register(5, {
-  kind = 'hash',
-  marker = 'cws',
-  valid = window_valid(MAX_LARGE_LIMIT),
-  peek = sliding_counter_peek,
-  commit = sliding_counter_commit,
-  give_back = sliding_counter_give_back,
-  quota = window_quota,
-  override = window_override(MAX_LARGE_LIMIT),
-})
+  return {
+    valid = window_valid(MAX_LARGE_LIMIT),
+    peek = sliding_counter_peek,
+    commit = sliding_counter_commit,
+    give_back = sliding_counter_give_back,
+    quota = window_quota,
+    override = window_override(MAX_LARGE_LIMIT),
+  }
+end)
