@@ -54,8 +54,8 @@ pub(crate) struct Lane {
     /// Flushes begun so far: a job queued when this read `n` has been
     /// taken by the flush once it reads more.
     flushes: Cell<u64>,
-    /// The callers awaiting the next flush (see [`Lane::answer`]), woken
-    /// once it has answered what it could.
+    /// The callers awaiting the next flush (see
+    /// [`Limiter::lane_answer`]), woken once it has answered what it could.
     waiting: RefCell<Vec<Waker>>,
     sender: RefCell<Single>,
 }
