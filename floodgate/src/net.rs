@@ -1,6 +1,7 @@
 //! The client's address: behind trusted proxies, as one ID per host, and
 //! the networks (CIDRs) whose forwarding headers are believed.
 
+use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv6Addr};
 
 use actix_web::http::header::HeaderMap;
@@ -20,7 +21,12 @@ pub fn canonical_ip(ip: IpAddr) -> IpAddr {
 /// usually holds a whole /64, so a single address would be no limit).
 pub fn ip_id(ip: IpAddr) -> String {
     match canonical_ip(ip) {
-        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V4(v4) => {
+            // At most 15 bytes: one allocation, not one per growth.
+            let mut id = String::with_capacity(15);
+            let _ = write!(id, "{v4}");
+            id
+        }
         IpAddr::V6(v6) => {
             let net = u128::from(v6) & (u128::MAX << 64);
             format!("{}/64", Ipv6Addr::from(net))

@@ -44,18 +44,20 @@ fn cacheable(rule: &Rule) -> bool {
 }
 
 /// Decides `checks` (one per rule in `matched`) for a request whose
-/// decision started at `started`; counts the outcome in `metrics`.
+/// decision started at `started`; counts the outcome in `metrics`. The
+/// checks stay the caller's (it needs them again afterwards): the limiter
+/// gets the one copy it keeps.
 pub(crate) async fn decide(
     limiter: &Limiter,
     metrics: &Metrics,
     matched: &[&Rule],
-    checks: Vec<Check>,
+    checks: &[Check],
     started: Instant,
 ) -> Verdict {
     if let Some(cache) = limiter.deny_cache() {
         let hit = matched
             .iter()
-            .zip(&checks)
+            .zip(checks)
             .enumerate()
             .filter(|(_, (r, _))| cacheable(r))
             .filter_map(|(i, (_, c))| cache.denial(&c.key, c.cost, started).map(|w| (i, w)))
@@ -75,11 +77,11 @@ pub(crate) async fn decide(
             };
         }
     }
-    let result = limiter.decide(checks.clone()).await;
+    let result = limiter.decide(checks.to_vec()).await;
     match result {
         Ok(decision) => {
             let answered = Instant::now();
-            for ((r, c), o) in matched.iter().zip(&checks).zip(&decision.outcomes) {
+            for ((r, c), o) in matched.iter().zip(checks).zip(&decision.outcomes) {
                 if o.banned && r.on_redis_error == OnRedisError::Local {
                     // For the local fallback, should Redis go away.
                     limiter
@@ -89,7 +91,7 @@ pub(crate) async fn decide(
                 }
             }
             if let Some(cache) = limiter.deny_cache() {
-                for ((r, c), o) in matched.iter().zip(&checks).zip(&decision.outcomes) {
+                for ((r, c), o) in matched.iter().zip(checks).zip(&decision.outcomes) {
                     if o.allowed || !cacheable(r) {
                         continue;
                     }
@@ -115,7 +117,7 @@ fn fallback(
     limiter: &Limiter,
     metrics: &Metrics,
     matched: &[&Rule],
-    checks: Vec<Check>,
+    checks: &[Check],
     error: LimiterError,
 ) -> Verdict {
     let deny = matched
@@ -130,11 +132,9 @@ fn fallback(
     let local: Vec<usize> = (0..matched.len())
         .filter(|&i| matched[i].on_redis_error == OnRedisError::Local)
         .collect();
-    let checks: Vec<Check> = checks
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| local.contains(i))
-        .map(|(_, c)| c)
+    let checks: Vec<Check> = local
+        .iter()
+        .filter_map(|&i| checks.get(i).cloned())
         .collect();
     let (decision, at) = if checks.is_empty() {
         let allowed = Decision {

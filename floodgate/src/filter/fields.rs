@@ -21,6 +21,7 @@
 //! dialects are merged from what the inner filter noted in the request's
 //! extensions, so that the pick is the most restrictive over both filters.
 
+use std::cell::RefCell;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use actix_web::dev::ServiceResponse;
@@ -29,6 +30,14 @@ use actix_web::{HttpMessage, HttpRequest, HttpResponse};
 
 use crate::limiter::Outcome;
 use crate::rule::{HeaderDialect, Mode, Rule};
+
+thread_local! {
+    /// The `ietf` lists (`RateLimit-Policy`, `RateLimit`) of the response
+    /// being written, kept from one response to the next: each is copied
+    /// into its field, so writing them allocates nothing more per response.
+    static LISTS: RefCell<(String, String)> =
+        const { RefCell::new((String::new(), String::new())) };
+}
 
 /// One rule's numbers, as a one-rule dialect shows them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,58 +149,69 @@ pub(super) fn write(
         shown.picks = inner.picks;
     }
 
-    let mut policy = String::new();
-    let mut state = String::new();
-    for (r, o) in rules.iter().zip(outcomes) {
-        if r.mode != Mode::Enforce || r.headers == HeaderDialect::None {
-            continue;
-        }
-        let quota = o.limit(&r.algorithm);
-        let remaining = if !o.allowed {
-            0
-        } else if denied {
-            (o.remaining + u64::from(r.cost)).min(u64::from(quota))
-        } else {
-            o.remaining
+    LISTS.with(|lists| {
+        // Nothing below calls out, so the lists are never borrowed twice;
+        // were they, fresh ones would do.
+        let mut fresh = (String::new(), String::new());
+        let mut kept = lists.try_borrow_mut();
+        let (policy, state) = match kept.as_deref_mut() {
+            Ok(kept) => kept,
+            Err(_) => &mut fresh,
         };
-        if r.headers == HeaderDialect::Ietf {
-            if !policy.is_empty() {
-                policy.push_str(", ");
-                state.push_str(", ");
+        policy.clear();
+        state.clear();
+        for (r, o) in rules.iter().zip(outcomes) {
+            if r.mode != Mode::Enforce || r.headers == HeaderDialect::None {
+                continue;
             }
-            // Writing to a String cannot fail.
-            let _ = write!(
-                policy,
-                "\"{}\";q={};w={}",
-                r.name,
-                quota,
-                o.window_seconds(&r.algorithm)
-            );
-            let _ = write!(state, "\"{}\";r={};t={}", r.name, remaining, o.reset_secs());
-        } else if let Some(i) = slot(r.headers) {
-            let pick = Pick {
-                limit: quota,
-                window: o.window_seconds(&r.algorithm),
-                remaining,
-                reset: o.reset_secs(),
+            let quota = o.limit(&r.algorithm);
+            let remaining = if !o.allowed {
+                0
+            } else if denied {
+                (o.remaining + u64::from(r.cost)).min(u64::from(quota))
+            } else {
+                o.remaining
             };
-            shown.picks[i] = Some(pick.tighter(shown.picks[i]));
+            if r.headers == HeaderDialect::Ietf {
+                if !policy.is_empty() {
+                    policy.push_str(", ");
+                    state.push_str(", ");
+                }
+                // Writing to a String cannot fail.
+                let _ = write!(
+                    policy,
+                    "\"{}\";q={};w={}",
+                    r.name,
+                    quota,
+                    o.window_seconds(&r.algorithm)
+                );
+                let _ = write!(state, "\"{}\";r={};t={}", r.name, remaining, o.reset_secs());
+            } else if let Some(i) = slot(r.headers) {
+                let pick = Pick {
+                    limit: quota,
+                    window: o.window_seconds(&r.algorithm),
+                    remaining,
+                    reset: o.reset_secs(),
+                };
+                shown.picks[i] = Some(pick.tighter(shown.picks[i]));
+            }
         }
-    }
 
-    if !policy.is_empty() {
-        // An inner filter (limits declared on a resource) may have written
-        // its own rules already: ours go first, theirs follow.
-        for (name, mut ours) in [("ratelimit-policy", policy), ("ratelimit", state)] {
-            let name = HeaderName::from_static(name);
-            if let Some(inner) = headers.get(&name).and_then(|v| v.to_str().ok()) {
-                ours = format!("{ours}, {inner}");
-            }
-            if let Ok(v) = HeaderValue::try_from(ours) {
-                headers.insert(name, v);
+        if !policy.is_empty() {
+            // An inner filter (limits declared on a resource) may have
+            // written its own rules already: ours go first, theirs follow.
+            for (name, ours) in [("ratelimit-policy", &*policy), ("ratelimit", &*state)] {
+                let name = HeaderName::from_static(name);
+                let value = match headers.get(&name).and_then(|v| v.to_str().ok()) {
+                    Some(inner) => HeaderValue::try_from(format!("{ours}, {inner}")),
+                    None => HeaderValue::from_str(ours),
+                };
+                if let Ok(v) = value {
+                    headers.insert(name, v);
+                }
             }
         }
-    }
+    });
 
     if shown.picks.iter().all(Option::is_none) {
         return;

@@ -105,20 +105,29 @@ impl Filter {
                 }
             }
         }
-        let (kind, mut id) = match parts.as_slice() {
-            [(kind, id)] => ((*kind).to_string(), id.clone()),
-            _ => rule::compose(&parts),
+        // One part (most rules) is used as it is; several are composed.
+        let composed;
+        let (kind, id) = match parts.as_slice() {
+            [(kind, id)] => (*kind, id.as_str()),
+            _ => {
+                composed = rule::compose(&parts);
+                (composed.0.as_str(), composed.1.as_str())
+            }
         };
-        if rule.hash_key {
-            id = rule::hashed_id(&id);
-        }
+        let hashed;
+        let id = if rule.hash_key {
+            hashed = rule::hashed_id(id);
+            hashed.as_str()
+        } else {
+            id
+        };
         Ok(values::Keyed {
             key: rule::redis_key_for(
                 self.state.limiter.hash_tags(),
                 &self.state.key_prefix,
                 &rule.name,
-                &kind,
-                &id,
+                kind,
+                id,
             ),
             limit,
         })
@@ -172,15 +181,15 @@ where
 
     let metrics = &filter.state.metrics;
     let started = Instant::now();
-    // The keys again, for a give-back and for the handler's `Usage`.
-    let kept = checks.clone();
-    let verdict = decision::decide(&filter.state.limiter, metrics, &matched, checks, started).await;
+    // The checks stay here, for a give-back and for the handler's `Usage`.
+    let verdict =
+        decision::decide(&filter.state.limiter, metrics, &matched, &checks, started).await;
     metrics.observe(started.elapsed());
     let asked = Asked {
         filter: &filter,
         path: &path,
         matched: &matched,
-        checks: &kept,
+        checks,
         started,
     };
     respond(asked, &*service, req, verdict).await
@@ -313,14 +322,13 @@ fn checks<'r>(
 }
 
 /// What the filter asked of the limiter for a request: the rules (one
-/// check each), and when it asked.
-#[derive(Clone, Copy)]
+/// check each, kept for the handler's `Usage`), and when it asked.
 struct Asked<'a> {
     filter: &'a Filter,
     /// The decoded path.
     path: &'a str,
     matched: &'a [&'a Rule],
-    checks: &'a [Check],
+    checks: Vec<Check>,
     started: Instant,
 }
 

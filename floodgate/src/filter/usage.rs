@@ -12,7 +12,7 @@ use actix_web::{FromRequest, HttpMessage, HttpRequest};
 
 use super::Filter;
 use crate::limiter::give_back::Refund;
-use crate::limiter::{Check, Decision, Limiter, LimiterError, Outcome};
+use crate::limiter::{Algorithm, Check, Decision, Limiter, LimiterError, Outcome};
 use crate::rule::Rule;
 
 /// The rules that matched a request and what each said, as a handler sees
@@ -41,7 +41,10 @@ pub struct Usage {
 
 #[derive(Clone)]
 struct Entry {
-    rule: Rule,
+    /// The rule's name, and its algorithm (what its quota is read from):
+    /// all of the rule an entry needs, so a request does not copy the rule.
+    name: String,
+    algorithm: Algorithm,
     check: Check,
     outcome: Outcome,
     limiter: Arc<Limiter>,
@@ -83,12 +86,13 @@ pub(super) struct Taken {
 }
 
 impl Usage {
-    /// Adds one filter's allowed decision to the request's `Usage`.
+    /// Adds one filter's allowed decision to the request's `Usage` (which
+    /// keeps its checks).
     pub(super) fn record(
         req: &HttpRequest,
         limiter: &Arc<Limiter>,
         matched: &[&Rule],
-        checks: &[Check],
+        checks: Vec<Check>,
         decision: &Decision,
         decided: Instant,
     ) -> Taken {
@@ -107,8 +111,9 @@ impl Usage {
         let from = entries.len();
         for ((rule, check), outcome) in matched.iter().zip(checks).zip(&decision.outcomes) {
             entries.push(Entry {
-                rule: (*rule).clone(),
-                check: check.clone(),
+                name: rule.name.clone(),
+                algorithm: rule.algorithm,
+                check,
                 outcome: *outcome,
                 limiter: Arc::clone(limiter),
                 decided,
@@ -138,11 +143,11 @@ impl Usage {
             .borrow()
             .iter()
             .map(|e| RuleState {
-                name: e.rule.name.clone(),
+                name: e.name.clone(),
                 allowed: e.outcome.allowed,
                 remaining: e.outcome.remaining,
                 reset: e.outcome.wait,
-                quota: e.outcome.limit(&e.rule.algorithm),
+                quota: e.outcome.limit(&e.algorithm),
             })
             .collect()
     }
@@ -171,14 +176,14 @@ impl Usage {
         }
         if entries
             .iter()
-            .any(|e| e.check.enforce && units > e.outcome.limit(&e.rule.algorithm))
+            .any(|e| e.check.enforce && units > e.outcome.limit(&e.algorithm))
         {
             return Ok(false);
         }
         let checks = entries
             .iter()
             .map(|e| Check {
-                cost: units.min(e.outcome.limit(&e.rule.algorithm)),
+                cost: units.min(e.outcome.limit(&e.algorithm)),
                 ..e.check.clone()
             })
             .collect();
@@ -221,7 +226,7 @@ impl Usage {
                 .find(|x| x.check.key == e.check.key)
             {
                 entry.outcome.remaining = (entry.outcome.remaining + u64::from(e.check.cost))
-                    .min(u64::from(entry.outcome.limit(&e.rule.algorithm)));
+                    .min(u64::from(entry.outcome.limit(&e.algorithm)));
             }
         }
         Ok(given)

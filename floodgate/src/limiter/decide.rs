@@ -8,6 +8,7 @@
 //! oneshot. A decision is sent a second time only when the first attempt
 //! provably never reached Redis; `dispatch/single.rs` spells out the rule.
 
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -239,11 +240,12 @@ impl Limiter {
         now_ms: Option<u64>,
         probe: bool,
     ) -> Result<Decision, LimiterError> {
-        let (reply, answer) = oneshot::channel();
+        let (reply, mut answer) = oneshot::channel();
+        let deadline = Instant::now() + self.timeout;
         let job = Job {
             checks,
             now_ms,
-            deadline: Instant::now() + self.timeout,
+            deadline,
             probe,
             reply,
         };
@@ -251,15 +253,31 @@ impl Limiter {
         // if Redis is still stalled, no worker waits for it.
         if self.dispatch == Dispatch::Worker && !probe && actix_rt::Arbiter::try_current().is_some()
         {
-            let lane = self.lane();
-            lane.queue.borrow_mut().push(job);
-            if !lane.scheduled.replace(true) {
-                actix_rt::spawn(async move {
-                    // Every request made ready in this tick joins the batch.
-                    tokio::task::yield_now().await;
-                    lane.flush();
-                });
+            let (at, queued) = {
+                let lane = self.lane();
+                let queued = lane.flushes();
+                lane.queue.borrow_mut().push(job);
+                let at = Rc::as_ptr(&lane) as usize;
+                if !lane.scheduled.replace(true) {
+                    actix_rt::spawn(async move {
+                        // Every request made ready in this tick joins the batch.
+                        tokio::task::yield_now().await;
+                        lane.flush();
+                    });
+                }
+                (at, queued)
+            };
+            // Most answers come in the flush itself: those need no timer.
+            match self.lane_answer(&mut answer, at, queued).await {
+                Some(Ok(result)) => return result,
+                Some(Err(_)) => return Err(LimiterError::Stopped),
+                None => {}
             }
+            return match tokio::time::timeout_at(deadline.into(), answer).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => Err(LimiterError::Stopped),
+                Err(_) => Err(self.count(LimiterError::Timeout)),
+            };
         } else {
             match self.queue.try_send(job) {
                 Ok(()) => {}

@@ -15,10 +15,15 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::mpsc::{channel, Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
 use std::time::Duration;
+
+use tokio::sync::oneshot;
 
 use super::clock::deadline_margin;
 use super::conn::Conn;
@@ -46,6 +51,12 @@ pub(crate) struct Lane {
     pub(crate) queue: RefCell<Vec<Job>>,
     /// A task that will send the queue is spawned and has not run yet.
     pub(crate) scheduled: Cell<bool>,
+    /// Flushes begun so far: a job queued when this read `n` has been
+    /// taken by the flush once it reads more.
+    flushes: Cell<u64>,
+    /// The callers awaiting the next flush (see
+    /// [`Limiter::lane_answer`]), woken once it has answered what it could.
+    waiting: RefCell<Vec<Waker>>,
     sender: RefCell<Single>,
 }
 
@@ -68,17 +79,30 @@ impl Lane {
     /// jobs, the worker waiting at most [`WORKER_WAIT`] for each.
     pub(crate) fn flush(&self) {
         self.scheduled.set(false);
+        self.flushes.set(self.flushes.get() + 1);
         let mut jobs = std::mem::take(&mut *self.queue.borrow_mut());
-        let Ok(mut sender) = self.sender.try_borrow_mut() else {
+        if let Ok(mut sender) = self.sender.try_borrow_mut() {
+            while !jobs.is_empty() {
+                let rest = jobs.split_off(jobs.len().min(MAX_BATCH));
+                process(&mut *sender, jobs);
+                jobs = rest;
+            }
+        } else {
             // Not reachable: a flush runs to its end before another starts.
             self.queue.borrow_mut().append(&mut jobs);
-            return;
-        };
-        while !jobs.is_empty() {
-            let rest = jobs.split_off(jobs.len().min(MAX_BATCH));
-            process(&mut *sender, jobs);
-            jobs = rest;
         }
+        // Those answered are woken already; the others (their jobs went to
+        // the helper thread) now wait with a timer.
+        let waiting = std::mem::take(&mut *self.waiting.borrow_mut());
+        for waker in waiting {
+            waker.wake();
+        }
+    }
+
+    /// The flushes begun so far: what [`Limiter::lane_answer`] is given
+    /// for a job queued now.
+    pub(crate) fn flushes(&self) -> u64 {
+        self.flushes.get()
     }
 }
 
@@ -115,6 +139,43 @@ fn help(handoffs: &Receiver<Handoff>, mut single: Single, home: &Mutex<Option<Co
 }
 
 impl Limiter {
+    /// Awaits the answer to a job queued on this thread's lane `lane` (its
+    /// address) when [`Lane::flushes`] read `queued`, until the flush that
+    /// takes it has run: `Some` when that flush answered it (as it does
+    /// whenever Redis replies within [`WORKER_WAIT`]), `None` when the job
+    /// went on to the helper thread (the caller then waits for it with a
+    /// timer). No timer is needed before: the flush runs on this thread, in
+    /// this scheduler tick, and while it runs no timer of this thread could
+    /// fire anyway. Polled on another thread (not this lane's), it answers
+    /// `None` at once. Holds no `Rc`, so the caller's future stays `Send`.
+    pub(crate) fn lane_answer<'a, T>(
+        &'a self,
+        answer: &'a mut oneshot::Receiver<T>,
+        lane: usize,
+        queued: u64,
+    ) -> impl Future<Output = Option<Result<T, oneshot::error::RecvError>>> + Send + 'a
+    where
+        T: Send,
+    {
+        std::future::poll_fn(move |cx| {
+            if let Poll::Ready(result) = Pin::new(&mut *answer).poll(cx) {
+                return Poll::Ready(Some(result));
+            }
+            let pending = LANES.with(|lanes| match lanes.borrow().get(&self.id) {
+                Some(here) if Rc::as_ptr(here) as usize == lane && here.flushes() == queued => {
+                    here.waiting.borrow_mut().push(cx.waker().clone());
+                    true
+                }
+                _ => false,
+            });
+            if pending {
+                Poll::Pending
+            } else {
+                Poll::Ready(None)
+            }
+        })
+    }
+
     /// This thread's lane for this limiter (made on first use, with its
     /// helper thread).
     pub(crate) fn lane(&self) -> Rc<Lane> {
@@ -124,6 +185,8 @@ impl Limiter {
                 Rc::new(Lane {
                     queue: RefCell::new(Vec::new()),
                     scheduled: Cell::new(false),
+                    flushes: Cell::new(0),
+                    waiting: RefCell::new(Vec::new()),
                     sender: RefCell::new(self.lane_sender()),
                 })
             });
@@ -161,5 +224,16 @@ impl Limiter {
                 single()
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Awaiting a lane's flush holds nothing that is not `Send`: a caller
+    /// may still move a decision's future between threads. (It compiles or
+    /// it does not.)
+    #[allow(dead_code)]
+    fn a_decision_is_send(limiter: &super::Limiter) -> impl Send + '_ {
+        limiter.decide(Vec::new())
     }
 }

@@ -432,11 +432,22 @@ pub fn redis_key_for(hash_tag: bool, prefix: &str, rule: &str, kind: &str, id: &
         hashed = format!("~{hex}");
         &hashed
     };
-    if hash_tag {
-        format!("{prefix}:{rule}:{kind}:{{{id}}}")
-    } else {
-        format!("{prefix}:{rule}:{kind}:{id}")
+    // Built in one allocation of the right size (a `format!` grows its
+    // buffer as it goes): this runs for every check of every request.
+    let braces = if hash_tag { 2 } else { 0 };
+    let mut key =
+        String::with_capacity(prefix.len() + rule.len() + kind.len() + id.len() + 3 + braces);
+    for part in [prefix, ":", rule, ":", kind, ":"] {
+        key.push_str(part);
     }
+    if hash_tag {
+        key.push('{');
+        key.push_str(id);
+        key.push('}');
+    } else {
+        key.push_str(id);
+    }
+    key
 }
 
 /// An ID that is not to be read in Redis (an API key, say): `~` and 40

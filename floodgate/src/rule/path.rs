@@ -59,20 +59,25 @@ impl PathPattern {
     pub fn matches(&self, path: &str) -> bool {
         let trimmed = path.strip_prefix('/').unwrap_or(path);
         let trimmed = trimmed.strip_suffix('/').unwrap_or(trimmed);
-        let mut parts = if trimmed.is_empty() {
-            Vec::new()
-        } else {
-            trimmed.split('/').collect::<Vec<_>>()
-        };
-        if parts.len() < self.segments.len() || (!self.prefix && parts.len() != self.segments.len())
-        {
-            return false;
+        // The path's segments, read as they are compared (no list is made:
+        // this runs for every rule on every request).
+        let mut parts = (!trimmed.is_empty())
+            .then(|| trimmed.split('/'))
+            .into_iter()
+            .flatten();
+        for segment in &self.segments {
+            let Some(p) = parts.next() else {
+                return false;
+            };
+            let fits = match segment {
+                Segment::Literal(l) => l == p,
+                Segment::Param => !p.is_empty(),
+            };
+            if !fits {
+                return false;
+            }
         }
-        parts.truncate(self.segments.len());
-        self.segments.iter().zip(parts).all(|(s, p)| match s {
-            Segment::Literal(l) => l == p,
-            Segment::Param => !p.is_empty(),
-        })
+        self.prefix || parts.next().is_none()
     }
 }
 
