@@ -21,7 +21,7 @@ use floodgate_site::config::Config;
 use crate::faults::until_redis_decides;
 use crate::helpers::{
     header, is_script_call, metric, remaining, spawn_app, spawn_app_with, wait_until, RedisServer,
-    Relay, ToClient, ToRedis,
+    Relay, TestApp, ToClient, ToRedis,
 };
 
 /// `cmdstat_NAME:calls=N` from `INFO commandstats`: how many times Redis ran NAME.
@@ -638,8 +638,51 @@ on_redis_error = "allow"
     }
 }
 
+/// How the tests below stall Redis.
+#[derive(Clone, Copy)]
+enum Stall {
+    /// SIGSTOP: the server keeps every connection and answers nothing.
+    Stopped,
+    /// `CLIENT PAUSE WRITE`, as `FAILOVER` does: Redis answers what cannot
+    /// write (a PING) and holds every script call.
+    WritesPaused,
+}
+
+impl Stall {
+    fn begin(self, app: &TestApp) {
+        match self {
+            Stall::Stopped => app.redis.signal("STOP"),
+            Stall::WritesPaused => redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(600_000)
+                .arg("WRITE")
+                .query::<()>(&mut app.redis.connection())
+                .unwrap(),
+        }
+    }
+
+    fn end(self, app: &TestApp) {
+        match self {
+            Stall::Stopped => app.redis.signal("CONT"),
+            Stall::WritesPaused => redis::cmd("CLIENT")
+                .arg("UNPAUSE")
+                .query::<()>(&mut app.redis.connection())
+                .unwrap(),
+        }
+    }
+}
+
 #[actix_web::test]
 async fn a_stalled_redis_holds_no_worker_from_a_route_it_does_not_guard() {
+    no_worker_waits_on(Stall::Stopped).await;
+}
+
+#[actix_web::test]
+async fn redis_holding_its_writes_holds_no_worker_from_a_route_it_does_not_guard() {
+    no_worker_waits_on(Stall::WritesPaused).await;
+}
+
+async fn no_worker_waits_on(stall: Stall) {
     // Long, so that a worker that waits on Redis always shows: it would
     // hold `/healthz` for most of it, however fast the machine.
     const TIMEOUT: Duration = Duration::from_secs(5);
@@ -663,8 +706,7 @@ on_redis_error = "deny"
     assert_eq!(remaining(&app.get("/check").await, "stall"), Some(99));
     decided += 1;
 
-    // SIGSTOP: the server keeps every connection and answers nothing.
-    app.redis.signal("STOP");
+    stall.begin(&app);
     let done = AtomicBool::new(false);
     let first_answered = AtomicBool::new(false);
     let guarded = futures_util::future::join_all((0..4).map(|_| async {
@@ -712,10 +754,10 @@ on_redis_error = "deny"
         assert!(*took < TIMEOUT + TIMEOUT / 2, "the policy took {took:?}");
     }
 
-    // Continued, Redis runs what was sent meanwhile: every job in it is
+    // Once it goes on, Redis runs what was sent meanwhile: every job in it is
     // past its deadline, so it takes nothing. Redis decides again, and the
     // requests answered by the policy took no quota.
-    app.redis.signal("CONT");
+    stall.end(&app);
     until_redis_decides(&app, "/check", "stall").await;
     decided += 1;
     let res = app.get("/check").await;

@@ -59,8 +59,11 @@ pub(crate) struct LaneLink {
 /// waits for within its budget, and the one the connection skips when the
 /// worker stops waiting (so the script's reply is the next one read, on
 /// the helper thread). Redis answers it with the script's reply, in one
-/// write: its time includes the script's.
-const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
+/// write: its time includes the script's. It is a script (`EVAL "return
+/// 0" 0`, which writes nothing), not a PING, so that whatever holds the
+/// script call holds it too: `CLIENT PAUSE WRITE` (what `FAILOVER` does)
+/// answers a PING at once and keeps every script waiting.
+const MARKER: &[u8] = b"*3\r\n$4\r\nEVAL\r\n$8\r\nreturn 0\r\n$1\r\n0\r\n";
 
 impl Transport for Single {
     fn shared(&self) -> &Shared {
@@ -161,7 +164,7 @@ impl Single {
             return Err(LimiterError::Stopped);
         };
         self.packed.clear();
-        self.packed.extend_from_slice(PING);
+        self.packed.extend_from_slice(MARKER);
         self.cmd.write_packed_command(&mut self.packed);
         if let Err(e) = write(conn, &self.packed) {
             // Redis never received the call: the helper sends it on a new
