@@ -244,6 +244,16 @@ local function hash_read(key, code, fields)
   return h
 end
 
+-- A give-back of up to `cost` of the `have` units a hash algorithm counts
+-- in `field` of key: returns how many it gave back.
+local function hash_give_back(key, field, have, cost)
+  local back = math.min(have, cost)
+  if back > 0 then
+    redis.call('HINCRBY', key, field, -back)
+  end
+  return back
+end
+
 -- Operator state: beside each state key KEY, the hash '!' .. KEY (the same
 -- hash tag on a Cluster, so the same slot; no state key starts with '!',
 -- which key_prefix may not) holds what operators and penalties set for the

@@ -83,11 +83,7 @@ define(2, 'hash', 'start', function()
     if math.max(now, start) >= start + window then
       return 0
     end
-    local back = math.min(used, cost)
-    if back > 0 then
-      redis.call('HINCRBY', key, 'used', -back)
-    end
-    return back
+    return hash_give_back(key, 'used', used, cost)
   end
 
   return {

@@ -90,11 +90,7 @@ define(5, 'hash', 'cws', function()
     if w ~= window or now_eff - now_eff % window ~= start then
       return 0
     end
-    local back = math.min(cur, cost)
-    if back > 0 then
-      redis.call('HINCRBY', key, 'cur', -back)
-    end
-    return back
+    return hash_give_back(key, 'cur', cur, cost)
   end
 
   return {

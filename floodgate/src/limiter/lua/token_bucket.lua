@@ -17,19 +17,26 @@
 define(3, 'hash', 'tokens', function()
   local TOKEN_BUCKET_FIELDS = { 'tokens', 'ts', 'rate', 'burst' }
 
+  -- The rate and burst a bucket read as `h` refills under: the stored
+  -- ones, or (a state from before they were stored) the rule's.
+  local function refilled_under(h, rate, burst)
+    local was_rate, was_burst = rate, burst
+    if h[3] then
+      was_rate = stored(h[3])
+    end
+    if h[4] then
+      was_burst = stored(h[4])
+    end
+    return was_rate, was_burst
+  end
+
   local function token_bucket_peek(key, now, rate, burst, cost)
     forget(key)
     local h = hash_read(key, 3, TOKEN_BUCKET_FIELDS)
     local tokens, now_eff = burst, now
     if h[1] or h[2] then
       local left, ts = stored(h[1]), stored(h[2])
-      local was_rate, was_burst = rate, burst
-      if h[3] then
-        was_rate = stored(h[3])
-      end
-      if h[4] then
-        was_burst = stored(h[4])
-      end
+      local was_rate, was_burst = refilled_under(h, rate, burst)
       now_eff = math.max(now, ts)
       local t = left + (now_eff - ts) * was_rate / 1000
       if t < was_burst then
@@ -60,13 +67,7 @@ define(3, 'hash', 'tokens', function()
     if not (h[1] and h[2]) then
       return 0
     end
-    local was_rate, was_burst = rate, burst
-    if h[3] then
-      was_rate = stored(h[3])
-    end
-    if h[4] then
-      was_burst = stored(h[4])
-    end
+    local was_rate, was_burst = refilled_under(h, rate, burst)
     local ts = stored(h[2])
     local now_eff = math.max(now, ts)
     local tokens = stored(h[1]) + (now_eff - ts) * was_rate / 1000
