@@ -127,9 +127,10 @@ define(1, 'list', nil, function()
     return s
   end
 
-  -- The list at `now`, from what is known of it (loaded when nothing is, or
-  -- when every known entry has left): sets its `now_eff`, `used` (the entries
-  -- from the head still in the window) and `oldest` (the oldest of them).
+  -- The list at `now`, from what is known of it (loaded when nothing is
+  -- yet; more read when every known entry has left, see Work above): sets
+  -- its `now_eff`, `used` (the entries from the head still in the window)
+  -- and `oldest` (the oldest of them).
   local function sliding_window_read(key, now, window)
     local s = memo[key]
     if not (s and s.alg == 1) then
