@@ -9,8 +9,8 @@
 //! reference_async cost  --redis URL --limit 10 --calls 20000
 //! ```
 //!
-//! `serve` guards `GET /check` with floodgate's own script
-//! ([`floodgate::__private::SCRIPT_SOURCE`], one job per `EVALSHA`)
+//! `serve` guards `GET /check` with floodgate's own batch function
+//! ([`floodgate::__private::batch_function`], one job per `FCALL`)
 //! through the redis crate's async multiplexed connection, one connection
 //! per actix worker: the best async design, to measure floodgate's pooled
 //! synchronous connections and batching dispatcher against. It does what
@@ -30,7 +30,7 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use actix_web::middleware::{from_fn, Next};
 use actix_web::{web, App, Error, HttpResponse, HttpServer};
-use floodgate::__private::SCRIPT_SOURCE;
+use floodgate::__private::batch_function;
 use redis::aio::MultiplexedConnection;
 
 const TIMEOUT: Duration = Duration::from_millis(250);
@@ -66,7 +66,8 @@ fn main() -> std::io::Result<()> {
 /// What the middleware needs, one per worker.
 struct Guard {
     conn: MultiplexedConnection,
-    script: redis::Script,
+    /// The batch function's name.
+    function: &'static str,
     limit: u64,
     window_ms: u64,
     policy: HeaderValue,
@@ -92,12 +93,13 @@ fn serve(args: &[String]) -> std::io::Result<()> {
                 .data_factory(move || {
                     let client = client.clone();
                     async move {
-                        let conn = client.get_multiplexed_async_connection().await?;
+                        let mut conn = client.get_multiplexed_async_connection().await?;
+                        load_library(&mut conn).await?;
                         let policy =
                             format!("\"check\";q={limit};w={}", window_ms.div_ceil(1000).max(1));
                         Ok::<_, redis::RedisError>(Guard {
                             conn,
-                            script: redis::Script::new(SCRIPT_SOURCE),
+                            function: batch_function().1,
                             limit,
                             window_ms,
                             policy: HeaderValue::from_str(&policy).expect("a header value"),
@@ -123,8 +125,10 @@ fn serve(args: &[String]) -> std::io::Result<()> {
 
 /// Allowed, remaining, ms (as the script returns them).
 async fn decide(guard: &Guard, key: &str) -> Option<(bool, i64, i64)> {
-    let mut call = guard.script.prepare_invoke();
-    call.key(key)
+    let mut call = redis::cmd("FCALL");
+    call.arg(guard.function)
+        .arg(1)
+        .arg(key)
         .arg(1) // jobs
         .arg("") // now: Redis TIME
         .arg("") // deadline: none
@@ -135,7 +139,7 @@ async fn decide(guard: &Guard, key: &str) -> Option<(bool, i64, i64)> {
         .arg(1) // cost
         .arg(1); // enforce
     let mut conn = guard.conn.clone();
-    let reply = tokio::time::timeout(TIMEOUT, call.invoke_async::<Vec<i64>>(&mut conn)).await;
+    let reply = tokio::time::timeout(TIMEOUT, call.query_async::<Vec<i64>>(&mut conn)).await;
     match reply {
         // Three values, then Redis's clock.
         Ok(Ok(v)) if v.len() == 4 => Some((v[0] == 1, v[1], v[2])),
@@ -216,8 +220,20 @@ impl Subject {
     }
 }
 
-/// Microseconds of Redis time spent in EVALSHA since the last CONFIG
-/// RESETSTAT, and Redis's own CPU time (user + system) so far.
+/// Loads floodgate's function library (the same source replaces itself).
+async fn load_library(conn: &mut MultiplexedConnection) -> redis::RedisResult<()> {
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(batch_function().0)
+        .query_async::<String>(conn)
+        .await
+        .map(drop)
+}
+
+/// Microseconds of Redis time spent in script and function calls (EVALSHA
+/// and FCALL) since the last CONFIG RESETSTAT, and Redis's own CPU time
+/// (user + system) so far.
 async fn redis_usec(conn: &mut MultiplexedConnection) -> redis::RedisResult<(f64, f64)> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
@@ -226,7 +242,10 @@ async fn redis_usec(conn: &mut MultiplexedConnection) -> redis::RedisResult<(f64
         .await?;
     let evalsha = info
         .lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+        .filter_map(|l| {
+            l.strip_prefix("cmdstat_evalsha:")
+                .or_else(|| l.strip_prefix("cmdstat_fcall:"))
+        })
         .flat_map(|l| l.split(','))
         .filter_map(|kv| kv.strip_prefix("usec="))
         .filter_map(|v| v.trim().parse::<f64>().ok())
@@ -252,7 +271,8 @@ async fn evalsha_usec(conn: &mut MultiplexedConnection) -> redis::RedisResult<u6
 /// them: each job names its key (by index) and its pinned time.
 struct Probe<'a> {
     conn: &'a mut MultiplexedConnection,
-    script: redis::Script,
+    /// `FCALL` and the batch function, or `EVALSHA` and the floor's SHA.
+    target: (&'static str, String),
     subject: Subject,
     keys: Vec<String>,
     p1: f64,
@@ -262,10 +282,14 @@ struct Probe<'a> {
 impl Probe<'_> {
     /// One allowed flag per job.
     async fn decide(&mut self, jobs: &[(usize, u64)]) -> redis::RedisResult<Vec<bool>> {
-        let mut call = self.script.prepare_invoke();
+        let mut call = redis::cmd(self.target.0);
+        call.arg(&self.target.1).arg(jobs.len());
+        for &(key, _) in jobs {
+            call.arg(&self.keys[key]);
+        }
         call.arg(jobs.len());
-        for &(key, now) in jobs {
-            call.key(&self.keys[key]).arg(now);
+        for &(_, now) in jobs {
+            call.arg(now);
             match self.subject {
                 Subject::Floodgate(_, code) => {
                     call.arg("") // deadline: none
@@ -281,7 +305,7 @@ impl Probe<'_> {
                 }
             }
         }
-        let out: Vec<i64> = call.invoke_async(self.conn).await?;
+        let out: Vec<i64> = call.query_async(&mut *self.conn).await?;
         Ok(match self.subject {
             // Three values per job, Redis's clock last.
             Subject::Floodgate(..) => out.chunks_exact(3).map(|c| c[0] == 1).collect(),
@@ -349,9 +373,19 @@ async fn measure(
         }
         _ => (limit as f64, window_ms as f64),
     };
-    let (script, prefix) = match subject {
-        Subject::Floor => (redis::Script::new(FLOOR_SOURCE), "floor"),
-        Subject::Floodgate(name, _) => (redis::Script::new(SCRIPT_SOURCE), name),
+    let (target, prefix) = match subject {
+        Subject::Floor => {
+            let sha: String = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(FLOOR_SOURCE)
+                .query_async(&mut *conn)
+                .await?;
+            (("EVALSHA", sha), "floor")
+        }
+        Subject::Floodgate(name, _) => {
+            load_library(conn).await?;
+            (("FCALL", batch_function().1.to_string()), name)
+        }
     };
     let keys: Vec<String> = (0..BATCH)
         .map(|i| format!("costprobe:{prefix}:{limit}:{i}"))
@@ -366,7 +400,7 @@ async fn measure(
     let t0 = secs * 1000 - window_ms;
     let mut probe = Probe {
         conn,
-        script,
+        target,
         subject,
         keys,
         p1,

@@ -148,4 +148,11 @@ pub mod __private {
     pub use crate::limiter::local::LocalLimiter;
     pub use crate::limiter::wire::SCRIPT_SOURCE;
     pub use crate::rule::{redis_key, redis_key_for};
+
+    /// The function library the dispatchers call (`FUNCTION LOAD` takes the
+    /// first), and the name of its batch function (for `FCALL`).
+    pub fn batch_function() -> (&'static str, &'static str) {
+        let program = crate::limiter::program::Program::batch();
+        (program.library(), program.function())
+    }
 }

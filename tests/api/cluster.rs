@@ -205,7 +205,7 @@ async fn cluster_batches_reach_each_master_as_one_call_and_limits_stay_exact() {
     let mut calls = 0;
     for node in &cluster.nodes {
         let commands: String = node.query(redis::cmd("INFO").arg("commandstats")).unwrap();
-        let c = info_number(&commands, "cmdstat_evalsha:", "calls=");
+        let c = info_number(&commands, "cmdstat_fcall:", "calls=");
         assert!(c >= 1, "{commands}");
         assert!(c <= batches, "{c} script calls on one master");
         calls += c;
@@ -1074,15 +1074,17 @@ async fn cluster_a_master_emptied_forgets_its_cached_denials() {
     let other = user_on(&cluster, 1, "other");
     assert_eq!(decided(&app, &denied).await, (200, true));
     assert_eq!(decided(&app, &denied).await, (429, true));
-    // The master loses every key and its scripts (as one restarted empty).
+    // The master loses every key, its library and its scripts (as one
+    // restarted empty).
     for cmd in [
         redis::cmd("FLUSHALL"),
+        redis::cmd("FUNCTION").arg("FLUSH").clone(),
         redis::cmd("SCRIPT").arg("FLUSH").clone(),
     ] {
         let _: String = cluster.nodes[1].query(&cmd).unwrap();
     }
-    // The next call to it finds the scripts gone; the denial remembered
-    // from before is forgotten with them.
+    // The next call to it finds the library gone; the denial remembered
+    // from before is forgotten with it.
     assert_eq!(decided(&app, &other).await, (200, true));
     assert_eq!(decided(&app, &denied).await, (200, true));
 }

@@ -3,7 +3,8 @@
 //! returns succeed); Redis restarted while the app was idle (no decision,
 //! page, code or readiness check fails on a connection that broke meanwhile,
 //! and every admission is counted once); a reply lost after the script ran
-//! (the call is never repeated); SCRIPT FLUSH between requests; Redis asleep
+//! (the call is never repeated); FUNCTION FLUSH or SCRIPT FLUSH between
+//! requests, and a Redis that refuses functions; Redis asleep
 //! (answers within the timeout, then exact counts: no late reply is handed
 //! to a later request); malformed input of every kind gets a 4xx, never a
 //! 5xx, and the app keeps serving.
@@ -352,7 +353,7 @@ async fn a_script_call_whose_reply_is_lost_is_never_sent_twice() {
 }
 
 #[actix_web::test]
-async fn script_flush_changes_nothing() {
+async fn function_flush_changes_nothing() {
     let app = spawn_app(
         r#"
 [[rule]]
@@ -369,11 +370,86 @@ deny = "status"
         let res = app.get("/check").await;
         assert_eq!(res.status(), 200);
         assert_eq!(remaining(&res, "flushed"), Some(expected));
-        redis::cmd("SCRIPT").arg("FLUSH").exec(&mut conn).unwrap();
+        // The library is gone: the next call finds its function missing,
+        // loads it and is sent again, counted once.
+        redis::cmd("FUNCTION").arg("FLUSH").exec(&mut conn).unwrap();
     }
     let res = app.get("/check").await;
     assert_eq!(res.status(), 429);
     assert_eq!(app.redis.llen("floodgate:flushed:ip:127.0.0.1"), 5);
+    // Every decision was a call of the library's function.
+    let libraries: Vec<redis::Value> = redis::cmd("FUNCTION").arg("LIST").query(&mut conn).unwrap();
+    assert_eq!(libraries.len(), 1, "{libraries:?}");
+    assert_eq!(command_calls(&app.redis, "evalsha"), 0);
+}
+
+#[actix_web::test]
+async fn a_redis_that_refuses_functions_decides_with_scripts() {
+    // A user that may not load or call functions (as on Redis 6, which has
+    // none): the limiter falls back to EVALSHA, and counts stay exact
+    // through a SCRIPT FLUSH.
+    let app = crate::helpers::spawn_app_with(
+        r#"
+[[rule]]
+name = "scripted"
+paths = ["/check"]
+limit = 3
+window = "1m"
+deny = "status"
+"#,
+        |config| {
+            let mut conn = redis::Client::open(config.filter.redis.url.as_str())
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            redis::cmd("ACL")
+                .arg(&[
+                    "SETUSER",
+                    "scripts",
+                    "on",
+                    ">secret",
+                    "~*",
+                    "&*",
+                    "+@all",
+                    "-fcall",
+                    "-fcall_ro",
+                    "-function",
+                ])
+                .exec(&mut conn)
+                .unwrap();
+            config.filter.redis.url = config
+                .filter
+                .redis
+                .url
+                .replace("redis://", "redis://scripts:secret@");
+        },
+    )
+    .await;
+    let mut conn = app.redis.connection();
+    for expected in [2, 1, 0] {
+        let res = app.get("/check").await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(remaining(&res, "scripted"), Some(expected));
+        redis::cmd("SCRIPT").arg("FLUSH").exec(&mut conn).unwrap();
+    }
+    let res = app.get("/check").await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(app.redis.llen("floodgate:scripted:ip:127.0.0.1"), 3);
+    assert!(command_calls(&app.redis, "evalsha") >= 4);
+    assert_eq!(command_calls(&app.redis, "fcall"), 0);
+}
+
+/// Calls of Redis command `name` (lower case) that ran, from `INFO
+/// commandstats`.
+fn command_calls(redis: &RedisServer, name: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.connection())
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
 }
 
 #[actix_web::test]

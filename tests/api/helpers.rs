@@ -78,9 +78,10 @@ impl Relay {
     }
 }
 
-/// Whether a chunk on its way to Redis holds a script call.
+/// Whether a chunk on its way to Redis holds a decision: a call of the
+/// batch function (or of a script).
 pub fn is_script_call(chunk: &[u8]) -> bool {
-    chunk.windows(7).any(|w| w == b"EVALSHA")
+    chunk.windows(5).any(|w| w == b"FCALL") || chunk.windows(7).any(|w| w == b"EVALSHA")
 }
 
 // The private redis-server per test and the waits, shared with the

@@ -105,14 +105,14 @@ async fn a_call_that_reaches_redis_after_its_caller_gave_up_takes_nothing() {
         limiter.decide(checks()).await.unwrap().outcomes[0].remaining,
         9
     );
-    let before = calls(&redis, "evalsha");
+    let before = calls(&redis, "fcall");
 
     armed.store(true, Ordering::SeqCst);
     let late = limiter.decide(checks()).await;
     assert_eq!(late, Err(LimiterError::Timeout));
     // The call reaches Redis after its caller gave up: it decides nothing.
     wait_until(Duration::from_secs(5), "the late call to run", || {
-        calls(&redis, "evalsha") > before
+        calls(&redis, "fcall") > before
     });
     assert_eq!(redis.llen(key), 1, "the late call took quota");
 }
@@ -143,7 +143,7 @@ window = "1m"
     // machine, so every one of them falls inside it.
     let res = app.get_json("/check").await;
     assert_eq!(res.status(), 429);
-    let before = calls(&app.redis, "evalsha");
+    let before = calls(&app.redis, "fcall");
     let mut retry = 0;
     for _ in 0..50 {
         let res = app.get_json("/check").await;
@@ -157,13 +157,13 @@ window = "1m"
         );
     }
     assert_eq!(
-        calls(&app.redis, "evalsha"),
+        calls(&app.redis, "fcall"),
         before,
         "a remembered denial makes no Redis call"
     );
     // Another key still goes to Redis.
     assert_eq!(remaining(&app.get("/other").await, "other"), Some(999));
-    assert_eq!(calls(&app.redis, "evalsha"), before + 1);
+    assert_eq!(calls(&app.redis, "fcall"), before + 1);
     let metrics = app.metrics().await;
     assert_eq!(
         metric(&metrics, "floodgate_deny_cache_hits_total{rule=\"flood\"}"),
@@ -218,7 +218,7 @@ on_redis_error = "deny"
     )
     .await;
     assert_eq!(remaining(&app.get("/check").await, "soft"), Some(99));
-    let before = calls(&app.redis, "evalsha");
+    let before = calls(&app.redis, "fcall");
     // Paused far longer than the 40 requests below take on any machine.
     pause(&app.redis, 6000);
     // The first decision waits out the timeout and opens the breaker.
@@ -269,7 +269,7 @@ on_redis_error = "deny"
     wait_until(Duration::from_secs(20), "Redis to resume", || {
         app.redis.ping(Duration::from_millis(100))
     });
-    assert!(calls(&app.redis, "evalsha") <= before + 1);
+    assert!(calls(&app.redis, "fcall") <= before + 1);
     assert_eq!(app.redis.llen("floodgate:hard:ip:127.0.0.1"), 0);
 }
 

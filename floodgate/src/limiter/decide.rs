@@ -25,8 +25,8 @@ use super::dispatch::cluster::masters::MasterHealths;
 use super::dispatch::single::Single;
 use super::dispatch::Job;
 use super::local::LocalLimiter;
+use super::program::Program;
 use super::topology::RedisConn;
-use super::wire::SCRIPT_SOURCE;
 use super::{Check, Decision, Dispatch, LimiterError, LimiterOptions, RedisConfig};
 
 /// Dispatcher threads; two let one gather a batch while the other waits on Redis.
@@ -61,7 +61,8 @@ pub struct Limiter {
     pub(crate) id: u64,
     /// What a worker lane is made of.
     pub(crate) manager: Manager,
-    pub(crate) script: Arc<redis::Script>,
+    /// The batch script, as a library and as a script.
+    pub(crate) program: &'static Program,
     /// Redis Cluster mode: keys carry hash tags, and batches go by slot.
     cluster: bool,
     /// Where operator changes are published (see `operator/`).
@@ -98,7 +99,7 @@ impl Limiter {
         let pool = pool_of(config, manager.clone());
         let (queue, rx) = sync_channel::<Job>(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
-        let script = Arc::new(redis::Script::new(SCRIPT_SOURCE));
+        let program = Program::batch();
         let id = LIMITERS.fetch_add(1, Ordering::Relaxed);
         let shared = Arc::new(Shared {
             errors: AtomicU64::new(0),
@@ -124,7 +125,7 @@ impl Limiter {
         for i in 0..if cluster { 0 } else { DISPATCHERS } {
             let transport = Single::new(
                 manager.clone(),
-                Arc::clone(&script),
+                program,
                 Arc::clone(&shared),
                 deadline_margin(config.timeout),
             );
@@ -147,7 +148,7 @@ impl Limiter {
             },
             id,
             manager,
-            script,
+            program,
             cluster,
         })
     }

@@ -200,7 +200,7 @@ impl Limiter {
         let single = || {
             Single::new(
                 self.manager.clone(),
-                Arc::clone(&self.script),
+                self.program,
                 Arc::clone(&self.shared),
                 deadline_margin(self.timeout),
             )

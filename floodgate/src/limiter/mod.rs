@@ -21,6 +21,7 @@ mod lane;
 pub(crate) mod local;
 pub mod operator;
 mod peek;
+pub(crate) mod program;
 pub(crate) mod redis_config;
 pub(crate) mod topology;
 pub(crate) mod wire;

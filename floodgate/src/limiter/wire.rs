@@ -16,8 +16,11 @@ use redis::ToRedisArgs;
 use super::algorithm::Param;
 use super::{Algorithm, Check, Decision, LimiterError, Outcome, Quota};
 
-/// The Lua that Redis runs: one function per algorithm, then the batch driver.
-pub const SCRIPT_SOURCE: &str = lua_with_algorithms!("lua/batch.lua");
+/// The Lua that Redis runs: one function per algorithm, then the batch
+/// driver, called by the last line (see `program.rs` for the library made
+/// of it).
+pub const SCRIPT_SOURCE: &str =
+    concat!(lua_with_algorithms!("lua/batch.lua"), "\nreturn batch()\n");
 
 /// The batch script as a Redis Cluster's masters run it: flagged so that
 /// one call may decide the keys of every slot its master serves (Redis 7
@@ -25,7 +28,8 @@ pub const SCRIPT_SOURCE: &str = lua_with_algorithms!("lua/batch.lua");
 #[cfg(feature = "cluster")]
 pub(crate) const CLUSTER_SCRIPT_SOURCE: &str = concat!(
     "#!lua flags=allow-cross-slot-keys\n",
-    lua_with_algorithms!("lua/batch.lua")
+    lua_with_algorithms!("lua/batch.lua"),
+    "\nreturn batch()\n"
 );
 
 /// Gives back one request's units on one key (`count = "failures"`).
@@ -106,18 +110,19 @@ pub(crate) struct JobArgs<C> {
     pub(crate) checks: C,
 }
 
-/// Writes a batch as one `EVALSHA sha` into `cmd`, reusing its two buffers
+/// Writes a batch as one call of `target` (`FCALL` and the function's
+/// name, or `EVALSHA` and the script's SHA) into `cmd`, reusing its two buffers
 /// (not one allocation per argument, as a `ScriptInvocation` makes). KEYS
 /// and ARGV are laid out as `lua/batch.lua` reads them. Returns the number
 /// of values the reply must hold: three per check, then Redis's clock.
-pub(crate) fn batch<'a, J, C>(cmd: &mut redis::Cmd, sha: &str, jobs: J) -> usize
+pub(crate) fn batch<'a, J, C>(cmd: &mut redis::Cmd, target: (&str, &str), jobs: J) -> usize
 where
     J: Iterator<Item = JobArgs<C>> + Clone,
     C: Iterator<Item = &'a Check> + Clone,
 {
     cmd.clear();
     let keys: usize = jobs.clone().map(|j| j.checks.count()).sum();
-    cmd.arg("EVALSHA").arg(sha).arg(keys);
+    cmd.arg(target.0).arg(target.1).arg(keys);
     for job in jobs.clone() {
         for c in job.checks {
             cmd.arg(c.key.as_str());
@@ -306,7 +311,7 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_is_one_evalsha_laid_out_as_batch_lua_reads_it() {
+    fn a_batch_is_one_call_laid_out_as_batch_lua_reads_it() {
         let first = [
             check(
                 "p:a:ip:1",
@@ -351,11 +356,11 @@ mod tests {
         let mut cmd = redis::Cmd::new();
         // A reused command starts afresh.
         cmd.arg("LEFTOVER");
-        assert_eq!(batch(&mut cmd, "SHA", jobs.into_iter()), 10);
+        assert_eq!(batch(&mut cmd, ("FCALL", "NAME"), jobs.into_iter()), 10);
         let mut expected = redis::Cmd::new();
         for arg in [
-            "EVALSHA",
-            "SHA",
+            "FCALL",
+            "NAME",
             "3",
             "p:a:ip:1",
             "p:b:ip:1",

@@ -4,10 +4,11 @@
 //! per-worker lane.
 //!
 //! The batch is written straight into one reused `redis::Cmd` (no buffer
-//! per argument, as `redis::Script`'s invocation makes); the Script gives
-//! the SHA, and on `NOSCRIPT` (after a restart or `SCRIPT FLUSH`) the
-//! dispatcher loads the script and sends the same call again: the first
-//! call did not run, so nothing is counted twice.
+//! per argument, as `redis::Script`'s invocation makes), as an `FCALL` of
+//! the function library or an `EVALSHA` of the script (see `program.rs`).
+//! When Redis answers that it has neither (a new server, `FUNCTION FLUSH`,
+//! `SCRIPT FLUSH`) the dispatcher loads it and sends the same call again:
+//! the first call did not run, so nothing is counted twice.
 
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
@@ -20,7 +21,8 @@ use crate::limiter::conn::{
 };
 use crate::limiter::decide::Shared;
 use crate::limiter::lane::Handoff;
-use crate::limiter::wire::{self, SCRIPT_SOURCE};
+use crate::limiter::program::{self, Missing, Program, Shipping};
+use crate::limiter::wire;
 use crate::limiter::{Check, Decision, LimiterError};
 
 /// One server, on a connection of the transport's own.
@@ -29,7 +31,9 @@ pub(crate) struct Single {
     /// that failed to connect waits out its back-off before it tries again,
     /// and a decision must not wait for that once Redis is back).
     manager: Manager,
-    script: Arc<redis::Script>,
+    program: &'static Program,
+    /// How the batch goes: the library's function until Redis refuses it.
+    shipping: Shipping,
     shared: Arc<Shared>,
     /// See `deadline_margin`.
     margin: Duration,
@@ -115,13 +119,14 @@ impl Single {
     /// A transport to the server `manager` opens connections to.
     pub(crate) fn new(
         manager: Manager,
-        script: Arc<redis::Script>,
+        program: &'static Program,
         shared: Arc<Shared>,
         margin: Duration,
     ) -> Single {
         Single {
             manager,
-            script,
+            program,
+            shipping: Shipping::Function,
             shared,
             margin,
             conn: None,
@@ -197,7 +202,7 @@ impl Single {
             }
         }
         let first = reply(conn);
-        self.finish(first, expected)
+        self.finish(first, expected, batch)
             .map(Some)
             .map_err(|(SendError::Unsent(e) | SendError::Failed(e))| e)
     }
@@ -274,10 +279,20 @@ impl Single {
         }
         self.conn = Some(conn);
         let results = self
-            .finish(first, expected)
+            .finish(first, expected, &batch)
             .map(|reply| results(&batch, &reply))
             .map_err(|(SendError::Unsent(e) | SendError::Failed(e))| e);
         conclude(self, batch, results);
+    }
+
+    /// What an error answered to the batch says is missing for the way
+    /// it was shipped: then the call ran nothing.
+    fn missing(&self, e: &redis::RedisError) -> Option<Missing> {
+        match (program::missing(e), self.shipping) {
+            (Some(Missing::Script), Shipping::Script) => Some(Missing::Script),
+            (Some(m @ (Missing::Function | Missing::Functions)), Shipping::Function) => Some(m),
+            _ => None,
+        }
     }
 
     /// Writes `batch` as one script call into the reused command; returns
@@ -289,7 +304,7 @@ impl Single {
             deadline: job.redis_deadline(clock, margin),
             checks: job.checks.iter(),
         });
-        wire::batch(&mut self.cmd, self.script.get_hash(), jobs)
+        wire::batch(&mut self.cmd, self.program.target(self.shipping), jobs)
     }
 
     /// Makes sure the dispatcher holds a connection Redis answers on: the one
@@ -347,7 +362,8 @@ impl Single {
     /// - the write failed (broken pipe, reset, timeout): redis-rs writes the
     ///   whole command or returns the error, and Redis runs only a command it
     ///   received whole; a part it did receive dies with the connection;
-    /// - Redis answered `NOSCRIPT`: it did not run the script.
+    /// - Redis answered that it has not got the script or the library, or
+    ///   that it refuses `FCALL`: it ran nothing.
     ///
     /// A read that fails after a complete write (EOF, reset, timeout) is
     /// never repeated, whatever its cause: Redis may have run the script and
@@ -375,40 +391,50 @@ impl Single {
             return Err(SendError::Failed(LimiterError::Stopped));
         };
         let first = call(conn, &self.cmd, &mut self.packed);
-        self.finish(first, expected)
+        self.finish(first, expected, batch)
     }
 
-    /// What a script call came to, `first` being its first reply: on
-    /// `NOSCRIPT` the script is loaded and the same call sent again (the
-    /// first did not run); a connection left unusable is let go.
+    /// What a script call came to, `first` being its first reply: when
+    /// Redis answers that it has not got the library or the script, that is
+    /// loaded and the same call sent again (the first did not run), and
+    /// when it refuses the library, `batch` is sent as a script from now
+    /// on; a connection left unusable is let go.
     fn finish(
         &mut self,
         first: Result<Vec<i64>, CallError>,
-        expected: usize,
+        mut expected: usize,
+        batch: &[Job],
     ) -> Result<wire::Replied, SendError> {
         let result: Result<Vec<i64>, CallError> = match first {
-            // The script is not loaded (a new server, or SCRIPT FLUSH): the
-            // call did not run, so load it and send the same batch again.
-            // A new server may have lost every key: the denials remembered
-            // from the old one are forgotten.
-            Err(CallError::Answered(e))
-                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-            {
-                if let Some(cache) = &self.shared.deny_cache {
-                    cache.clear();
-                }
-                match self.conn.as_mut() {
-                    Some(conn) => {
-                        let loaded = self.script.load(&mut **conn);
-                        conn.note(&loaded);
-                        match loaded {
-                            Ok(_) => call(conn, &self.cmd, &mut self.packed),
-                            Err(e) => Err(CallError::Answered(e)),
+            Err(CallError::Answered(e)) => match (self.missing(&e), self.conn.take()) {
+                (Some(missing), Some(mut conn)) => {
+                    // A new server may have lost every key: the denials
+                    // remembered from the old one are forgotten.
+                    if missing != Missing::Functions {
+                        if let Some(cache) = &self.shared.deny_cache {
+                            cache.clear();
                         }
                     }
-                    None => Err(CallError::Answered(e)),
+                    let loaded = self.program.load(&mut *conn, missing);
+                    conn.note(&loaded);
+                    let result = match loaded {
+                        Ok(shipping) => {
+                            if shipping != self.shipping {
+                                self.shipping = shipping;
+                                expected = self.build(batch);
+                            }
+                            call(&mut conn, &self.cmd, &mut self.packed)
+                        }
+                        Err(e) => Err(CallError::Answered(e)),
+                    };
+                    self.conn = Some(conn);
+                    result
                 }
-            }
+                (_, conn) => {
+                    self.conn = conn;
+                    Err(CallError::Answered(e))
+                }
+            },
             other => other,
         };
         if self.conn.as_ref().is_some_and(|c| !c.usable()) {
@@ -436,8 +462,9 @@ impl Single {
 }
 
 /// Decides `jobs` (each a pinned clock in ms or `None` for Redis `TIME`,
-/// and its checks) in ONE script call on `conn`, written and read exactly
-/// as a dispatcher does with a batch: for tests of what batching does.
+/// and its checks) in ONE call of the batch function on `conn` (the
+/// library is loaded first), written and read exactly as a dispatcher does
+/// with a batch: for tests of what batching does.
 /// Blocking.
 #[doc(hidden)]
 pub fn decide_batch(
@@ -459,15 +486,15 @@ pub fn decide_batch_with_deadlines(
     conn: &mut redis::Connection,
     jobs: Vec<(Option<u64>, Option<i64>, Vec<Check>)>,
 ) -> Result<Vec<Result<Decision, LimiterError>>, LimiterError> {
-    let script = redis::Script::new(SCRIPT_SOURCE);
-    script.load(conn).map_err(LimiterError::from)?;
+    let program = Program::batch();
+    program::load_library(conn, program.library()).map_err(LimiterError::from)?;
     let mut cmd = redis::Cmd::new();
     let args = jobs.iter().map(|(now_ms, deadline, checks)| wire::JobArgs {
         now_ms: *now_ms,
         deadline: *deadline,
         checks: checks.iter(),
     });
-    let expected = wire::batch(&mut cmd, script.get_hash(), args);
+    let expected = wire::batch(&mut cmd, program.target(Shipping::Function), args);
     let values: Vec<i64> = cmd.query(conn).map_err(LimiterError::from)?;
     let (reply, _) = wire::replied(values, expected)?;
     let mut at = 0;

@@ -1,4 +1,6 @@
--- Decides a batch of requests, in order, in one atomic call.
+-- Decides a batch of requests, in order, in one atomic call: batch(), at
+-- the end, decides one call (EVAL's script ends with `return batch()`; the
+-- function library calls it, see limiter/program.rs).
 -- Each request ("job") has one check per matching rule. A job is allowed
 -- only if every enforce check allows it, and only then are its checks
 -- recorded (a denied request takes no quota from any rule).
@@ -34,21 +36,25 @@
 -- jobs are decided as if it had not been there. A key that holds another
 -- algorithm's state (a reload changed the rule's algorithm) is started
 -- afresh. Every key written gets its TTL before the call returns.
--- The keys, and where the jobs start in ARGV. On a Redis Cluster one call
+-- On a Redis Cluster one call
 -- decides the jobs of every slot a master serves (the cluster's copy of
 -- this script is flagged allow-cross-slot-keys): KEYS is then empty, and
 -- ARGV starts with 'cluster', the number of slots, then per slot a key of
 -- that slot that is never written, the number of keys and the keys (see
 -- dispatch/cluster/groups.rs); ARGV[1] above comes after them.
-local keys, base = KEYS, 0
-
--- Redis's clock, read once: every job of the call is decided at this moment.
-local time = redis.call('TIME')
-local clock_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local clock = math.floor(clock_us / 1000)
-local function redis_now()
-  return clock
-end
+--
+-- batch() decides one call; the per-call values below are set by it.
+-- The keys, and where the jobs start in ARGV (see above).
+local keys, base
+-- Redis's clock, read once: every job of the call is decided at this
+-- moment (ms, and us for the reply).
+local clock, clock_us
+-- The reply being built.
+local out
+-- The check being decided, counted from 0 within its job (for errors).
+local failing
+-- Index, limit, window ms of each check decided under an override.
+local quotas
 
 local peek = peek_check
 
@@ -64,12 +70,6 @@ local function wait_under(ms, ends, alg, key, now, r1, r2, cost)
   end
   return math.min(ms, math.max(ends - now, rule_ms))
 end
-
-local out = {}
--- The check being decided, counted from 0 within its job (for errors).
-local failing = 0
--- Index, limit, window ms of each check decided under an override.
-local quotas = {}
 
 -- Notes that the check at KEYS[k] was decided under an override, with
 -- parameters p1, p2.
@@ -193,86 +193,96 @@ local function decide_job(n, now, k, a)
   end
 end
 
--- Most identities have no operator record: one EXISTS for the whole call
--- spares every check its HMGET then.
-if ARGV[1] == 'cluster' then
-  -- Before anything is written, every slot must be served here and not
-  -- be on the move: only then does its never-written key answer (a slot
-  -- served elsewhere, migrating or importing answers MOVED, ASK or
-  -- TRYAGAIN for it). Otherwise nothing at all is done, and the
-  -- dispatcher sends the slots one by one. The same EXISTS asks whether
-  -- any of the slot's identities has an operator record.
-  keys = {}
-  local at, any = 3, false
-  for _ = 1, tonumber(ARGV[2]) do
-    local m = tonumber(ARGV[at + 1])
-    local names = { ARGV[at] }
-    for i = at + 2, at + 1 + m do
-      keys[#keys + 1] = ARGV[i]
-      names[#names + 1] = ops_key(ARGV[i])
-      if #names == 1000 or i == at + 1 + m then
-        local ok, found = pcall(redis.call, 'EXISTS', unpack(names))
-        if not ok then
-          return { -3 }
+-- Decides the call's jobs: the reply described above.
+local function batch()
+  begin()
+  keys, base = KEYS, 0
+  local time = redis.call('TIME')
+  clock_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
+  clock = math.floor(clock_us / 1000)
+  out, failing, quotas = {}, 0, {}
+
+  -- Most identities have no operator record: one EXISTS for the whole call
+  -- spares every check its HMGET then.
+  if ARGV[1] == 'cluster' then
+    -- Before anything is written, every slot must be served here and not
+    -- be on the move: only then does its never-written key answer (a slot
+    -- served elsewhere, migrating or importing answers MOVED, ASK or
+    -- TRYAGAIN for it). Otherwise nothing at all is done, and the
+    -- dispatcher sends the slots one by one. The same EXISTS asks whether
+    -- any of the slot's identities has an operator record.
+    keys = {}
+    local at, any = 3, false
+    for _ = 1, tonumber(ARGV[2]) do
+      local m = tonumber(ARGV[at + 1])
+      local names = { ARGV[at] }
+      for i = at + 2, at + 1 + m do
+        keys[#keys + 1] = ARGV[i]
+        names[#names + 1] = ops_key(ARGV[i])
+        if #names == 1000 or i == at + 1 + m then
+          local ok, found = pcall(redis.call, 'EXISTS', unpack(names))
+          if not ok then
+            return { -3 }
+          end
+          any = any or found > 0
+          names = { ARGV[at] }
         end
-        any = any or found > 0
-        names = { ARGV[at] }
+      end
+      at = at + 2 + m
+    end
+    base = at - 1
+    ops_maybe = any
+  else
+    ops_maybe = ops_any(KEYS)
+  end
+
+  local a = base + 2
+  local k = 1
+  for _ = 1, tonumber(ARGV[base + 1]) do
+    local now = tonumber(ARGV[a]) or clock
+    local deadline = tonumber(ARGV[a + 1])
+    local n = tonumber(ARGV[a + 2])
+    local ok, e = true, nil
+    local noted = #quotas
+    if deadline and clock >= deadline then
+      -- Its caller has stopped waiting: decide nothing.
+      for i = k, k + n - 1 do
+        local at = 3 * i - 2
+        out[at], out[at + 1], out[at + 2] = -2, 0, 0
+      end
+    else
+      ok, e = pcall(decide_job, n, now, k, a + 3)
+    end
+    if not ok then
+      local code = type(e) == 'table' and e.floodgate
+      if not code then
+        code = ERR_OTHER
+        redis.log(redis.LOG_WARNING, 'floodgate: the check on ' .. tostring(keys[k + failing])
+          .. ' failed: ' .. tostring(message(e)))
+      end
+      for i = k, k + n - 1 do
+        local at = 3 * i - 2
+        out[at], out[at + 1], out[at + 2] = -1, code, failing
+      end
+      for i = #quotas, noted + 1, -1 do
+        quotas[i] = nil
       end
     end
-    at = at + 2 + m
+    a = a + 3 + 5 * n
+    k = k + n
   end
-  base = at - 1
-  ops_maybe = any
-else
-  ops_maybe = ops_any(KEYS)
-end
-
-local a = base + 2
-local k = 1
-for _ = 1, tonumber(ARGV[base + 1]) do
-  local now = tonumber(ARGV[a]) or redis_now()
-  local deadline = tonumber(ARGV[a + 1])
-  local n = tonumber(ARGV[a + 2])
-  local ok, e = true, nil
-  local noted = #quotas
-  if deadline and clock >= deadline then
-    -- Its caller has stopped waiting: decide nothing.
-    for i = k, k + n - 1 do
-      local at = 3 * i - 2
-      out[at], out[at + 1], out[at + 2] = -2, 0, 0
-    end
-  else
-    ok, e = pcall(decide_job, n, now, k, a + 3)
-  end
-  if not ok then
-    local code = type(e) == 'table' and e.floodgate
-    if not code then
-      code = ERR_OTHER
-      redis.log(redis.LOG_WARNING, 'floodgate: the check on ' .. tostring(keys[k + failing])
-        .. ' failed: ' .. tostring(message(e)))
-    end
-    for i = k, k + n - 1 do
-      local at = 3 * i - 2
-      out[at], out[at + 1], out[at + 2] = -1, code, failing
-    end
-    for i = #quotas, noted + 1, -1 do
-      quotas[i] = nil
+  -- Writes the decisions kept back (see forget in common.lua), then the TTLs.
+  for key, s in pairs(memo) do
+    if s.flush then
+      s.flush(key, s)
     end
   end
-  a = a + 3 + 5 * n
-  k = k + n
-end
--- Writes the decisions kept back (see forget in common.lua), then the TTLs.
-for key, s in pairs(memo) do
-  if s.flush then
-    s.flush(key, s)
+  for key, ms in pairs(expire_in) do
+    redis.call('PEXPIRE', key, ms)
   end
+  out[3 * (k - 1) + 1] = clock_us
+  for i = 1, #quotas do
+    out[3 * (k - 1) + 1 + i] = quotas[i]
+  end
+  return out
 end
-for key, ms in pairs(expire_in) do
-  redis.call('PEXPIRE', key, ms)
-end
-out[3 * (k - 1) + 1] = clock_us
-for i = 1, #quotas do
-  out[3 * (k - 1) + 1 + i] = quotas[i]
-end
-return out

@@ -276,6 +276,14 @@ end
 -- batch asks once for all its keys); any write of a record sets it again.
 local ops_maybe = true
 
+-- Starts one call: forgets what the last call knew. A script sent by
+-- EVAL is run afresh each time, but a function library (FCALL, see
+-- limiter/program.rs) keeps its locals from call to call, so every
+-- driver's entry calls this first.
+local function begin()
+  expire_in, memo, ops_maybe = {}, {}, true
+end
+
 local function ops_read(key)
   if not ops_maybe then
     return {}

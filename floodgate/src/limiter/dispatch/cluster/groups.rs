@@ -10,6 +10,7 @@ use redis::{ErrorKind, RedisResult, ServerErrorKind, Value};
 use super::slot::{key_slot, probe_key};
 use crate::limiter::clock::RedisClock;
 use crate::limiter::dispatch::Job;
+use crate::limiter::program;
 use crate::limiter::wire;
 use crate::limiter::LimiterError;
 
@@ -56,8 +57,9 @@ pub(super) enum Reply {
     Done(wire::Replied),
     /// Did not run; send it again where the cluster says.
     Redirected(redis::RedisError),
-    /// Did not run; load the scripts and send it again.
-    NoScript(redis::RedisError),
+    /// Did not run: the library or the script is missing where it went, or
+    /// `FCALL` is refused (see `program::missing`). Load them and send it again.
+    Unloaded(redis::RedisError),
     /// A per-master call that ran nothing: one of its slots is not served
     /// there, or is being moved. Send its groups one by one.
     Elsewhere,
@@ -92,8 +94,8 @@ pub(super) fn classify(
             },
             Err(e) => Reply::Failed(LimiterError::Other(format!("unexpected reply: {e}"))),
         },
+        Err(e) if program::missing(&e).is_some() => Reply::Unloaded(e),
         Err(e) => match e.kind() {
-            ErrorKind::Server(ServerErrorKind::NoScript) => Reply::NoScript(e),
             ErrorKind::Server(
                 ServerErrorKind::Moved
                 | ServerErrorKind::Ask
@@ -107,12 +109,12 @@ pub(super) fn classify(
     }
 }
 
-/// Writes one slot group as `EVALSHA sha` laid out as `lua/batch.lua` reads
+/// Writes one slot group as a call of `target` (see `program.rs`) laid out as `lua/batch.lua` reads
 /// it (each part is a job there). Returns the number of values the reply
 /// must hold: three per check, and Redis's clock.
 pub(super) fn write_group(
     cmd: &mut redis::Cmd,
-    sha: &str,
+    target: (&str, &str),
     batch: &[Job],
     parts: &[Part],
     deadline: impl Fn(&Job) -> Option<i64>,
@@ -125,11 +127,11 @@ pub(super) fn write_group(
             checks: part.checks.iter().map(|&c| &job.checks[c]),
         }
     });
-    wire::batch(cmd, sha, jobs)
+    wire::batch(cmd, target, jobs)
 }
 
-/// Writes the groups of one master as one `EVALSHA sha` of the cluster's
-/// batch script (flagged allow-cross-slot-keys): no declared keys (Redis
+/// Writes the groups of one master as one call of `target`, the cluster's
+/// batch function or script (flagged allow-cross-slot-keys): no declared keys (Redis
 /// still wants those in one slot), and ARGV laid out as `lua/batch.lua`
 /// reads a per-master call: `cluster`, the number of slots, per slot its
 /// probe key, its number of keys and the keys, then the jobs, slot by slot
@@ -137,14 +139,14 @@ pub(super) fn write_group(
 /// must hold when it ran.
 pub(super) fn write_master_call(
     cmd: &mut redis::Cmd,
-    sha: &str,
+    target: (&str, &str),
     batch: &[Job],
     groups: &[&Group],
     deadline: impl Fn(&Job) -> Option<i64>,
 ) -> usize {
     cmd.clear();
-    cmd.arg("EVALSHA")
-        .arg(sha)
+    cmd.arg(target.0)
+        .arg(target.1)
         .arg(0)
         .arg("cluster")
         .arg(groups.len());
@@ -239,7 +241,10 @@ mod tests {
         );
         let mut cmd = redis::Cmd::new();
         let g = find(slot("{1.2.3.4}"));
-        assert_eq!(write_group(&mut cmd, "SHA", &batch, &g.parts, |_| None), 10);
+        assert_eq!(
+            write_group(&mut cmd, ("FCALL", "NAME"), &batch, &g.parts, |_| None),
+            10
+        );
         let packed = String::from_utf8_lossy(&cmd.get_packed_command()).into_owned();
         let args: Vec<&str> = packed
             .split("\r\n")
@@ -248,8 +253,8 @@ mod tests {
         assert_eq!(
             args,
             [
-                "EVALSHA",
-                "SHA",
+                "FCALL",
+                "NAME",
                 "3",
                 "p:a:ip:{1.2.3.4}",
                 "p:b:ip:{1.2.3.4}",

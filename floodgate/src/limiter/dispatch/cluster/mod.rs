@@ -14,8 +14,10 @@
 //! Before it writes anything, the per-master call touches a never-written
 //! key of each of its slots: a slot served elsewhere, or being moved (a
 //! resharding), makes it return at once having done nothing. Its groups
-//! are then sent one by one (one `EVALSHA` of the unflagged script per
-//! slot group), as below, and the slot map is read again.
+//! are then sent one by one (one call of the unflagged function per slot
+//! group), as below, and the slot map is read again. Both functions are in
+//! the one function library (`FCALL`, see `program.rs`); a cluster that
+//! refuses functions gets the two scripts instead (`EVALSHA`).
 //!
 //! A request whose checks span several slots is decided per slot group.
 //! It is allowed only if every group allows it; when one group denies (or
@@ -29,10 +31,11 @@
 //! run; its groups are sent (again) one by one through the crate's cluster
 //! connection, which follows the redirection (`ASKING` for a slot being
 //! imported); so is a group whose master is not in the slot map or could
-//! not be reached before anything was written to it. `NOSCRIPT` (a master
-//! that never saw the script: a new or promoted node, or the importing side
-//! of a slot being moved) likewise ran nothing: the scripts are loaded on
-//! every master, once, and the groups are sent again. A group is sent again
+//! not be reached before anything was written to it. A master that has not
+//! got the library or the script (a new node, `FUNCTION FLUSH`, or for the
+//! scripts a promoted node or the importing side of a slot being moved)
+//! likewise ran nothing: the library and the scripts are loaded on every
+//! master, once, and the groups are sent again. A group is sent again
 //! only for the callers still waiting; a call that may have run (its reply
 //! was lost, or its write failed part way) is never sent again: its
 //! requests get their `on_redis_error` answer.
@@ -60,6 +63,7 @@ use super::{Job, Transport};
 use crate::limiter::breaker::{Breaker, Gate};
 use crate::limiter::conn::spoils;
 use crate::limiter::decide::Shared;
+use crate::limiter::program::{self, Missing, Program, Shipping};
 use crate::limiter::topology::cluster_client;
 use crate::limiter::wire;
 use crate::limiter::{Check, Decision, LimiterError, Outcome, RedisConfig};
@@ -68,15 +72,6 @@ mod give_back;
 mod groups;
 pub(crate) mod masters;
 mod slot;
-
-/// The batch script, the same as on one server: one call per slot group
-/// (a group that goes alone: its slot is being moved, or its master is not
-/// known).
-const BATCH_SCRIPT: &str = crate::limiter::wire::SCRIPT_SOURCE;
-
-/// The same flagged allow-cross-slot-keys (Redis 7): one call for every
-/// slot group of a master.
-const CLUSTER_BATCH_SCRIPT: &str = crate::limiter::wire::CLUSTER_SCRIPT_SOURCE;
 
 /// Gives back what the allowed groups of a denied request took.
 const GIVE_BACK_SCRIPT: &str = crate::limiter::wire::CLUSTER_GIVE_BACK_SOURCE;
@@ -90,16 +85,14 @@ pub(crate) fn start(
     count: usize,
 ) -> Result<(), LimiterError> {
     let client = cluster_client(config).map_err(LimiterError::from)?;
-    let batch = Arc::new(redis::Script::new(BATCH_SCRIPT));
-    let cluster_batch = Arc::new(redis::Script::new(CLUSTER_BATCH_SCRIPT));
     let give_back = Arc::new(redis::Script::new(GIVE_BACK_SCRIPT));
     for i in 0..count {
         let transport = Cluster {
             client: client.clone(),
             timeout: config.timeout,
             conn: None,
-            batch: Arc::clone(&batch),
-            cluster_batch: Arc::clone(&cluster_batch),
+            program: Program::batch(),
+            shipping: Shipping::Function,
             give_back: Arc::clone(&give_back),
             shared: Arc::clone(shared),
             margin,
@@ -119,10 +112,11 @@ pub(crate) struct Cluster {
     /// Its own cluster connection (one connection per master, opened on
     /// demand by the crate); dropped after an I/O error.
     conn: Option<ClusterConnection>,
-    /// The batch script for one slot group.
-    batch: Arc<redis::Script>,
-    /// The batch script for every group of one master.
-    cluster_batch: Arc<redis::Script>,
+    /// The batch function (one slot group) and its flagged twin (every
+    /// group of one master), or their scripts.
+    program: &'static Program,
+    /// How they are called: the library's functions until Redis refuses them.
+    shipping: Shipping,
     give_back: Arc<redis::Script>,
     /// The error and late counters, the denial cache, each master's
     /// breaker and clock.
@@ -212,22 +206,41 @@ impl Cluster {
         self.conn.as_mut().ok_or(LimiterError::Stopped)
     }
 
-    /// Loads both scripts on every master (a master that already has them
-    /// keeps them).
+    /// Loads the batch library (or, once the cluster has refused it, the
+    /// batch scripts) and the give-back script on every master (a master
+    /// that already has them keeps them).
     fn load_scripts(&mut self) -> RedisResult<()> {
         let Some(conn) = self.conn.as_mut() else {
             return Ok(());
         };
-        for source in [CLUSTER_BATCH_SCRIPT, BATCH_SCRIPT, GIVE_BACK_SCRIPT] {
+        let all = RoutingInfo::MultiNode((
+            MultipleNodeRoutingInfo::AllMasters,
+            Some(ResponsePolicy::AllSucceeded),
+        ));
+        if self.shipping == Shipping::Function {
+            match conn.route_command(
+                &program::load_library_cmd(self.program.library()),
+                all.clone(),
+            ) {
+                Ok(_) => {}
+                Err(e) if e.is_io_error() || e.is_timeout() || e.is_cluster_error() => {
+                    return Err(e)
+                }
+                Err(e) => {
+                    log::warn!("the cluster refused floodgate's function library ({e}); deciding with EVALSHA instead");
+                    self.shipping = Shipping::Script;
+                }
+            }
+        }
+        let batch = self.program.script_sources();
+        let scripts = match self.shipping {
+            Shipping::Function => &[][..],
+            Shipping::Script => &batch[..],
+        };
+        for source in scripts.iter().copied().chain([GIVE_BACK_SCRIPT]) {
             let mut load = redis::cmd("SCRIPT");
             load.arg("LOAD").arg(source);
-            conn.route_command(
-                &load,
-                RoutingInfo::MultiNode((
-                    MultipleNodeRoutingInfo::AllMasters,
-                    Some(ResponsePolicy::AllSucceeded),
-                )),
-            )?;
+            conn.route_command(&load, all.clone())?;
         }
         Ok(())
     }
@@ -345,20 +358,18 @@ impl Cluster {
         batch: &[Job],
         groups: &mut [Group],
     ) -> Vec<(Vec<usize>, Result<wire::Replied, LimiterError>)> {
-        let per_master = self.cluster_batch.get_hash().to_string();
-        let sha = self.batch.get_hash().to_string();
-        let calls = self.pipeline(batch, groups, &per_master);
+        let calls = self.pipeline(batch, groups);
         let mut out = Vec::with_capacity(calls.len());
         let mut loaded = false;
         for (members, reply) in calls {
             let reply = match reply {
                 Reply::Done(_) | Reply::Failed(_) | Reply::Abandoned => reply,
-                Reply::Elsewhere | Reply::Redirected(_) | Reply::NoScript(_) | Reply::Unsent
+                Reply::Elsewhere | Reply::Redirected(_) | Reply::Unloaded(_) | Reply::Unsent
                     if members.len() > 1 =>
                 {
-                    if let Reply::NoScript(_) = reply {
+                    if let Reply::Unloaded(e) = &reply {
                         if !loaded {
-                            if let Err(e) = self.forget_and_load() {
+                            if let Err(e) = self.forget_and_load(&e.clone()) {
                                 for g in members {
                                     out.push((vec![g], Err(e.clone())));
                                 }
@@ -370,22 +381,20 @@ impl Cluster {
                         log::debug!("a master's call goes slot by slot");
                     }
                     for g in members {
-                        let reply = self.resend(batch, &mut groups[g], &sha, Reply::Unsent);
+                        let reply = self.resend(batch, &mut groups[g], Reply::Unsent);
                         out.push((vec![g], finish(reply)));
                     }
                     continue;
                 }
-                Reply::NoScript(_) if loaded => Reply::Unsent,
+                Reply::Unloaded(_) if loaded => Reply::Unsent,
                 Reply::Elsewhere => Reply::Unsent,
                 not_run => match members.first() {
-                    Some(&g) => self.resend(batch, &mut groups[g], &sha, not_run),
+                    Some(&g) => self.resend(batch, &mut groups[g], not_run),
                     None => not_run,
                 },
             };
             let reply = match (reply, members.first()) {
-                (Reply::Unsent, Some(&g)) => {
-                    self.resend(batch, &mut groups[g], &sha, Reply::Unsent)
-                }
+                (Reply::Unsent, Some(&g)) => self.resend(batch, &mut groups[g], Reply::Unsent),
                 (reply, _) => reply,
             };
             out.push((members, finish(reply)));
@@ -393,11 +402,16 @@ impl Cluster {
         out
     }
 
-    /// After a `NOSCRIPT`: a master without the scripts may be a new or
-    /// restarted one that lost every key, so the denials remembered from
-    /// before are forgotten; then the scripts are loaded on every master.
-    fn forget_and_load(&mut self) -> Result<(), LimiterError> {
-        if let Some(cache) = &self.shared.deny_cache {
+    /// After `e`, an answer that the library or a script is missing: a
+    /// master without them may be a new or restarted one that lost every
+    /// key, so the denials remembered from before are forgotten; then they
+    /// are loaded on every master. After an answer that `FCALL` is refused,
+    /// the scripts are loaded and used from then on.
+    fn forget_and_load(&mut self, e: &redis::RedisError) -> Result<(), LimiterError> {
+        if program::missing(e) == Some(Missing::Functions) {
+            log::warn!("the cluster refuses FCALL ({e}); deciding with EVALSHA instead");
+            self.shipping = Shipping::Script;
+        } else if let Some(cache) = &self.shared.deny_cache {
             cache.clear();
         }
         self.load_scripts().map_err(|e| {
@@ -417,12 +431,7 @@ impl Cluster {
     /// its breaker: an answer closes it, a timeout or a lost connection
     /// opens it. Each master's call carries deadlines on that master's own
     /// clock, and its reply tells that clock alone.
-    fn pipeline(
-        &mut self,
-        batch: &[Job],
-        groups: &mut [Group],
-        sha: &str,
-    ) -> Vec<(Vec<usize>, Reply)> {
+    fn pipeline(&mut self, batch: &[Job], groups: &mut [Group]) -> Vec<(Vec<usize>, Reply)> {
         let mut replies: Vec<Reply> = groups.iter().map(|_| Reply::Unsent).collect();
         let mut calls = Vec::new();
         if self.masters.wants_reading() && self.connect().is_ok() {
@@ -465,7 +474,8 @@ impl Cluster {
             }
             self.packed.clear();
             let members: Vec<&Group> = gs.iter().map(|&g| &groups[g]).collect();
-            let expected = write_master_call(&mut self.cmd, sha, batch, &members, |job| {
+            let target = self.program.cluster_target(self.shipping);
+            let expected = write_master_call(&mut self.cmd, target, batch, &members, |job| {
                 job.redis_deadline(&health.clock, margin)
             });
             self.cmd.write_packed_command(&mut self.packed);
@@ -541,20 +551,20 @@ impl Cluster {
     /// Sends a group that did not run through the crate's cluster
     /// connection, again (at most twice more) while it still does not run:
     /// after a redirection, and after loading the scripts where it landed.
-    fn resend(&mut self, batch: &[Job], group: &mut Group, sha: &str, first: Reply) -> Reply {
+    fn resend(&mut self, batch: &[Job], group: &mut Group, first: Reply) -> Reply {
         let mut reply = first;
         for _ in 0..3 {
             match &reply {
                 Reply::Unsent => {}
                 Reply::Redirected(e) => log::debug!("slot {} sent again: {e}", group.slot),
-                Reply::NoScript(_) => {
-                    if let Err(e) = self.forget_and_load() {
+                Reply::Unloaded(e) => {
+                    if let Err(e) = self.forget_and_load(&e.clone()) {
                         return Reply::Failed(e);
                     }
                 }
                 Reply::Done(_) | Reply::Failed(_) | Reply::Abandoned | Reply::Elsewhere => break,
             }
-            reply = self.call_group(batch, group, sha);
+            reply = self.call_group(batch, group);
         }
         reply
     }
@@ -563,7 +573,7 @@ impl Cluster {
     /// MOVED and ASK), for the callers still waiting: the parts of callers
     /// that gave up are dropped from the group first (they would take
     /// quota for a request answered without it).
-    fn call_group(&mut self, batch: &[Job], group: &mut Group, sha: &str) -> Reply {
+    fn call_group(&mut self, batch: &[Job], group: &mut Group) -> Reply {
         let now = Instant::now();
         group.parts.retain(|p| batch[p.job].waiting(now));
         if group.parts.is_empty() {
@@ -583,7 +593,8 @@ impl Cluster {
             .and_then(|m| self.masters.health(m))
             .map(Arc::clone);
         let margin = self.margin;
-        let expected = write_group(&mut cmd, sha, batch, &group.parts, |job| {
+        let target = self.program.target(self.shipping);
+        let expected = write_group(&mut cmd, target, batch, &group.parts, |job| {
             health
                 .as_ref()
                 .and_then(|h| job.redis_deadline(&h.clock, margin))
@@ -607,7 +618,7 @@ fn finish(reply: Reply) -> Result<wire::Replied, LimiterError> {
     match reply {
         Reply::Done(values) => Ok(values),
         Reply::Failed(e) => Err(e),
-        Reply::Redirected(e) | Reply::NoScript(e) => Err(LimiterError::from(e.clone())),
+        Reply::Redirected(e) | Reply::Unloaded(e) => Err(LimiterError::from(e.clone())),
         Reply::Unsent | Reply::Abandoned | Reply::Elsewhere => Err(LimiterError::Timeout),
     }
 }
