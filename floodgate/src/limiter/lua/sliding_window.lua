@@ -39,6 +39,9 @@
 --   denied:  ms until enough entries leave for this request to fit
 define(1, 'list', nil, function()
   local PUSH_CHUNK = 1000
+  -- The last entry formatted, and its time: a call's decisions are mostly
+  -- at one time.
+  local last_t, last_entry
   -- The oldest entries read with a list's length and newest entry, and
   -- how many more each further read takes, at most READS times per
   -- decision before a binary search.
@@ -233,7 +236,10 @@ define(1, 'list', nil, function()
         tail[i] = tail[i + gone]
       end
     end
-    local entry = string.format('%d', t)
+    if t ~= last_t then
+      last_t, last_entry = t, string.format('%d', t)
+    end
+    local entry = last_entry
     local push, np = s.push, s.np
     for i = np + 1, np + cost do
       push[i] = entry
