@@ -21,7 +21,7 @@
 //!
 //! Memory is bounded: a fixed number of shards, each holding at most
 //! [`CAPACITY`] / shards keys; a full shard first drops its expired entries,
-//! then the one that frees soonest.
+//! then, if that freed nothing, the eighth of its entries that free soonest.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -35,6 +35,9 @@ pub(crate) const CAPACITY: usize = 32_768;
 const SHARDS: usize = 16;
 /// Groups of keys per shard that each remember their last give-back.
 const MARKS: usize = 64;
+/// A full shard with nothing expired drops this share of its entries (the
+/// ones that free soonest): 1/8.
+const EVICT_SHARE: usize = 8;
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -202,13 +205,13 @@ impl DenyCache {
             let now = Instant::now();
             map.retain(|_, e| e.until > now);
             if map.len() >= self.per_shard {
-                let soonest = map
-                    .iter()
-                    .min_by_key(|(_, e)| e.until)
-                    .map(|(k, _)| k.clone());
-                if let Some(k) = soonest {
-                    map.remove(&k);
-                }
+                // The eighth that frees soonest goes, not one entry: under
+                // a flood of new keys, one scan of the shard per eighth of
+                // it inserted, not one per insert.
+                let drop = (self.per_shard / EVICT_SHARE).max(1);
+                let mut untils: Vec<Instant> = map.values().map(|e| e.until).collect();
+                let (_, &mut cut, _) = untils.select_nth_unstable(drop - 1);
+                map.retain(|_, e| e.until > cut);
             }
         }
         map.insert(key.to_string(), entry);
@@ -294,6 +297,33 @@ mod tests {
         cache.remember("other", 1, Duration::from_secs(60), None, later, later);
         cache.forget("k");
         assert!(cache.denied("other", 1, Instant::now()).is_some());
+    }
+
+    #[test]
+    fn a_full_shard_drops_the_eighth_that_frees_soonest() {
+        // One shard's worth (capacity 16 per shard), filled in one shard's
+        // keys only: the 17th drops the 2 that free soonest.
+        let cache = DenyCache::with_capacity(16 * SHARDS);
+        let now = Instant::now();
+        let mut keys = Vec::new();
+        let mut i = 0u64;
+        while keys.len() < 17 {
+            let key = format!("k{i}");
+            if (cache.hasher.hash_one(&key) as usize).is_multiple_of(SHARDS) {
+                keys.push(key);
+            }
+            i += 1;
+        }
+        for (n, key) in keys.iter().enumerate() {
+            let wait = Duration::from_secs(60 + n as u64);
+            cache.remember(key, 1, wait, None, now, now);
+        }
+        assert_eq!(cache.len(), 15);
+        assert!(cache.denied(&keys[0], 1, now).is_none());
+        assert!(cache.denied(&keys[1], 1, now).is_none());
+        for key in &keys[2..] {
+            assert!(cache.denied(key, 1, now).is_some(), "{key}");
+        }
     }
 
     #[test]
