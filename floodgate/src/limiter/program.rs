@@ -158,10 +158,12 @@ impl Program {
         if missing == Missing::Function {
             match load_library(conn, &self.library) {
                 Ok(()) => return Ok(Shipping::Function),
-                Err(e) if e.is_io_error() || e.is_timeout() => return Err(e),
-                Err(e) => log::warn!(
+                Err(e) if refuses_functions(&e) => log::warn!(
                     "redis refused floodgate's function library ({e}); deciding with EVALSHA instead"
                 ),
+                // Anything else (out of memory, loading, a broken link) may
+                // pass: the next call tries again.
+                Err(e) => return Err(e),
             }
         } else if missing == Missing::Functions {
             log::warn!("redis does not let floodgate use FCALL; deciding with EVALSHA instead");
@@ -193,22 +195,30 @@ pub(crate) fn load_library<C: redis::ConnectionLike>(
 pub(crate) fn missing(e: &RedisError) -> Option<Missing> {
     match e.kind() {
         ErrorKind::Server(ServerErrorKind::NoScript) => Some(Missing::Script),
-        ErrorKind::Server(ServerErrorKind::NoPerm)
-            if e.detail().is_some_and(|d| d.contains("'fcall'")) =>
+        ErrorKind::Server(ServerErrorKind::ResponseError)
+            if e.detail()
+                .is_some_and(|d| d.starts_with("Function not found")) =>
         {
-            Some(Missing::Functions)
+            Some(Missing::Function)
+        }
+        _ if refuses_functions(e) => Some(Missing::Functions),
+        _ => None,
+    }
+}
+
+/// Whether `e` says that Redis refuses functions: a command it does not
+/// know (Redis 6 has neither `FCALL` nor `FUNCTION`), or one the
+/// connection's user may not run. Nothing ran.
+pub(crate) fn refuses_functions(e: &RedisError) -> bool {
+    let detail = e.detail().unwrap_or_default();
+    match e.kind() {
+        ErrorKind::Server(ServerErrorKind::NoPerm) => {
+            detail.contains("'fcall") || detail.contains("'function")
         }
         ErrorKind::Server(ServerErrorKind::ResponseError) => {
-            let detail = e.detail().unwrap_or_default();
-            if detail.starts_with("Function not found") {
-                Some(Missing::Function)
-            } else if detail.starts_with("unknown command") {
-                Some(Missing::Functions)
-            } else {
-                None
-            }
+            detail.starts_with("unknown command") || detail.starts_with("unknown subcommand")
         }
-        _ => None,
+        _ => false,
     }
 }
 

@@ -223,13 +223,11 @@ impl Cluster {
                 all.clone(),
             ) {
                 Ok(_) => {}
-                Err(e) if e.is_io_error() || e.is_timeout() || e.is_cluster_error() => {
-                    return Err(e)
-                }
-                Err(e) => {
+                Err(e) if program::refuses_functions(&e) => {
                     log::warn!("the cluster refused floodgate's function library ({e}); deciding with EVALSHA instead");
                     self.shipping = Shipping::Script;
                 }
+                Err(e) => return Err(e),
             }
         }
         let batch = self.program.script_sources();
