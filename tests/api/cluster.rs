@@ -1090,6 +1090,56 @@ async fn cluster_a_master_emptied_forgets_its_cached_denials() {
 }
 
 #[actix_web::test]
+async fn cluster_that_refuses_functions_decides_with_scripts() {
+    // A user that may not call functions on any master (as on Redis 6):
+    // the dispatchers fall back to the scripts, the per-master call to the
+    // flagged one, and every identity still gets exactly its limit.
+    let cluster = Cluster::start();
+    for node in &cluster.nodes {
+        let _: String = node
+            .query(redis::cmd("ACL").arg(&[
+                "SETUSER",
+                "scripts",
+                "on",
+                ">secret",
+                "~*",
+                "&*",
+                "+@all",
+                "-fcall",
+                "-fcall_ro",
+                "-function",
+            ]))
+            .unwrap();
+    }
+    let seeds: Vec<String> = cluster
+        .seeds()
+        .iter()
+        .map(|s| s.replace("redis://", "redis://scripts:secret@"))
+        .collect();
+    let app = spawn_app_with(PER_MASTER, move |c| c.filter.redis.cluster = seeds).await;
+    let users: Vec<String> = (0..3).map(|n| user_on(&cluster, n, "scripted")).collect();
+    for user in &users {
+        for _ in 0..3 {
+            assert_eq!(decided(&app, user).await, (200, true), "{user}");
+        }
+        assert_eq!(decided(&app, user).await, (429, true), "{user}");
+    }
+    for node in &cluster.nodes {
+        let commands: String = node.query(redis::cmd("INFO").arg("commandstats")).unwrap();
+        // Calls that ran and succeeded (none: no line for the command).
+        let ran = |name: &str| {
+            let line = format!("cmdstat_{name}:");
+            if !commands.lines().any(|l| l.starts_with(&line)) {
+                return 0;
+            }
+            info_number(&commands, &line, "calls=") - info_number(&commands, &line, "failed_calls=")
+        };
+        assert!(ran("evalsha") >= 1, "{commands}");
+        assert_eq!(ran("fcall"), 0, "{commands}");
+    }
+}
+
+#[actix_web::test]
 async fn cluster_a_request_answered_without_its_decision_keeps_no_quota() {
     let cluster = Cluster::start();
     let app = cluster_app(PER_MASTER, &cluster).await;
