@@ -365,18 +365,10 @@ deny = "status"
 "#,
     )
     .await;
+    // The library is gone after every request: the next call finds its
+    // function missing, loads it and is sent again, counted once.
+    admitted_exactly_through(&app, "flushed", 5, &["FUNCTION", "FLUSH"]).await;
     let mut conn = app.redis.connection();
-    for expected in [4, 3, 2, 1, 0] {
-        let res = app.get("/check").await;
-        assert_eq!(res.status(), 200);
-        assert_eq!(remaining(&res, "flushed"), Some(expected));
-        // The library is gone: the next call finds its function missing,
-        // loads it and is sent again, counted once.
-        redis::cmd("FUNCTION").arg("FLUSH").exec(&mut conn).unwrap();
-    }
-    let res = app.get("/check").await;
-    assert_eq!(res.status(), 429);
-    assert_eq!(app.redis.llen("floodgate:flushed:ip:127.0.0.1"), 5);
     // Every decision was a call of the library's function.
     let libraries: Vec<redis::Value> = redis::cmd("FUNCTION").arg("LIST").query(&mut conn).unwrap();
     assert_eq!(libraries.len(), 1, "{libraries:?}");
@@ -426,18 +418,32 @@ deny = "status"
         },
     )
     .await;
+    admitted_exactly_through(&app, "scripted", 3, &["SCRIPT", "FLUSH"]).await;
+    assert_eq!(command_calls(&app.redis, "evalsha"), 4);
+    assert_eq!(command_calls(&app.redis, "fcall"), 0);
+}
+
+/// `GET /check` until `rule` (limit `limit`, keyed by address) denies,
+/// running `flush` on Redis after each allowed request: each request is
+/// allowed with one unit fewer left, then the next is denied, and the log
+/// holds exactly `limit` entries.
+async fn admitted_exactly_through(app: &TestApp, rule: &str, limit: u64, flush: &[&str]) {
     let mut conn = app.redis.connection();
-    for expected in [2, 1, 0] {
+    for expected in (0..limit).rev() {
         let res = app.get("/check").await;
         assert_eq!(res.status(), 200);
-        assert_eq!(remaining(&res, "scripted"), Some(expected));
-        redis::cmd("SCRIPT").arg("FLUSH").exec(&mut conn).unwrap();
+        assert_eq!(remaining(&res, rule), Some(expected));
+        redis::cmd(flush[0])
+            .arg(&flush[1..])
+            .exec(&mut conn)
+            .unwrap();
     }
     let res = app.get("/check").await;
     assert_eq!(res.status(), 429);
-    assert_eq!(app.redis.llen("floodgate:scripted:ip:127.0.0.1"), 3);
-    assert_eq!(command_calls(&app.redis, "evalsha"), 4);
-    assert_eq!(command_calls(&app.redis, "fcall"), 0);
+    assert_eq!(
+        app.redis.llen(&format!("floodgate:{rule}:ip:127.0.0.1")),
+        limit
+    );
 }
 
 /// Calls of Redis command `name` (lower case) that ran and succeeded,

@@ -158,12 +158,12 @@ local function decide_job(n, now, k, a)
     local key = keys[k + i - 1]
     local op = ops_read(key)
     local banned = ops_banned(op, now)
+    local c = checks[i]
+    if not c then
+      c = {}
+      checks[i] = c
+    end
     if banned then
-      local c = checks[i]
-      if not c then
-        c = {}
-        checks[i] = c
-      end
       c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11], c[12], c[13] =
         key, alg, p1, p2, cost, false, 0, banned, nil, enforce, pen, op, 2
       if enforce then
@@ -180,11 +180,6 @@ local function decide_job(n, now, k, a)
       local allowed, remaining, ms, state = peek(alg, key, now, p1, p2, cost)
       if applied and not allowed then
         ms = wait_under(ms, ends, alg, key, now, r1, r2, cost)
-      end
-      local c = checks[i]
-      if not c then
-        c = {}
-        checks[i] = c
       end
       c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11], c[12], c[13] =
         key, alg, p1, p2, cost, allowed, remaining, ms, state, enforce, pen, op, allowed and 1 or 0
