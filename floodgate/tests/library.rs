@@ -48,6 +48,46 @@ async fn toml_rules_wrapped_on_an_app_deny_past_the_limit_with_429() {
 }
 
 #[actix_web::test]
+async fn a_redis_without_functions_is_decided_with_scripts() {
+    // A server that answers FCALL and FUNCTION "unknown command", as Redis
+    // 6 does: the filter's decisions fall back to EVALSHA, with exact counts.
+    let redis = RedisServer::start_without_functions();
+    let filter = toml_filter(
+        &redis,
+        "[[rule]]\nname = \"old\"\npaths = [\"/hello\"]\ndeny = \"status\"\nlimit = 2\nwindow = \"1m\"\n",
+    );
+    let app = test::init_service(App::new().wrap(filter).route("/hello", web::get().to(ok))).await;
+    for status in [
+        StatusCode::OK,
+        StatusCode::OK,
+        StatusCode::TOO_MANY_REQUESTS,
+    ] {
+        let res =
+            test::call_service(&app, test::TestRequest::get().uri("/hello").to_request()).await;
+        assert_eq!(res.status(), status);
+    }
+    // And a limiter's own dispatcher threads, off any worker.
+    let limiter = common::pinned::pinned_limiter(&redis);
+    let check = || {
+        vec![common::pinned::check(
+            "p:old:ip:1",
+            common::pinned::sliding(1, 60_000),
+            1,
+        )]
+    };
+    let first = limiter
+        .decide_at(common::pinned::T0, check())
+        .await
+        .unwrap();
+    let second = limiter
+        .decide_at(common::pinned::T0 + 1, check())
+        .await
+        .unwrap();
+    assert!(first.allowed && !second.allowed);
+    assert_eq!(redis.llen("p:old:ip:1"), 1);
+}
+
+#[actix_web::test]
 async fn toml_errors_from_the_library_read_file_where_what() {
     let err = Filter::from_toml_str(
         "[[rule]]\nname = \"x\"\npaths = [\"/x\"]\nlimit = 1\nwindw = \"1m\"\n",

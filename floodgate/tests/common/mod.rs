@@ -35,15 +35,42 @@ pub struct RedisServer {
     /// The port it listens on.
     pub port: u16,
     child: Option<Child>,
+    /// Its arguments beyond the port, persistence and directory.
+    extra: &'static [&'static str],
 }
+
+/// Arguments that rename `FCALL`, `FCALL_RO` and `FUNCTION` away: a server
+/// that answers them "unknown command", as Redis 6 does.
+const NO_FUNCTIONS: &[&str] = &[
+    "--rename-command",
+    "FCALL",
+    "renamed-fcall",
+    "--rename-command",
+    "FCALL_RO",
+    "renamed-fcall-ro",
+    "--rename-command",
+    "FUNCTION",
+    "renamed-function",
+];
 
 impl RedisServer {
     /// Starts one and waits until it answers PING.
     pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Starts one that knows no functions (as Redis 6; see `NO_FUNCTIONS`).
+    #[allow(dead_code)] // Not every test binary that includes this uses it.
+    pub fn start_without_functions() -> RedisServer {
+        RedisServer::start_with(NO_FUNCTIONS)
+    }
+
+    fn start_with(extra: &'static [&'static str]) -> RedisServer {
         for _ in 0..5 {
             let mut server = RedisServer {
                 port: free_port(),
                 child: None,
+                extra,
             };
             if server.launch() {
                 return server;
@@ -60,6 +87,7 @@ impl RedisServer {
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--enable-debug-command", "local"])
             .args(["--dir", env!("CARGO_TARGET_TMPDIR")])
+            .args(self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
