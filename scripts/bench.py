@@ -45,6 +45,12 @@ WARMUP = int(os.environ.get("BENCH_WARMUP", "1"))
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "64"))
 WORKERS = int(os.environ.get("BENCH_WORKERS", str(os.cpu_count() or 2)))
 COST_CALLS = int(os.environ.get("BENCH_COST_CALLS", "20000"))
+# A comma-separated list of case keys: only those run, without the cost
+# probe, and only their per-round figures are printed (no table, no file).
+ONLY = [c for c in os.environ.get("BENCH_CASES", "").split(",") if c]
+# With BENCH_CASES: another floodgate binary, run beside this tree's in
+# every round (alternating which goes first), and the ratio other/this.
+OTHER = os.environ.get("BENCH_OTHER_FLOODGATE")
 
 # Limits that always allow at any rate this machine reaches (well under
 # 100000 requests per second), and one that always denies once used.
@@ -638,6 +644,7 @@ def run_case(case, redis, cluster, bins, work):
         logf.close()
 
     n = max(r["requests"], 1)
+    r["commandstats"] = stats
     r["redis_cpu_us"] = (cpu1 - cpu0) * 1e6 / n
     r["wrk_cpu_us"] = (wrk1.ru_utime + wrk1.ru_stime - wrk0.ru_utime - wrk0.ru_stime) * 1e6 / n
     r["busy"] = (busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1)
@@ -800,14 +807,27 @@ def main():
     cluster = Cluster([f"redis://127.0.0.1:{p}" for p in a.cluster.split(",") if p])
     host = machine()
     started = time.time()
-    log(f"{len(CASES)} cases x {ROUNDS} rounds, {WARMUP}s warm-up + {SECONDS}s each, "
+    log(f"{len(ONLY) or len(CASES)} cases x {ROUNDS} rounds, {WARMUP}s warm-up + {SECONDS}s each, "
         f"wrk -t1 -c{CONNECTIONS}, {WORKERS} workers")
 
+    cases = [c for c in CASES if c[0] in ONLY] if ONLY else CASES
+    unknown = set(ONLY) - {c[0] for c in CASES}
+    if unknown:
+        raise SystemExit(f"BENCH_CASES: no such case: {', '.join(sorted(unknown))}")
     runs = {c[0]: [] for c in CASES}
     costs = {limit: [] for limit in COST_LIMITS}
     for rnd in range(ROUNDS):
-        order = CASES if rnd % 2 == 0 else CASES[::-1]
+        order = cases if rnd % 2 == 0 else cases[::-1]
         for case in order:
+            if ONLY and OTHER:
+                mine, theirs = (("", bins), ("other ", dict(bins, floodgate=OTHER)))
+                for name, b in ((mine, theirs) if rnd % 2 == 0 else (theirs, mine)):
+                    r = run_case(case, redis, cluster, b, a.work)
+                    runs.setdefault(name + case[0], []).append(r)
+                    log(f"round {rnd + 1} {name + case[0]:23} {r['rps']:9.0f} req/s  server "
+                        f"{r['app_cpu_us']:.2f} µs  Redis {r['redis_cpu_us']:.2f} µs per request,"
+                        f" machine {100 * r['busy']:.0f}% busy")
+                continue
             r = run_case(case, redis, cluster, bins, a.work)
             runs[case[0]].append(r)
             log(f"round {rnd + 1} {case[0]:17} {r['rps']:9.0f} req/s  p50 {r['p50']:.2f} ms  "
@@ -816,13 +836,35 @@ def main():
                 log(f"round {rnd + 1} {case[0]:17} FCALL/request {r['evalsha_per_req']:.3f}  "
                     f"reads/FCALL {r['reads_per_evalsha']:.2f}  masters' shares "
                     + " ".join(f"{x:.2f}" for x in r["master_shares"]))
-        for limit in (COST_LIMITS if rnd % 2 == 0 else COST_LIMITS[::-1]):
+        for limit in ([] if ONLY else COST_LIMITS if rnd % 2 == 0 else COST_LIMITS[::-1]):
             c = cost_probe(redis, bins, limit)
             costs[limit].append(c)
             for subject, f in c.items():
                 log(f"round {rnd + 1} cost at limit {limit} {subject:16} one {f['one_usec']:.2f}  "
                     f"batch {f['batch_usec']:.2f}  spread {f['spread_usec']:.2f} µs/decision")
     elapsed = time.time() - started
+    if ONLY and OTHER:
+        for key in ONLY:
+            mine, theirs = runs[key], runs["other " + key]
+            log(f"{key:17} other/this: {med([b['rps'] / a['rps'] for a, b in zip(mine, theirs)]):.3f}"
+                f" req/s ({med([a['rps'] for a in mine]):.0f} / {med([b['rps'] for b in theirs]):.0f}),"
+                f" server µs/request {med([a['app_cpu_us'] for a in mine]):.2f} / "
+                f"{med([b['app_cpu_us'] for b in theirs]):.2f}, Redis µs/request "
+                f"{med([a['redis_cpu_us'] for a in mine]):.2f} / "
+                f"{med([b['redis_cpu_us'] for b in theirs]):.2f}")
+        return
+    if ONLY:
+        for key in ONLY:
+            rs = runs[key]
+            log(f"{key:17} median {med([r['rps'] for r in rs]):9.0f} req/s  server "
+                f"{med([r['app_cpu_us'] for r in rs]):.2f} µs/request  Redis "
+                f"{med([r['redis_cpu_us'] for r in rs]):.2f} µs/request")
+            last = rs[-1]
+            n = max(last["requests"], 1)
+            for cmd, v in sorted(last["commandstats"].items(), key=lambda kv: -kv[1]["usec"])[:8]:
+                log(f"{key:17}   {cmd:10} {v['calls'] / n:7.3f} calls  {v['usec'] / n:6.2f} µs"
+                    " per request (last round)")
+        return
 
     # Ratios within each round, then their median.
     def ratio(a_key, b_key, field="rps"):

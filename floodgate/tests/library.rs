@@ -860,3 +860,66 @@ async fn the_builder_refuses_what_a_file_refuses_in_the_same_words() {
         "a file's rule redirects by default"
     );
 }
+
+/// How many `FCALL`s Redis has run (`INFO commandstats`), failed ones
+/// included.
+fn fcalls(redis: &RedisServer) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.connection())
+        .unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+#[actix_web::test]
+async fn the_decisions_of_one_tick_reach_the_dispatcher_threads_as_one_call() {
+    // With dispatcher threads, what the requests of one scheduler tick ask
+    // goes to the threads together: one call decides them all, and each
+    // key still gets exactly its limit.
+    use common::pinned::{check, sliding};
+    use floodgate::limiter::{Dispatch, LimiterOptions};
+    let redis = RedisServer::start();
+    let mut config = floodgate::Config::parse("", std::path::Path::new("test.toml")).unwrap();
+    config.redis.url = redis.url();
+    config.redis.timeout = Duration::from_secs(5);
+    let options = LimiterOptions {
+        dispatch: Dispatch::Threads,
+        ..LimiterOptions::default()
+    };
+    let limiter = floodgate::Limiter::new(&config.redis, options).unwrap();
+    // The library is loaded by the first call.
+    let warm = limiter.decide(vec![check("tick:warm", sliding(1, 60_000), 1)]);
+    assert!(warm.await.unwrap().allowed);
+    let before = fcalls(&redis);
+    // Each request spends a moment before it asks, as a handler reading
+    // its body would: threads that took the jobs one by one would have
+    // sent the first ones by the time the last is asked.
+    let limiter = &limiter;
+    let asked = (0..200).map(|i| async move {
+        let busy = std::time::Instant::now();
+        while busy.elapsed() < Duration::from_micros(20) {
+            std::hint::spin_loop();
+        }
+        let key = format!("tick:{}", i % 4);
+        limiter
+            .decide(vec![check(&key, sliding(30, 60_000), 1)])
+            .await
+    });
+    let decisions = futures_util::future::join_all(asked).await;
+    let allowed = decisions
+        .iter()
+        .filter(|d| d.as_ref().unwrap().allowed)
+        .count();
+    assert_eq!(allowed, 4 * 30);
+    assert_eq!(
+        fcalls(&redis) - before,
+        1,
+        "one call for the tick's 200 decisions"
+    );
+    for key in 0..4 {
+        assert_eq!(redis.llen(&format!("tick:{key}")), 30);
+    }
+}

@@ -4,13 +4,14 @@
 //! By default ([`Dispatch::Worker`]) each actix worker sends the decisions
 //! of one scheduler tick itself (see `lane.rs`); otherwise [`Limiter::decide`]
 //! puts a job (the checks of one request and a oneshot sender) on a bounded
-//! channel that dispatcher threads drain (see `dispatch/`), and awaits the
-//! oneshot. A decision is sent a second time only when the first attempt
-//! provably never reached Redis; `dispatch/single.rs` spells out the rule.
+//! channel that dispatcher threads drain (see `dispatch/`), with the other
+//! jobs of its worker's tick (`tick.rs`), and awaits the oneshot. A
+//! decision is sent a second time only when the first attempt provably
+//! never reached Redis; `dispatch/single.rs` spells out the rule.
 
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,7 +32,8 @@ use super::{Check, Decision, Dispatch, LimiterError, LimiterOptions, RedisConfig
 
 /// Dispatcher threads; two let one gather a batch while the other waits on Redis.
 pub(crate) const DISPATCHERS: usize = 2;
-/// Jobs that may wait for a dispatcher before new ones are refused.
+/// Messages (one job, or the jobs of one worker's tick) that may wait for a
+/// dispatcher before new ones are refused.
 const QUEUE: usize = 16_384;
 
 /// What the limiter and its dispatcher threads share.
@@ -51,7 +53,7 @@ pub(crate) struct Shared {
 /// Decides checks against Redis. Cheap to share (`Arc`); dropping the last
 /// handle stops the dispatcher threads.
 pub struct Limiter {
-    queue: SyncSender<Job>,
+    queue: SyncSender<Vec<Job>>,
     pool: Pool,
     pub(crate) timeout: Duration,
     pub(crate) shared: Arc<Shared>,
@@ -97,7 +99,7 @@ impl Limiter {
         // share what the Sentinels said last.
         let manager = manager(config)?;
         let pool = pool_of(config, manager.clone());
-        let (queue, rx) = sync_channel::<Job>(QUEUE);
+        let (queue, rx) = sync_channel::<Vec<Job>>(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
         let program = Program::batch();
         let id = LIMITERS.fetch_add(1, Ordering::Relaxed);
@@ -250,10 +252,10 @@ impl Limiter {
             probe,
             reply,
         };
-        // The probe of an open breaker goes through the dispatcher threads:
-        // if Redis is still stalled, no worker waits for it.
-        if self.dispatch == Dispatch::Worker && !probe && actix_rt::Arbiter::try_current().is_some()
-        {
+        // The probe of an open breaker goes through the dispatcher threads,
+        // alone: if Redis is still stalled, no worker waits for it.
+        let on_worker = !probe && actix_rt::Arbiter::try_current().is_some();
+        if self.dispatch == Dispatch::Worker && on_worker {
             let (at, queued) = {
                 let lane = self.lane();
                 let queued = lane.flushes();
@@ -279,12 +281,10 @@ impl Limiter {
                 Ok(Err(_)) => Err(LimiterError::Stopped),
                 Err(_) => Err(self.count(LimiterError::Timeout)),
             };
+        } else if on_worker {
+            super::tick::push(self.id, job, &self.queue, &self.shared);
         } else {
-            match self.queue.try_send(job) {
-                Ok(()) => {}
-                Err(TrySendError::Full(_)) => return Err(self.count(LimiterError::Overloaded)),
-                Err(TrySendError::Disconnected(_)) => return Err(LimiterError::Stopped),
-            }
+            super::tick::hand_over(&self.queue, &self.shared, vec![job]);
         }
         match tokio::time::timeout(self.timeout, answer).await {
             Ok(Ok(result)) => result,

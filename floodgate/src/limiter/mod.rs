@@ -23,6 +23,7 @@ pub mod operator;
 mod peek;
 pub(crate) mod program;
 pub(crate) mod redis_config;
+pub(crate) mod tick;
 pub(crate) mod topology;
 pub(crate) mod wire;
 

@@ -1,9 +1,10 @@
 //! The dispatchers: what takes queued jobs to Redis and answers them.
 //!
-//! A job is one request's checks and the oneshot its caller awaits. A
-//! dispatcher thread takes the first waiting job, drains whatever else is
-//! already queued (never waiting to fill a batch) and sends the whole batch
-//! as ONE script call; one reply per batch means a silent server costs one
+//! A job is one request's checks and the oneshot its caller awaits; an
+//! actix worker queues the jobs of one scheduler tick together
+//! (`tick.rs`). A dispatcher thread takes the first waiting message, drains
+//! whatever else is already queued (never waiting to fill a batch) and
+//! sends the whole batch as ONE script call; one reply per batch means a silent server costs one
 //! read timeout, not one per job. `single.rs` sends to one server (also
 //! for the per-worker lane), `cluster/` splits the batch by slot.
 
@@ -93,9 +94,14 @@ pub(crate) trait Transport {
 }
 
 /// Runs a dispatcher thread: takes batches off `rx` until the limiter is
-/// dropped.
-pub(crate) fn run<T: Transport>(rx: &Mutex<Receiver<Job>>, mut transport: T) {
-    while let Some(batch) = next_batch(rx) {
+/// dropped, and decides each in calls of at most [`MAX_BATCH`] jobs.
+pub(crate) fn run<T: Transport>(rx: &Mutex<Receiver<Vec<Job>>>, mut transport: T) {
+    while let Some(mut batch) = next_batch(rx) {
+        while batch.len() > MAX_BATCH {
+            let rest = batch.split_off(MAX_BATCH);
+            process(&mut transport, batch);
+            batch = rest;
+        }
         process(&mut transport, batch);
     }
 }
@@ -103,7 +109,7 @@ pub(crate) fn run<T: Transport>(rx: &Mutex<Receiver<Job>>, mut transport: T) {
 /// Starts a dispatcher thread named `name` on `rx`.
 pub(crate) fn spawn<T: Transport + Send + 'static>(
     name: String,
-    rx: &Arc<Mutex<Receiver<Job>>>,
+    rx: &Arc<Mutex<Receiver<Vec<Job>>>>,
     transport: T,
 ) -> Result<(), LimiterError> {
     let rx = Arc::clone(rx);
@@ -202,17 +208,18 @@ pub(crate) fn conclude<T: Transport>(
     transport.answered(undelivered);
 }
 
-/// Blocks for the first job, then takes whatever else is already queued.
-pub(crate) fn next_batch(rx: &Mutex<Receiver<Job>>) -> Option<Vec<Job>> {
+/// Blocks for the first message (a job, or one worker's tick of jobs), then
+/// takes whatever else is already queued, up to [`MAX_BATCH`] jobs or just
+/// over.
+pub(crate) fn next_batch(rx: &Mutex<Receiver<Vec<Job>>>) -> Option<Vec<Job>> {
     let rx = match rx.lock() {
         Ok(rx) => rx,
         Err(poisoned) => poisoned.into_inner(),
     };
-    let first = rx.recv().ok()?;
-    let mut batch = vec![first];
+    let mut batch = rx.recv().ok()?;
     while batch.len() < MAX_BATCH {
         match rx.try_recv() {
-            Ok(job) => batch.push(job),
+            Ok(mut jobs) => batch.append(&mut jobs),
             Err(_) => break,
         }
     }

@@ -79,7 +79,7 @@ const GIVE_BACK_SCRIPT: &str = crate::limiter::wire::CLUSTER_GIVE_BACK_SOURCE;
 /// Starts `count` cluster dispatchers on the limiter's queue.
 pub(crate) fn start(
     config: &RedisConfig,
-    rx: &Arc<Mutex<Receiver<Job>>>,
+    rx: &Arc<Mutex<Receiver<Vec<Job>>>>,
     shared: &Arc<Shared>,
     margin: Duration,
     count: usize,

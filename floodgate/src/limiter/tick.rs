@@ -1,0 +1,70 @@
+//! The jobs of one scheduler tick, handed to the dispatcher threads as one
+//! message (a cluster, or [`Dispatch::Threads`](super::Dispatch::Threads)).
+//!
+//! Each actix worker gathers the jobs its requests make in one tick, as its
+//! lane does (`lane.rs`), and puts them on the dispatchers' queue together:
+//! one send and one wake-up of a dispatcher per tick instead of per
+//! request, and batches as large as the worker's tick, so a cluster's call
+//! to each master carries more decisions. The worker never waits on Redis:
+//! the dispatcher threads still do.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::Arc;
+
+use super::decide::Shared;
+use super::dispatch::Job;
+use super::LimiterError;
+
+thread_local! {
+    /// This thread's tick of each limiter used on it.
+    static TICKS: RefCell<HashMap<u64, Rc<Tick>>> = RefCell::new(HashMap::new());
+}
+
+/// The jobs gathered on one worker in the current scheduler tick.
+#[derive(Default)]
+struct Tick {
+    jobs: RefCell<Vec<Job>>,
+    /// A task that will hand the jobs over is spawned and has not run yet.
+    scheduled: Cell<bool>,
+}
+
+/// Queues `job` on this worker's tick of the limiter `id`; the first job of
+/// a tick spawns the task that, once every request made ready in the tick
+/// has run, puts the tick's jobs on `queue` as one message. Must run on an
+/// actix worker (an arbiter).
+pub(crate) fn push(id: u64, job: Job, queue: &SyncSender<Vec<Job>>, shared: &Arc<Shared>) {
+    let tick = TICKS.with(|ticks| Rc::clone(ticks.borrow_mut().entry(id).or_default()));
+    tick.jobs.borrow_mut().push(job);
+    if tick.scheduled.replace(true) {
+        return;
+    }
+    let (queue, shared) = (queue.clone(), Arc::clone(shared));
+    actix_rt::spawn(async move {
+        tokio::task::yield_now().await;
+        tick.scheduled.set(false);
+        let jobs = std::mem::take(&mut *tick.jobs.borrow_mut());
+        hand_over(&queue, &shared, jobs);
+    });
+}
+
+/// Puts `jobs` on the dispatchers' queue as one message; when it is full
+/// (or the dispatchers are gone), answers each job with that error.
+pub(crate) fn hand_over(queue: &SyncSender<Vec<Job>>, shared: &Shared, jobs: Vec<Job>) {
+    let (jobs, error) = match queue.try_send(jobs) {
+        Ok(()) => return,
+        Err(TrySendError::Full(jobs)) => {
+            shared
+                .errors
+                .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+            (jobs, LimiterError::Overloaded)
+        }
+        Err(TrySendError::Disconnected(jobs)) => (jobs, LimiterError::Stopped),
+    };
+    for job in jobs {
+        let _ = job.reply.send(Err(error.clone()));
+    }
+}
