@@ -1067,6 +1067,73 @@ async fn cluster_a_stalled_master_fails_only_its_own_keys() {
 }
 
 #[actix_web::test]
+async fn cluster_a_stalled_master_holds_no_worker_from_a_route_it_does_not_guard() {
+    // Long, so that a worker that waits on the master always shows: it
+    // would hold `/healthz` for most of it, however fast the machine.
+    const TIMEOUT: Duration = Duration::from_secs(5);
+    let cluster = Cluster::start();
+    let seeds = cluster.seeds();
+    let app = spawn_app_with(PER_MASTER, move |c| {
+        c.filter.redis.cluster = seeds;
+        c.filter.redis.timeout = TIMEOUT;
+        // One worker: the guarded and the unguarded requests share it.
+        c.server.workers = 1;
+    })
+    .await;
+    let stalled = user_on(&cluster, 0, "stalled");
+    for node in 0..3 {
+        assert_eq!(
+            decided(&app, &user_on(&cluster, node, "warm")).await,
+            (200, true)
+        );
+    }
+    let _: String = cluster.nodes[0]
+        .query(redis::cmd("CLIENT").arg("PAUSE").arg(60_000).arg("ALL"))
+        .unwrap();
+    let done = AtomicBool::new(false);
+    let first_answered = AtomicBool::new(false);
+    let guarded = join_all((0..4).map(|_| async {
+        let mut answers = Vec::new();
+        while !done.load(Ordering::SeqCst) {
+            let started = Instant::now();
+            let answer = decided(&app, &stalled).await;
+            first_answered.store(true, Ordering::SeqCst);
+            answers.push((answer, started.elapsed()));
+        }
+        answers
+    }));
+    let unguarded = async {
+        let mut took = Vec::new();
+        // Until the first guarded requests have their answer (they wait
+        // for the stalled master until the timeout), `/healthz` is asked
+        // again and again on the same worker.
+        while !first_answered.load(Ordering::SeqCst) {
+            let started = Instant::now();
+            let status = app.get("/healthz").await.status().as_u16();
+            took.push((status, started.elapsed()));
+        }
+        done.store(true, Ordering::SeqCst);
+        took
+    };
+    let (guarded, unguarded) = futures_util::future::join(guarded, unguarded).await;
+    assert!(!unguarded.is_empty());
+    for (status, took) in &unguarded {
+        assert_eq!(*status, 200);
+        assert!(
+            *took < TIMEOUT / 2,
+            "/healthz waited {took:?} for a stalled master it does not need"
+        );
+    }
+    let guarded: Vec<_> = guarded.into_iter().flatten().collect();
+    assert!(guarded.len() >= 4);
+    for (answer, took) in &guarded {
+        // The master answers nothing: each gets the rule's policy, in time.
+        assert_eq!(*answer, (200, false));
+        assert!(*took < TIMEOUT + TIMEOUT / 2, "the policy took {took:?}");
+    }
+}
+
+#[actix_web::test]
 async fn cluster_a_master_emptied_forgets_its_cached_denials() {
     let cluster = Cluster::start();
     let app = cluster_app(&PER_MASTER.replace("limit = 3", "limit = 1"), &cluster).await;
