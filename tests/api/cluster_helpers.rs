@@ -6,10 +6,10 @@
 //! is answered, for tests that must show what a visitor saw throughout.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::helpers::wait_until;
 
@@ -45,6 +45,48 @@ pub struct Node {
 }
 
 impl Node {
+    /// A cluster-enabled node on a free port (and its bus port), once it
+    /// answers PING. A port taken between the choice and the start makes
+    /// redis-server exit: another port is tried then.
+    fn start(dir: &Path) -> Node {
+        for _ in 0..5 {
+            let port = free_cluster_port();
+            let config = dir.join(format!("nodes-{port}.conf"));
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+                .arg("--cluster-config-file")
+                .arg(&config)
+                .arg("--dir")
+                .arg(dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server is installed");
+            let mut node = Node {
+                port,
+                child: Some(child),
+            };
+            // A deadline for a loaded machine, not a speed to meet.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                if node.query::<String>(&redis::cmd("PING")).is_some() {
+                    return node;
+                }
+                if let Some(child) = node.child.as_mut() {
+                    if child.try_wait().unwrap().is_some() {
+                        node.child = None;
+                        break;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            node.kill();
+        }
+        panic!("no cluster node started on any of 5 free ports");
+    }
+
     fn spawn(port: u16, args: &[String]) -> Node {
         let child = Command::new("redis-server")
             .args(args)
@@ -97,37 +139,7 @@ impl Cluster {
     /// Starts three nodes, joins them, waits for `cluster_state:ok` on all.
     pub fn start() -> Cluster {
         let dir = temp_dir("cluster");
-        let mut nodes = Vec::new();
-        for _ in 0..3 {
-            let port = free_cluster_port();
-            let args: Vec<String> = [
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--cluster-enabled",
-                "yes",
-                "--cluster-node-timeout",
-                "2000",
-                "--cluster-config-file",
-                &dir.join(format!("nodes-{port}.conf")).display().to_string(),
-                "--dir",
-                &dir.display().to_string(),
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            nodes.push(Node::spawn(port, &args));
-        }
-        for node in &nodes {
-            wait_until(Duration::from_secs(10), "a cluster node to answer", || {
-                node.query::<String>(&redis::cmd("PING")).is_some()
-            });
-        }
+        let nodes: Vec<Node> = (0..3).map(|_| Node::start(&dir)).collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
