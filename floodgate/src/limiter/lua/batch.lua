@@ -85,8 +85,8 @@ end
 local function emit(k, code, remaining, ms)
   local at = 3 * k - 2
   out[at] = code
-  out[at + 1] = math.max(0, math.floor(remaining))
-  out[at + 2] = math.max(0, math.ceil(ms))
+  out[at + 1] = max(0, floor(remaining))
+  out[at + 2] = max(0, ceil(ms))
 end
 
 -- The TTL of an operator record the decision wrote.
@@ -108,20 +108,21 @@ local function decide_job(n, now, k, a)
   if n == 1 then
     -- One rule (the common case): no bookkeeping across checks.
     failing = 0
-    local alg, p1, p2, cost = params(a)
-    local enforce, pen = check_flags(ARGV[a + 4])
+    local alg, p1, p2, cost, enforce, pen = check_spec(a, 1)
     local key = keys[k]
     local op = ops_read(key)
-    local banned = ops_banned(op, now)
-    if banned then
-      emit(k, 2, 0, banned)
-      return
-    end
     local r1, r2 = p1, p2
     local applied, ends
-    p1, p2, applied, ends = ops_params(op, alg, p1, p2, cost, now)
-    if applied then
-      decided_under(k, alg, p1, p2)
+    if op ~= OPS_NONE then
+      local banned = ops_banned(op, now)
+      if banned then
+        emit(k, 2, 0, banned)
+        return
+      end
+      p1, p2, applied, ends = ops_params(op, alg, p1, p2, cost, now)
+      if applied then
+        decided_under(k, alg, p1, p2)
+      end
     end
     local allowed, remaining, ms, state = peek(alg, key, now, p1, p2, cost)
     if allowed then
@@ -153,8 +154,7 @@ local function decide_job(n, now, k, a)
   local any_banned = false
   for i = 1, n do
     failing = i - 1
-    local alg, p1, p2, cost = params(a)
-    local enforce, pen = check_flags(ARGV[a + 4])
+    local alg, p1, p2, cost, enforce, pen = check_spec(a, i)
     local key = keys[k + i - 1]
     local op = ops_read(key)
     local banned = ops_banned(op, now)

@@ -13,6 +13,7 @@
 -- table lookup each time (a tenth of a decision's cost, measured).
 local tonumber, type, pcall, unpack, math, string, redis =
   tonumber, type, pcall, unpack, math, string, redis
+local max, floor, ceil = math.max, math.floor, math.ceil
 local ERR_TYPE = 1 -- the key holds a Redis type no algorithm here writes
 local ERR_PARAMS = 2 -- the check's parameters are out of range
 local ERR_STATE = 3 -- the key's state is not made of numbers
@@ -42,7 +43,7 @@ end
 -- The last decision's value wins, as it would in separate calls.
 local expire_in = {}
 local function set_ttl(key, ms)
-  expire_in[key] = math.max(1, math.ceil(ms))
+  expire_in[key] = max(1, ceil(ms))
 end
 
 -- Within one call, what an algorithm read of a key, for the next check on
@@ -381,6 +382,23 @@ local function check_flags(v)
     fail(ERR_PARAMS)
   end
   return e == '1', { tonumber(after), tonumber(within), tonumber(ban), tonumber(max) }
+end
+
+-- The last check parsed at each place within a job, with the arguments it
+-- was parsed from: a call's jobs mostly repeat the same rules, and Lua
+-- strings are interned, so comparing them compares pointers. Returns
+-- alg, p1, p2, cost, enforce, penalty (see params and check_flags).
+local specs = {}
+local function check_spec(a, i)
+  local s1, s2, s3, s4, s5 = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+  local c = specs[i]
+  if c and c[1] == s1 and c[2] == s2 and c[3] == s3 and c[4] == s4 and c[5] == s5 then
+    return c[6], c[7], c[8], c[9], c[10], c[11]
+  end
+  local alg, p1, p2, cost = params(a)
+  local enforce, pen = check_flags(s5)
+  specs[i] = { s1, s2, s3, s4, s5, alg, p1, p2, cost, enforce, pen }
+  return alg, p1, p2, cost, enforce, pen
 end
 
 -- One more denial of the identity under a rule with penalty `pen`: counts

@@ -97,13 +97,9 @@ define(1, 'list', nil, function()
   -- and `tail`, its oldest entries, oldest first (tail[i] is at index
   -- len - i). Nothing is known of an empty list's entries.
   local function sliding_window_load(key)
-    local s = { alg = 1, len = 0, tail = {}, push = {}, np = 0, flush = sliding_window_flush }
-    if READ_ONLY and READ_ONLY[key] then
-      return s
-    end
-    local n = redis.call('LLEN', key)
+    local n = (READ_ONLY and READ_ONLY[key]) and 0 or redis.call('LLEN', key)
     if n == 0 then
-      return s
+      return { alg = 1, len = 0, tail = {}, push = {}, np = 0, flush = sliding_window_flush }
     end
     if n > MAX_LIMIT then
       -- Only a list this code did not write: no limit can look past MAX_LIMIT entries.
@@ -126,8 +122,8 @@ define(1, 'list', nil, function()
         tail[i] = stored(t[FIRST + 1 - i])
       end
     end
-    s.len, s.newest, s.tail = n, newest, tail
-    return s
+    return { alg = 1, len = n, newest = newest, tail = tail, push = {}, np = 0,
+      flush = sliding_window_flush }
   end
 
   -- The list at `now`, from what is known of it (loaded when nothing is
@@ -145,7 +141,7 @@ define(1, 'list', nil, function()
       return s
     end
     local newest = s.newest
-    local now_eff = math.max(now, newest)
+    local now_eff = max(now, newest)
     local horizon = now_eff - window
     s.now_eff = now_eff
     if newest <= horizon then
