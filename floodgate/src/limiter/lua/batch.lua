@@ -219,7 +219,7 @@ local function batch()
   out, failing, quotas = {}, 0, {}
 
   -- Most identities have no operator record: one EXISTS for the whole call
-  -- spares every check its HMGET then.
+  -- (each key named once) spares every check its HMGET then.
   if ARGV[1] == 'cluster' then
     -- Before anything is written, every slot must be served here and not
     -- be on the move: only then does its never-written key answer (a slot
@@ -228,13 +228,17 @@ local function batch()
     -- dispatcher sends the slots one by one. The same EXISTS asks whether
     -- any of the slot's identities has an operator record.
     keys = {}
-    local at, any = 3, false
+    local at, any, seen = 3, false, {}
     for _ = 1, tonumber(ARGV[2]) do
       local m = tonumber(ARGV[at + 1])
       local names = { ARGV[at] }
       for i = at + 2, at + 1 + m do
-        keys[#keys + 1] = ARGV[i]
-        names[#names + 1] = ops_key(ARGV[i])
+        local key = ARGV[i]
+        keys[#keys + 1] = key
+        if not seen[key] then
+          seen[key] = true
+          names[#names + 1] = ops_key(key)
+        end
         if #names == 1000 or i == at + 1 + m then
           local ok, found = pcall(redis.call, 'EXISTS', unpack(names))
           if not ok then

@@ -301,12 +301,18 @@ local function ops_read(key)
   return redis.call('HMGET', ops_key(key), unpack(OPS_FIELDS))
 end
 
--- Whether any of `keys` has an operator record: one EXISTS per 1000 keys.
+-- Whether any of `keys` has an operator record: one EXISTS per 1000
+-- distinct keys (a call mostly decides a few keys many times).
 local function ops_any(keys)
-  local names = {}
-  for i = 1, #keys do
-    names[#names + 1] = ops_key(keys[i])
-    if #names == 1000 or i == #keys then
+  local names, seen = {}, {}
+  local n = #keys
+  for i = 1, n do
+    local key = keys[i]
+    if not seen[key] then
+      seen[key] = true
+      names[#names + 1] = ops_key(key)
+    end
+    if #names == 1000 or (i == n and #names > 0) then
       if redis.call('EXISTS', unpack(names)) > 0 then
         return true
       end
