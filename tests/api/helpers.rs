@@ -6,6 +6,7 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use actix_web::dev::ServerHandle;
@@ -338,4 +339,33 @@ pub fn parse_response(bytes: &[u8]) -> RawResponse {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
     RawResponse { status, head, body }
+}
+
+/// Asks `/healthz`, which no rule guards, again and again on `app` until
+/// `until` is set (by the guarded requests a stalled Redis holds, when the
+/// first of them has its answer), then sets `done` for them. Asserts that
+/// every answer was 200 and took less than `limit`: no worker waited for
+/// a Redis (`what`) that the route does not need.
+pub async fn unguarded_never_waits(
+    app: &TestApp,
+    until: &AtomicBool,
+    done: &AtomicBool,
+    limit: Duration,
+    what: &str,
+) {
+    let mut took = Vec::new();
+    while !until.load(Ordering::SeqCst) {
+        let started = Instant::now();
+        let status = app.get("/healthz").await.status().as_u16();
+        took.push((status, started.elapsed()));
+    }
+    done.store(true, Ordering::SeqCst);
+    assert!(!took.is_empty());
+    for (status, took) in &took {
+        assert_eq!(*status, 200);
+        assert!(
+            *took < limit,
+            "/healthz waited {took:?} for {what} it does not need"
+        );
+    }
 }
