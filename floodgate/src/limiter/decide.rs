@@ -259,14 +259,11 @@ impl Limiter {
             let (at, queued) = {
                 let lane = self.lane();
                 let queued = lane.flushes();
-                lane.queue.borrow_mut().push(job);
+                let first = lane.gathered.add(job);
                 let at = Rc::as_ptr(&lane) as usize;
-                if !lane.scheduled.replace(true) {
-                    actix_rt::spawn(async move {
-                        // Every request made ready in this tick joins the batch.
-                        tokio::task::yield_now().await;
-                        lane.flush();
-                    });
+                if first {
+                    // Every request made ready in this tick joins the batch.
+                    super::tick::after_tick(move || lane.flush());
                 }
                 (at, queued)
             };

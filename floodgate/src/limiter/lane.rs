@@ -29,6 +29,7 @@ use super::clock::deadline_margin;
 use super::conn::Conn;
 use super::dispatch::single::{LaneLink, Single};
 use super::dispatch::{process, Job, MAX_BATCH};
+use super::tick::Gather;
 use super::Limiter;
 
 /// The longest a worker waits for Redis's reply before it hands the call
@@ -48,9 +49,8 @@ thread_local! {
 /// One actix worker's way to Redis ([`Dispatch::Worker`]): the jobs of the
 /// current scheduler tick, and a connection of its own.
 pub(crate) struct Lane {
-    pub(crate) queue: RefCell<Vec<Job>>,
-    /// A task that will send the queue is spawned and has not run yet.
-    pub(crate) scheduled: Cell<bool>,
+    /// The jobs of the current tick.
+    pub(crate) gathered: Gather,
     /// Flushes begun so far: a job queued when this read `n` has been
     /// taken by the flush once it reads more.
     flushes: Cell<u64>,
@@ -78,9 +78,8 @@ impl Lane {
     /// Sends what the tick gathered: ONE script call per [`MAX_BATCH`]
     /// jobs, the worker waiting at most [`WORKER_WAIT`] for each.
     pub(crate) fn flush(&self) {
-        self.scheduled.set(false);
         self.flushes.set(self.flushes.get() + 1);
-        let mut jobs = std::mem::take(&mut *self.queue.borrow_mut());
+        let mut jobs = self.gathered.take();
         if let Ok(mut sender) = self.sender.try_borrow_mut() {
             while !jobs.is_empty() {
                 let rest = jobs.split_off(jobs.len().min(MAX_BATCH));
@@ -89,7 +88,7 @@ impl Lane {
             }
         } else {
             // Not reachable: a flush runs to its end before another starts.
-            self.queue.borrow_mut().append(&mut jobs);
+            self.gathered.put_back(jobs);
         }
         // Those answered are woken already; the others (their jobs went to
         // the helper thread) now wait with a timer.
@@ -183,8 +182,7 @@ impl Limiter {
             let mut lanes = lanes.borrow_mut();
             let lane = lanes.entry(self.id).or_insert_with(|| {
                 Rc::new(Lane {
-                    queue: RefCell::new(Vec::new()),
-                    scheduled: Cell::new(false),
+                    gathered: Gather::default(),
                     flushes: Cell::new(0),
                     waiting: RefCell::new(Vec::new()),
                     sender: RefCell::new(self.lane_sender()),

@@ -21,34 +21,58 @@ use super::LimiterError;
 
 thread_local! {
     /// This thread's tick of each limiter used on it.
-    static TICKS: RefCell<HashMap<u64, Rc<Tick>>> = RefCell::new(HashMap::new());
+    static TICKS: RefCell<HashMap<u64, Rc<Gather>>> = RefCell::new(HashMap::new());
 }
 
-/// The jobs gathered on one worker in the current scheduler tick.
+/// The jobs gathered on one worker in the current scheduler tick (for the
+/// dispatcher threads here, for Redis itself in a worker lane).
 #[derive(Default)]
-struct Tick {
+pub(crate) struct Gather {
     jobs: RefCell<Vec<Job>>,
-    /// A task that will hand the jobs over is spawned and has not run yet.
+    /// A task that will take the jobs is spawned and has not run yet.
     scheduled: Cell<bool>,
 }
 
-/// Queues `job` on this worker's tick of the limiter `id`; the first job of
-/// a tick spawns the task that, once every request made ready in the tick
-/// has run, puts the tick's jobs on `queue` as one message. Must run on an
-/// actix worker (an arbiter).
-pub(crate) fn push(id: u64, job: Job, queue: &SyncSender<Vec<Job>>, shared: &Arc<Shared>) {
-    let tick = TICKS.with(|ticks| Rc::clone(ticks.borrow_mut().entry(id).or_default()));
-    tick.jobs.borrow_mut().push(job);
-    if tick.scheduled.replace(true) {
-        return;
+impl Gather {
+    /// Adds `job`; true when it is the tick's first, whose caller then
+    /// schedules the flush with [`after_tick`].
+    pub(crate) fn add(&self, job: Job) -> bool {
+        self.jobs.borrow_mut().push(job);
+        !self.scheduled.replace(true)
     }
-    let (queue, shared) = (queue.clone(), Arc::clone(shared));
+
+    /// Takes the jobs gathered (a flush's first step): a job added from now
+    /// on is the first of the next tick.
+    pub(crate) fn take(&self) -> Vec<Job> {
+        self.scheduled.set(false);
+        std::mem::take(&mut *self.jobs.borrow_mut())
+    }
+
+    /// Puts back jobs that were taken and not flushed.
+    pub(crate) fn put_back(&self, mut jobs: Vec<Job>) {
+        self.jobs.borrow_mut().append(&mut jobs);
+    }
+}
+
+/// Runs `flush` on this worker once every request made ready in the
+/// current scheduler tick has run (a spawned task that yields once). Must
+/// run on an actix worker (an arbiter).
+pub(crate) fn after_tick(flush: impl FnOnce() + 'static) {
     actix_rt::spawn(async move {
         tokio::task::yield_now().await;
-        tick.scheduled.set(false);
-        let jobs = std::mem::take(&mut *tick.jobs.borrow_mut());
-        hand_over(&queue, &shared, jobs);
+        flush();
     });
+}
+
+/// Queues `job` on this worker's tick of the limiter `id`; the first job of
+/// a tick has the tick's jobs put on `queue` as one message once the tick
+/// is over. Must run on an actix worker (an arbiter).
+pub(crate) fn push(id: u64, job: Job, queue: &SyncSender<Vec<Job>>, shared: &Arc<Shared>) {
+    let tick = TICKS.with(|ticks| Rc::clone(ticks.borrow_mut().entry(id).or_default()));
+    if tick.add(job) {
+        let (queue, shared) = (queue.clone(), Arc::clone(shared));
+        after_tick(move || hand_over(&queue, &shared, tick.take()));
+    }
 }
 
 /// Puts `jobs` on the dispatchers' queue as one message; when it is full
