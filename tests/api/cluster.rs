@@ -1251,20 +1251,14 @@ async fn cluster_a_request_answered_without_its_decision_keeps_no_quota() {
     }
 }
 
-/// Ignored: its outcome depends on timing. In some runs (3 of 8) a few of
-/// the healthy masters' requests go undecided, at the start of the stall.
-/// Traced: the first stalled request is answered its policy at its
-/// deadline, while its dispatcher still waits on the master (its own wait
-/// began a little later), so for some ms the master's breaker is still
-/// closed. A batch the other dispatcher thread takes then, with jobs on a
-/// healthy master and on the stalled one, writes the healthy master's call,
-/// then waits the whole timeout on the stalled one (its connection's
-/// liveness check, `TIME`, when it has been idle over 1 ms); the healthy
-/// replies are read, but a batch's jobs are answered together, after its
-/// last reply, by then past their deadline. A fix answers each job as soon
-/// as every master it needs has replied. Run it by hand with `--ignored`.
+/// At the start of the stall, the first request on the stalled master holds
+/// its dispatcher for the whole timeout while the master's breaker is still
+/// closed; a batch the other dispatcher takes meanwhile, with jobs on the
+/// healthy masters and on the stalled one, must answer the healthy jobs
+/// without waiting on the stalled master (it sees the first dispatcher's
+/// wait). Without that, some healthy requests here got their
+/// `on_redis_error` answer (3 runs of 8).
 #[actix_web::test]
-#[ignore = "timing-dependent: healthy requests beside a probe sometimes go undecided"]
 async fn cluster_probes_of_a_stalled_master_do_not_hold_the_others() {
     let cluster = Cluster::start();
     // A short breaker: the stalled master is probed again and again.

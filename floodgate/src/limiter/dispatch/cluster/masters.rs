@@ -20,9 +20,13 @@
 //! ([`MasterHealth`], kept by address and shared by the dispatchers): a
 //! master that stalls or dies holds back only the calls to its own slots,
 //! and a master whose clock is off from the others' puts no wrong deadline
-//! on the calls to the others.
+//! on the calls to the others. Each dispatcher also marks there when it
+//! waits on a master's answer: a master another dispatcher has waited on
+//! for over [`SUSPECT`] may be stalling before its breaker knows it, and a
+//! batch then answers the jobs that do not need it first.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,15 +38,65 @@ use super::slot::SLOTS;
 use crate::limiter::breaker::Breaker;
 use crate::limiter::clock::RedisClock;
 use crate::limiter::conn::Conn;
-use crate::limiter::decide::Shared;
+use crate::limiter::decide::{Shared, DISPATCHERS};
 use crate::limiter::{LimiterError, RedisConfig};
 
-/// What the dispatchers know of one master: its breaker, and the estimate
-/// of its clock taken from its own replies.
+/// How long another dispatcher may have waited on a master's answer before
+/// the master counts as suspect (see [`Waits`]). A healthy master answers
+/// the largest batch in a few ms.
+pub(crate) const SUSPECT: Duration = Duration::from_millis(10);
+
+/// What the dispatchers know of one master: its breaker, the estimate of
+/// its clock taken from its own replies, and who waits on it now.
 #[derive(Debug)]
 pub(crate) struct MasterHealth {
     pub(crate) breaker: Arc<Breaker>,
     pub(crate) clock: RedisClock,
+    pub(crate) waits: Waits,
+}
+
+/// When each cluster dispatcher began to wait on the master's answer, if it
+/// waits now. A master that stalls holds the first dispatcher that asks it
+/// for the whole timeout before its breaker opens; meanwhile another
+/// dispatcher, seeing that wait, answers the jobs of its batch that do not
+/// need that master before it asks the master in turn (`Cluster::send`).
+#[derive(Debug)]
+pub(crate) struct Waits {
+    epoch: Instant,
+    /// Per dispatcher: µs after `epoch`, plus one, when its wait began; 0:
+    /// it does not wait.
+    since: [AtomicU64; DISPATCHERS],
+}
+
+impl Waits {
+    fn new() -> Waits {
+        Waits {
+            epoch: Instant::now(),
+            since: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    fn mark(&self, who: usize, waiting: bool) {
+        if let Some(since) = self.since.get(who) {
+            let at = if waiting {
+                self.epoch.elapsed().as_micros() as u64 + 1
+            } else {
+                0
+            };
+            since.store(at, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a dispatcher other than `me` has waited on the master for
+    /// over `longer`.
+    pub(crate) fn others_over(&self, me: usize, longer: Duration) -> bool {
+        let now = self.epoch.elapsed().as_micros() as u64 + 1;
+        let longer = longer.as_micros() as u64;
+        self.since.iter().enumerate().any(|(who, since)| {
+            let since = since.load(Ordering::Relaxed);
+            who != me && since != 0 && now.saturating_sub(since) > longer
+        })
+    }
 }
 
 /// Every master's [`MasterHealth`], by address: one per master for the
@@ -81,6 +135,7 @@ impl MasterHealths {
             Arc::new(MasterHealth {
                 breaker: Arc::new(Breaker::new(self.period)),
                 clock: RedisClock::new(),
+                waits: Waits::new(),
             })
         });
         Arc::clone(made)
@@ -178,6 +233,8 @@ pub(crate) struct Masters {
     stale: bool,
     /// When the map was last read.
     read_at: Option<Instant>,
+    /// This dispatcher's number, for [`Waits`].
+    me: usize,
 }
 
 /// Why a pipeline was not written.
@@ -191,7 +248,8 @@ pub(crate) enum Unwritten {
 }
 
 impl Masters {
-    pub(crate) fn new(config: &RedisConfig, shared: &Arc<Shared>) -> Masters {
+    /// `me`: the dispatcher's number, from 0.
+    pub(crate) fn new(config: &RedisConfig, shared: &Arc<Shared>, me: usize) -> Masters {
         Masters {
             slots: vec![UNKNOWN; usize::from(SLOTS)],
             addrs: Vec::new(),
@@ -202,6 +260,27 @@ impl Masters {
             timeout: config.timeout,
             stale: true,
             read_at: None,
+            me,
+        }
+    }
+
+    /// Whether master `i` may be stalling: another dispatcher has waited on
+    /// it for over [`SUSPECT`].
+    pub(crate) fn suspect(&self, i: usize) -> bool {
+        self.health
+            .get(i)
+            .is_some_and(|h| h.waits.others_over(self.me, SUSPECT))
+    }
+
+    /// Whether any master [`suspect`](Masters::suspect)s.
+    pub(crate) fn any_suspect(&self) -> bool {
+        (0..self.health.len()).any(|i| self.suspect(i))
+    }
+
+    /// Marks whether this dispatcher waits on master `i`'s answer now.
+    fn waiting(&self, i: usize, waiting: bool) {
+        if let Some(h) = self.health.get(i) {
+            h.waits.mark(self.me, waiting);
         }
     }
 
@@ -324,7 +403,13 @@ impl Masters {
     /// connection Redis answered on a moment ago or that answers a `TIME`
     /// now (which also tells that master's clock estimate its time).
     pub(crate) fn send(&mut self, i: usize, packed: &[u8]) -> Result<(), Unwritten> {
-        let conn = self.connect(i)?;
+        self.waiting(i, true);
+        let connected = self.connect(i).map(|_| ());
+        self.waiting(i, false);
+        connected?;
+        let Some(conn) = self.conns.get_mut(i).and_then(Option::as_mut) else {
+            return Err(Unwritten::NotSent(no_master()));
+        };
         if let Err(e) = conn.send_packed_command(packed) {
             conn.spoil();
             self.drop_conn(i);
@@ -343,6 +428,9 @@ impl Masters {
                 "no connection to the master",
             )));
         };
+        if let Some(h) = self.health.get(i) {
+            h.waits.mark(self.me, true);
+        }
         let reply = loop {
             match conn.recv_response() {
                 // Out-of-band RESP3 pushes are no reply.
@@ -350,6 +438,9 @@ impl Masters {
                 other => break other,
             }
         };
+        if let Some(h) = self.health.get(i) {
+            h.waits.mark(self.me, false);
+        }
         conn.note(&reply);
         if reply.is_err() {
             self.drop_conn(i);
@@ -486,6 +577,27 @@ mod tests {
         a.clock.sample(1_700_000_000_000_000, Instant::now());
         assert!(a.clock.redis_ms(Instant::now()).is_some());
         assert_eq!(b.clock.redis_ms(Instant::now()), None);
+    }
+
+    #[test]
+    fn a_master_is_suspect_to_the_others_while_one_dispatcher_waits_on_it() {
+        let waits = Waits::new();
+        assert!(!waits.others_over(0, Duration::ZERO) && !waits.others_over(1, Duration::ZERO));
+        waits.mark(0, true);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !waits.others_over(1, Duration::ZERO) {
+            assert!(Instant::now() < deadline, "a wait that began is never seen");
+            std::thread::yield_now();
+        }
+        // Its own wait is no news to the dispatcher, and a wait shorter
+        // than asked does not count.
+        assert!(!waits.others_over(0, Duration::ZERO));
+        assert!(!waits.others_over(1, Duration::from_secs(3600)));
+        waits.mark(0, false);
+        assert!(!waits.others_over(1, Duration::ZERO));
+        // A dispatcher number past the array is ignored, not a panic.
+        waits.mark(DISPATCHERS, true);
+        assert!(!waits.others_over(0, Duration::ZERO));
     }
 
     #[test]

@@ -96,7 +96,7 @@ pub(crate) fn start(
             give_back: Arc::clone(&give_back),
             shared: Arc::clone(shared),
             margin,
-            masters: Masters::new(config, shared),
+            masters: Masters::new(config, shared, i),
             cmd: redis::Cmd::new(),
             packed: Vec::new(),
             give_backs: Vec::new(),
@@ -150,10 +150,27 @@ impl Transport for Cluster {
         self.masters.probe_due() && Cluster::probes(self, job)
     }
 
+    /// While another dispatcher waits on a master that may be stalling
+    /// (see [`Masters::suspect`]), the jobs that need none such are decided
+    /// and answered first: a master's stall holds only its own jobs, even
+    /// before its breaker opens. (A master that stalls while this very
+    /// batch waits on it still holds the batch's other jobs.)
     fn send(
         &mut self,
         batch: &mut Vec<Job>,
     ) -> Result<Vec<Result<Decision, LimiterError>>, LimiterError> {
+        if batch.len() > 1 && self.masters.any_suspect() {
+            let masters = &self.masters;
+            let first: Vec<Job> = batch
+                .extract_if(.., |job| !needs_suspect(masters, job))
+                .collect();
+            if batch.is_empty() {
+                *batch = first;
+            } else if !first.is_empty() {
+                let results = self.decide(&first);
+                super::conclude(self, first, Ok(results));
+            }
+        }
         Ok(self.decide(batch))
     }
 
@@ -609,6 +626,15 @@ impl Cluster {
         // the map names: its clock is not told.
         classify(reply, expected, None)
     }
+}
+
+/// Whether one of `job`'s keys is on a master that may be stalling.
+fn needs_suspect(masters: &Masters, job: &Job) -> bool {
+    job.checks.iter().any(|c| {
+        masters
+            .of(key_slot(c.key.as_bytes()))
+            .is_some_and(|m| masters.suspect(m))
+    })
 }
 
 /// What a call's last reply comes to for its groups.
