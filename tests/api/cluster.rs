@@ -979,6 +979,20 @@ async fn decided(app: &TestApp, user: &str) -> (u16, bool) {
     decided_at(app, "/check", user).await
 }
 
+/// Decides once on every master (each dispatcher has its connections and
+/// the slot map), then stalls master `node` for `ms` (`CLIENT PAUSE ALL`).
+async fn warm_then_stall(app: &TestApp, cluster: &Cluster, node: usize, ms: u64) {
+    for n in 0..3 {
+        assert_eq!(
+            decided(app, &user_on(cluster, n, "warm")).await,
+            (200, true)
+        );
+    }
+    let _: String = cluster.nodes[node]
+        .query(redis::cmd("CLIENT").arg("PAUSE").arg(ms).arg("ALL"))
+        .unwrap();
+}
+
 const PER_MASTER: &str = r#"
 [redis]
 timeout = "300ms"
@@ -1014,16 +1028,7 @@ async fn cluster_a_stalled_master_fails_only_its_own_keys() {
         user_on(&cluster, 1, "healthy"),
         user_on(&cluster, 2, "healthy"),
     ];
-    // Every master has been used once.
-    for node in 0..3 {
-        assert_eq!(
-            decided(&app, &user_on(&cluster, node, "warm")).await,
-            (200, true)
-        );
-    }
-    let _: String = cluster.nodes[0]
-        .query(redis::cmd("CLIENT").arg("PAUSE").arg(2000).arg("ALL"))
-        .unwrap();
+    warm_then_stall(&app, &cluster, 0, 2000).await;
     // The stalled master's key times out: its rule's error policy. Its
     // breaker then holds for a minute, however long the pause lasts.
     assert_eq!(decided(&app, &stalled).await, (200, false));
@@ -1081,15 +1086,7 @@ async fn cluster_a_stalled_master_holds_no_worker_from_a_route_it_does_not_guard
     })
     .await;
     let stalled = user_on(&cluster, 0, "stalled");
-    for node in 0..3 {
-        assert_eq!(
-            decided(&app, &user_on(&cluster, node, "warm")).await,
-            (200, true)
-        );
-    }
-    let _: String = cluster.nodes[0]
-        .query(redis::cmd("CLIENT").arg("PAUSE").arg(60_000).arg("ALL"))
-        .unwrap();
+    warm_then_stall(&app, &cluster, 0, 60_000).await;
     let done = AtomicBool::new(false);
     let first_answered = AtomicBool::new(false);
     let guarded = join_all((0..4).map(|_| async {
@@ -1205,15 +1202,7 @@ async fn cluster_a_request_answered_without_its_decision_keeps_no_quota() {
     let healthy: Vec<String> = (0..40)
         .map(|i| user_on(&cluster, i % 2, &format!("healthy{i}")))
         .collect();
-    for node in 0..3 {
-        assert_eq!(
-            decided(&app, &user_on(&cluster, node, "warm")).await,
-            (200, true)
-        );
-    }
-    let _: String = cluster.nodes[2]
-        .query(redis::cmd("CLIENT").arg("PAUSE").arg(2000).arg("ALL"))
-        .unwrap();
+    warm_then_stall(&app, &cluster, 2, 2000).await;
     // All at once: some batches hold groups for the stalled master and
     // for the others.
     let requests = healthy.iter().enumerate().flat_map(|(i, user)| {
@@ -1274,15 +1263,7 @@ async fn cluster_probes_of_a_stalled_master_do_not_hold_the_others() {
         user_on(&cluster, 0, "healthy"),
         user_on(&cluster, 1, "healthy"),
     ];
-    for node in 0..3 {
-        assert_eq!(
-            decided(&app, &user_on(&cluster, node, "warm")).await,
-            (200, true)
-        );
-    }
-    let _: String = cluster.nodes[2]
-        .query(redis::cmd("CLIENT").arg("PAUSE").arg(60_000).arg("ALL"))
-        .unwrap();
+    warm_then_stall(&app, &cluster, 2, 60_000).await;
     assert_eq!(decided(&app, &stalled).await, (200, false));
     // While requests keep probing the stalled master (each probe waits out
     // the timeout), the other masters' requests are all decided by Redis.
