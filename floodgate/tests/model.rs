@@ -692,3 +692,55 @@ fn a_sliding_window_decided_in_one_call_answers_as_one_call_each() {
         panic!("{e}");
     }
 }
+
+/// A sliding window finds where its live entries start however many have
+/// left since it was last decided: a few (the entries read with the list's
+/// length), a busy key's worth (the reads from its tail), or most of a long
+/// list (the search inside it). Every answer is exact: what remains, when
+/// the window next frees, and for a request too large, what it must wait.
+#[test]
+fn a_sliding_window_counts_exactly_however_many_entries_left() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    const LIMIT: u32 = 1000;
+    const STEP: u64 = 10;
+    let window = u64::from(LIMIT) * STEP;
+    let algorithm = sliding(LIMIT, window);
+    for gone in [1u32, 2, 3, 7, 20, 60, 120, 200, 500, 999] {
+        let check = |cost: u32| Check {
+            key: format!("floodgate:gone:ip:{gone}"),
+            algorithm,
+            cost,
+            enforce: true,
+            penalty: None,
+        };
+        // Entry i admitted at T0 + i * STEP: the list is full.
+        let fill: Vec<_> = (0..u64::from(LIMIT))
+            .map(|i| (Some(T0 + i * STEP), vec![check(1)]))
+            .collect();
+        for call in fill.chunks(250) {
+            let decided = decide_batch(&mut conn, call.to_vec()).unwrap();
+            assert!(decided.iter().all(|d| d.as_ref().unwrap().allowed));
+        }
+        // Real time must not expire what the pinned clock still counts.
+        redis::cmd("PERSIST")
+            .arg(format!("floodgate:gone:ip:{gone}"))
+            .query::<()>(&mut conn)
+            .unwrap();
+        // `gone` entries (0 .. gone - 1) have left; the oldest live one
+        // leaves STEP ms later.
+        let now = T0 + u64::from(gone - 1) * STEP + window;
+        let decided = decide_batch(
+            &mut conn,
+            vec![
+                (Some(now), vec![check(gone + 1)]),
+                (Some(now), vec![check(1)]),
+            ],
+        )
+        .unwrap();
+        let too_large = answer(decided[0].as_ref().unwrap());
+        let fits = answer(decided[1].as_ref().unwrap());
+        assert_eq!(too_large, (false, u64::from(gone), STEP), "{gone} gone");
+        assert_eq!(fits, (true, u64::from(gone - 1), STEP), "{gone} gone");
+    }
+}

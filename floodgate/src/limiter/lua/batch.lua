@@ -82,11 +82,15 @@ end
 
 -- code: 1 allowed, 0 denied, 2 denied by a ban, 3 denied by a ban that
 -- this very denial started (a penalty).
+-- (x - x % 1 is floor(x), x + -x % 1 is ceil(x): Lua arithmetic, no
+-- function call.)
 local function emit(k, code, remaining, ms)
   local at = 3 * k - 2
   out[at] = code
-  out[at + 1] = max(0, floor(remaining))
-  out[at + 2] = max(0, ceil(ms))
+  remaining = remaining - remaining % 1
+  out[at + 1] = remaining > 0 and remaining or 0
+  ms = ms + -ms % 1
+  out[at + 2] = ms > 0 and ms or 0
 end
 
 -- The TTL of an operator record the decision wrote.
@@ -157,7 +161,7 @@ local function decide_job(n, now, k, a)
     local alg, p1, p2, cost, enforce, pen = check_spec(a, i)
     local key = keys[k + i - 1]
     local op = ops_read(key)
-    local banned = ops_banned(op, now)
+    local banned = op ~= OPS_NONE and ops_banned(op, now)
     local c = checks[i]
     if not c then
       c = {}
@@ -173,9 +177,11 @@ local function decide_job(n, now, k, a)
     else
       local r1, r2 = p1, p2
       local applied, ends
-      p1, p2, applied, ends = ops_params(op, alg, p1, p2, cost, now)
-      if applied then
-        decided_under(k + i - 1, alg, p1, p2)
+      if op ~= OPS_NONE then
+        p1, p2, applied, ends = ops_params(op, alg, p1, p2, cost, now)
+        if applied then
+          decided_under(k + i - 1, alg, p1, p2)
+        end
       end
       local allowed, remaining, ms, state = peek(alg, key, now, p1, p2, cost)
       if applied and not allowed then
@@ -298,7 +304,7 @@ local function batch()
     end
   end
   for key, ms in pairs(expire_in) do
-    redis.call('PEXPIRE', key, ms)
+    redis.call('PEXPIRE', key, max(1, ceil(ms)))
   end
   out[3 * (k - 1) + 1] = clock_us
   for i = 1, #quotas do

@@ -39,11 +39,12 @@ local function stored(v)
 end
 
 -- The TTL each written key gets when the call ends, in ms from its job's
--- clock: one PEXPIRE per key and call, however many decisions wrote it.
--- The last decision's value wins, as it would in separate calls.
+-- clock: one PEXPIRE per key and call, however many decisions wrote it
+-- (rounded up, at least 1 ms, only then). The last decision's value wins,
+-- as it would in separate calls.
 local expire_in = {}
 local function set_ttl(key, ms)
-  expire_in[key] = max(1, ceil(ms))
+  expire_in[key] = ms
 end
 
 -- Within one call, what an algorithm read of a key, for the next check on
@@ -191,6 +192,12 @@ end
 -- remaining, ms and the state the algorithm's commit reuses.
 local function peek_check(alg, key, now, p1, p2, cost)
   local def = ALGORITHMS[alg]
+  local s = memo[key]
+  if s and s.alg == alg then
+    -- Read as this algorithm's state earlier in the call: no other type
+    -- can be there, so nothing to catch.
+    return def.peek(key, now, p1, p2, cost)
+  end
   local ok, allowed, remaining, ms, state = pcall(def.peek, key, now, p1, p2, cost)
   if ok then
     return allowed, remaining, ms, state

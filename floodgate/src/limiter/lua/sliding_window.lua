@@ -19,11 +19,12 @@
 --
 -- Work: a decision reads the list's length, its newest entry and its
 -- FIRST oldest ones (LLEN, LINDEX 0, LRANGE); a request that finds all of
--- those gone reads MORE entries before them (LRANGE), and only when still
--- more have left (an idle key, a shortened window) does it search the list
--- (binary search with LINDEX: it is sorted), so a decision costs O(log n)
--- list reads at most whatever the limit and however many entries leave at
--- once, and three in the common case. Within one call, what was read is
+-- those gone reads MORE entries before them (LRANGE), then twice as many
+-- each time, and only when still more have left (an idle key, a shortened
+-- window) does it search the list (binary search with LINDEX: it is
+-- sorted), so a decision costs O(log n) list reads at most whatever the
+-- limit and however many entries leave at once, and three in the common
+-- case. Within one call, what was read is
 -- kept in `memo`, and an admission's writes (one LTRIM for what left the
 -- window, one LPUSH of its entries) wait there until the call ends: the
 -- next decision on the same key, at the same clock or a later one, reads
@@ -42,10 +43,13 @@ define(1, 'list', nil, function()
   -- The last entry formatted, and its time: a call's decisions are mostly
   -- at one time.
   local last_t, last_entry
-  -- The oldest entries read with a list's length and newest entry, and
-  -- how many more each further read takes, at most READS times per
-  -- decision before a binary search.
-  local FIRST, MORE, READS = 2, 8, 2
+  -- The oldest entries read with a list's length and newest entry; how
+  -- many more the first further read takes (each next one twice as many),
+  -- at most READS times per decision before a binary search. On a busy key
+  -- about as many entries leave between two calls as one call admits (a
+  -- batch, 10 to 30), and reads from the list's tail are cheap where a
+  -- LINDEX inside it walks a packed node: two reads find them.
+  local FIRST, MORE, READS = 2, 8, 4
 
   -- Writes a call's decisions have not made yet (see commit): the stored
   -- list keeps its `keep` newest entries (nil: all of them), then the
@@ -149,7 +153,7 @@ define(1, 'list', nil, function()
       return s
     end
     local tail = s.tail
-    local gone, reads = 0, 0
+    local gone, reads, more = 0, 0, MORE
     while true do
       local k = #tail
       while gone < k and tail[gone + 1] <= horizon do
@@ -165,7 +169,8 @@ define(1, 'list', nil, function()
         break
       end
       reads = reads + 1
-      local t = entries(key, s, math.max(0, before - MORE), before - 1)
+      local t = entries(key, s, math.max(0, before - more), before - 1)
+      more = 2 * more
       for j = 1, #t do
         tail[k + j] = t[j]
       end
