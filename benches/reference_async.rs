@@ -287,18 +287,23 @@ impl Probe<'_> {
         for &(key, _) in jobs {
             call.arg(&self.keys[key]);
         }
+        if let Subject::Floodgate(_, code) = self.subject {
+            // The call's one check spec: algorithm, p1, p2, cost, enforce.
+            call.arg(1)
+                .arg(code)
+                .arg(self.p1)
+                .arg(self.p2)
+                .arg(1)
+                .arg(1);
+        }
         call.arg(jobs.len());
         for &(_, now) in jobs {
             call.arg(now);
             match self.subject {
-                Subject::Floodgate(_, code) => {
+                Subject::Floodgate(..) => {
                     call.arg("") // deadline: none
                         .arg(1) // checks
-                        .arg(code)
-                        .arg(self.p1)
-                        .arg(self.p2)
-                        .arg(1) // cost
-                        .arg(1); // enforce
+                        .arg(1); // its spec, the first
                 }
                 Subject::Floor => {
                     call.arg(self.p1).arg(self.p2);

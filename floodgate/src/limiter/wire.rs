@@ -91,11 +91,20 @@ pub(crate) fn algorithm<A: Args>(out: &mut A, algorithm: &Algorithm) {
     }
 }
 
-/// Writes one check of a batch job as `lua/batch.lua` reads it: the
-/// algorithm, cost, and flags (enforce or shadow, the penalty's numbers).
-pub(crate) fn check<A: Args>(out: &mut A, check: &Check) {
+/// Writes the spec of a batch call's checks as `lua/batch.lua` reads it:
+/// the algorithm, cost, and flags (enforce or shadow, the penalty's
+/// numbers). Checks name their spec by its place among the call's.
+fn spec<A: Args>(out: &mut A, check: &Check) {
     algorithm(out, &check.algorithm);
     out.put(check.cost).put(check.flags().as_ref());
+}
+
+/// Whether two checks share a spec: everything but the key.
+fn same_spec(a: &Check, b: &Check) -> bool {
+    a.algorithm == b.algorithm
+        && a.cost == b.cost
+        && a.enforce == b.enforce
+        && a.penalty == b.penalty
 }
 
 /// One job of a batch call as the script sees it.
@@ -132,18 +141,44 @@ where
     3 * keys + 1
 }
 
-/// Writes the jobs of a batch call (the ARGV [`batch`] writes) into `cmd`.
+/// Writes the jobs of a batch call (the ARGV [`batch`] writes) into `cmd`:
+/// the call's distinct check specs, each once (a call's requests mostly
+/// match the same few rules, and every argument costs Redis a string), then
+/// the jobs, each check as the number of its spec.
 pub(crate) fn batch_jobs<'a, J, C>(cmd: &mut redis::Cmd, jobs: J)
 where
     J: Iterator<Item = JobArgs<C>> + Clone,
     C: Iterator<Item = &'a Check> + Clone,
 {
+    // A spec may be written more than once: only the first SHARED are
+    // looked through, so a call whose checks all differ (costs charged
+    // from handlers) costs no more than SHARED comparisons a check.
+    const SHARED: usize = 16;
+    let mut specs: Vec<&Check> = Vec::new();
+    let mut named: Vec<usize> = Vec::new();
+    for c in jobs.clone().flat_map(|job| job.checks) {
+        let shared = &specs[..specs.len().min(SHARED)];
+        let at = match shared.iter().position(|s| same_spec(s, c)) {
+            Some(at) => at,
+            None => {
+                specs.push(c);
+                specs.len() - 1
+            }
+        };
+        named.push(at + 1);
+    }
+    cmd.arg(specs.len());
+    for s in &specs {
+        spec(cmd, s);
+    }
     cmd.arg(jobs.clone().count());
+    let mut named = named.into_iter();
     for job in jobs {
         cmd.put_opt(job.now_ms).put_opt(job.deadline);
-        cmd.arg(job.checks.clone().count());
-        for c in job.checks {
-            check(cmd, c);
+        let n = job.checks.count();
+        cmd.arg(n);
+        for spec in named.by_ref().take(n) {
+            cmd.arg(spec);
         }
     }
 }
@@ -365,10 +400,8 @@ mod tests {
             "p:a:ip:1",
             "p:b:ip:1",
             "p:c:global:all",
-            "2",
-            "1700000000123",
-            "1700000000300",
-            "2",
+            // Three specs: algorithm, p1, p2, cost, flags.
+            "3",
             "1",
             "5",
             "10000",
@@ -379,14 +412,22 @@ mod tests {
             "20",
             "2",
             "0",
-            "",
-            "",
-            "1",
             "2",
             "3",
             "1500",
             "1",
             "1",
+            // Two jobs: now, deadline, checks, and each check's spec.
+            "2",
+            "1700000000123",
+            "1700000000300",
+            "2",
+            "1",
+            "2",
+            "",
+            "",
+            "1",
+            "3",
         ] {
             expected.arg(arg);
         }

@@ -6,15 +6,17 @@
 -- recorded (a denied request takes no quota from any rule).
 --
 -- KEYS  one key per check, jobs one after another
--- ARGV  [1] number of jobs, then per job:
---         now override in ms ("" = Redis TIME; tests pin the clock with it),
---         deadline in ms on Redis's clock ("" = none): a job that reaches
---         Redis at or after it is skipped, because its caller has given up,
---         number of checks, then per check:
+-- ARGV  [1] number of specs, then per spec (what checks of the call share;
+--         each is written once, or a few times in a call of many):
 --           algorithm (its code in ALGORITHMS, see common.lua),
 --           p1, p2 (see each algorithm), cost, flags: enforce (1) or
 --           shadow (0), then for a rule with a penalty
---           ":AFTER:WITHIN_MS:BAN_MS:MAX_MS" (see common.lua)
+--           ":AFTER:WITHIN_MS:BAN_MS:MAX_MS" (see common.lua),
+--       then the number of jobs, then per job:
+--         now override in ms ("" = Redis TIME; tests pin the clock with it),
+--         deadline in ms on Redis's clock ("" = none): a job that reaches
+--         Redis at or after it is skipped, because its caller has given up,
+--         number of checks, then per check the number of its spec (from 1)
 -- Returns a flat array, three values per check:
 --   decided:  allowed (1), denied (0), denied by a ban (2), denied by a
 --             ban this denial started (3); remaining, ms
@@ -57,6 +59,28 @@ local failing
 local quotas
 
 local peek = peek_check
+
+-- The call's check specs (see ARGV above): where they start in ARGV, how
+-- many there are, and those parsed so far, by the argument that names them.
+local spec_base, spec_count, spec_parsed
+
+-- The spec a check names (its argument, "1" for the first), parsed on
+-- first use: alg, p1, p2, cost, enforce, penalty; or fail(ERR_PARAMS).
+local function spec(name)
+  local c = spec_parsed[name]
+  if c then
+    return c[1], c[2], c[3], c[4], c[5], c[6]
+  end
+  local i = tonumber(name)
+  if not i or i < 1 or i > spec_count or i ~= math.floor(i) then
+    fail(ERR_PARAMS)
+  end
+  local a = spec_base + 5 * (i - 1)
+  local alg, p1, p2, cost = params(a)
+  local enforce, pen = check_flags(ARGV[a + 4])
+  spec_parsed[name] = { alg, p1, p2, cost, enforce, pen }
+  return alg, p1, p2, cost, enforce, pen
+end
 
 -- The wait of a denial under an override that ends at `ends` (nil: never):
 -- no longer than until the rule's own numbers (r1, r2) would allow.
@@ -112,9 +136,9 @@ local function decide_job(n, now, k, a)
   if n == 1 then
     -- One rule (the common case): no bookkeeping across checks.
     failing = 0
-    local alg, p1, p2, cost, enforce, pen = check_spec(a, 1)
+    local alg, p1, p2, cost, enforce, pen = spec(ARGV[a])
     local key = keys[k]
-    local op = ops_read(key)
+    local op = ops_maybe and ops_read(key) or OPS_NONE
     local r1, r2 = p1, p2
     local applied, ends
     if op ~= OPS_NONE then
@@ -158,9 +182,9 @@ local function decide_job(n, now, k, a)
   local any_banned = false
   for i = 1, n do
     failing = i - 1
-    local alg, p1, p2, cost, enforce, pen = check_spec(a, i)
+    local alg, p1, p2, cost, enforce, pen = spec(ARGV[a + i - 1])
     local key = keys[k + i - 1]
-    local op = ops_read(key)
+    local op = ops_maybe and ops_read(key) or OPS_NONE
     local banned = op ~= OPS_NONE and ops_banned(op, now)
     local c = checks[i]
     if not c then
@@ -193,7 +217,6 @@ local function decide_job(n, now, k, a)
         all_enforced_allow = false
       end
     end
-    a = a + 5
   end
   for i = 1, n do
     failing = i - 1
@@ -262,6 +285,8 @@ local function batch()
     ops_maybe = ops_any(KEYS)
   end
 
+  spec_count, spec_base, spec_parsed = tonumber(ARGV[base + 1]), base + 2, {}
+  base = base + 1 + 5 * spec_count
   local a = base + 2
   local k = 1
   for _ = 1, tonumber(ARGV[base + 1]) do
@@ -294,7 +319,7 @@ local function batch()
         quotas[i] = nil
       end
     end
-    a = a + 3 + 5 * n
+    a = a + 3 + n
     k = k + n
   end
   -- Writes the decisions kept back (see forget in common.lua), then the TTLs.

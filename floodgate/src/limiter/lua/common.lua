@@ -301,6 +301,8 @@ local function begin()
   expire_in, memo, ops_maybe = {}, {}, true
 end
 
+-- The identity's record (OPS_NONE: none). Callers on the hot path test
+-- ops_maybe first themselves: a call they save.
 local function ops_read(key)
   if not ops_maybe then
     return OPS_NONE
@@ -395,23 +397,6 @@ local function check_flags(v)
     fail(ERR_PARAMS)
   end
   return e == '1', { tonumber(after), tonumber(within), tonumber(ban), tonumber(max) }
-end
-
--- The last check parsed at each place within a job, with the arguments it
--- was parsed from: a call's jobs mostly repeat the same rules, and Lua
--- strings are interned, so comparing them compares pointers. Returns
--- alg, p1, p2, cost, enforce, penalty (see params and check_flags).
-local specs = {}
-local function check_spec(a, i)
-  local s1, s2, s3, s4, s5 = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
-  local c = specs[i]
-  if c and c[1] == s1 and c[2] == s2 and c[3] == s3 and c[4] == s4 and c[5] == s5 then
-    return c[6], c[7], c[8], c[9], c[10], c[11]
-  end
-  local alg, p1, p2, cost = params(a)
-  local enforce, pen = check_flags(s5)
-  specs[i] = { s1, s2, s3, s4, s5, alg, p1, p2, cost, enforce, pen }
-  return alg, p1, p2, cost, enforce, pen
 end
 
 -- One more denial of the identity under a rule with penalty `pen`: counts
