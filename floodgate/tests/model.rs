@@ -744,3 +744,39 @@ fn a_sliding_window_counts_exactly_however_many_entries_left() {
         assert_eq!(fits, (true, u64::from(gone - 1), STEP), "{gone} gone");
     }
 }
+
+/// A call writes each distinct check spec once and checks name theirs by
+/// number; past the first 16 a spec may be written again. However many
+/// different costs one call carries, each request is charged its own.
+#[test]
+fn a_call_of_many_different_checks_charges_each_its_own_cost() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let algorithm = sliding(1000, 60_000);
+    let key = |k: usize| format!("floodgate:specs:ip:{k}");
+    // 40 requests on two keys, costs 1 to 20 twice over.
+    let jobs: Vec<_> = (0..40usize)
+        .map(|i| {
+            let check = Check {
+                key: key(i % 2),
+                algorithm,
+                cost: (i % 20) as u32 + 1,
+                enforce: true,
+                penalty: None,
+            };
+            (Some(T0), vec![check])
+        })
+        .collect();
+    let decided = decide_batch(&mut conn, jobs.clone()).unwrap();
+    let mut used = [0u64; 2];
+    for (i, (job, decision)) in jobs.iter().zip(&decided).enumerate() {
+        used[i % 2] += u64::from(job.1[0].cost);
+        let (allowed, remaining, _) = answer(decision.as_ref().unwrap());
+        assert!(allowed, "request {i}");
+        assert_eq!(remaining, 1000 - used[i % 2], "request {i}");
+    }
+    for (k, used) in used.iter().enumerate() {
+        let len: u64 = redis::cmd("LLEN").arg(key(k)).query(&mut conn).unwrap();
+        assert_eq!(len, *used);
+    }
+}
