@@ -129,15 +129,17 @@ async fn decide(guard: &Guard, key: &str) -> Option<(bool, i64, i64)> {
     call.arg(guard.function)
         .arg(1)
         .arg(key)
-        .arg(1) // jobs
-        .arg("") // now: Redis TIME
-        .arg("") // deadline: none
-        .arg(1) // checks
+        .arg(1) // specs: the one rule's
         .arg(1) // sliding_window
         .arg(guard.limit)
         .arg(guard.window_ms)
         .arg(1) // cost
-        .arg(1); // enforce
+        .arg(1) // enforce
+        .arg(1) // jobs
+        .arg("") // now: Redis TIME
+        .arg("") // deadline: none
+        .arg(1) // checks
+        .arg(1); // its spec, the first
     let mut conn = guard.conn.clone();
     let reply = tokio::time::timeout(TIMEOUT, call.query_async::<Vec<i64>>(&mut conn)).await;
     match reply {
