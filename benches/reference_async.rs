@@ -123,23 +123,33 @@ fn serve(args: &[String]) -> std::io::Result<()> {
     })
 }
 
+/// Writes the ARGV of floodgate's batch function for jobs of one check each
+/// under one rule (algorithm `code`, parameters `p1`, `p2`, cost 1,
+/// enforced): the rule's spec once, then per job its pinned clock (`None`:
+/// Redis `TIME`), no deadline, and its one check naming that spec.
+fn one_rule_jobs(
+    call: &mut redis::Cmd,
+    code: u8,
+    p1: impl redis::ToRedisArgs,
+    p2: impl redis::ToRedisArgs,
+    nows: &[Option<u64>],
+) {
+    call.arg(1).arg(code).arg(p1).arg(p2).arg(1).arg(1);
+    call.arg(nows.len());
+    for now in nows {
+        match now {
+            Some(ms) => call.arg(ms),
+            None => call.arg(""),
+        };
+        call.arg("").arg(1).arg(1);
+    }
+}
+
 /// Allowed, remaining, ms (as the script returns them).
 async fn decide(guard: &Guard, key: &str) -> Option<(bool, i64, i64)> {
     let mut call = redis::cmd("FCALL");
-    call.arg(guard.function)
-        .arg(1)
-        .arg(key)
-        .arg(1) // specs: the one rule's
-        .arg(1) // sliding_window
-        .arg(guard.limit)
-        .arg(guard.window_ms)
-        .arg(1) // cost
-        .arg(1) // enforce
-        .arg(1) // jobs
-        .arg("") // now: Redis TIME
-        .arg("") // deadline: none
-        .arg(1) // checks
-        .arg(1); // its spec, the first
+    call.arg(guard.function).arg(1).arg(key);
+    one_rule_jobs(&mut call, 1, guard.limit, guard.window_ms, &[None]);
     let mut conn = guard.conn.clone();
     let reply = tokio::time::timeout(TIMEOUT, call.query_async::<Vec<i64>>(&mut conn)).await;
     match reply {
@@ -289,26 +299,15 @@ impl Probe<'_> {
         for &(key, _) in jobs {
             call.arg(&self.keys[key]);
         }
-        if let Subject::Floodgate(_, code) = self.subject {
-            // The call's one check spec: algorithm, p1, p2, cost, enforce.
-            call.arg(1)
-                .arg(code)
-                .arg(self.p1)
-                .arg(self.p2)
-                .arg(1)
-                .arg(1);
-        }
-        call.arg(jobs.len());
-        for &(_, now) in jobs {
-            call.arg(now);
-            match self.subject {
-                Subject::Floodgate(..) => {
-                    call.arg("") // deadline: none
-                        .arg(1) // checks
-                        .arg(1); // its spec, the first
-                }
-                Subject::Floor => {
-                    call.arg(self.p1).arg(self.p2);
+        match self.subject {
+            Subject::Floodgate(_, code) => {
+                let nows: Vec<Option<u64>> = jobs.iter().map(|&(_, now)| Some(now)).collect();
+                one_rule_jobs(&mut call, code, self.p1, self.p2, &nows);
+            }
+            Subject::Floor => {
+                call.arg(jobs.len());
+                for &(_, now) in jobs {
+                    call.arg(now).arg(self.p1).arg(self.p2);
                 }
             }
         }

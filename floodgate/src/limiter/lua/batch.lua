@@ -138,7 +138,7 @@ local function decide_job(n, now, k, a)
     failing = 0
     local alg, p1, p2, cost, enforce, pen = spec(ARGV[a])
     local key = keys[k]
-    local op = ops_maybe and ops_read(key) or OPS_NONE
+    local op = ops_read(key)
     local r1, r2 = p1, p2
     local applied, ends
     if op ~= OPS_NONE then
@@ -184,7 +184,7 @@ local function decide_job(n, now, k, a)
     failing = i - 1
     local alg, p1, p2, cost, enforce, pen = spec(ARGV[a + i - 1])
     local key = keys[k + i - 1]
-    local op = ops_maybe and ops_read(key) or OPS_NONE
+    local op = ops_read(key)
     local banned = op ~= OPS_NONE and ops_banned(op, now)
     local c = checks[i]
     if not c then

@@ -301,8 +301,6 @@ local function begin()
   expire_in, memo, ops_maybe = {}, {}, true
 end
 
--- The identity's record (OPS_NONE: none). Callers on the hot path test
--- ops_maybe first themselves: a call they save.
 local function ops_read(key)
   if not ops_maybe then
     return OPS_NONE

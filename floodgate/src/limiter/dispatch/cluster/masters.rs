@@ -237,6 +237,15 @@ pub(crate) struct Masters {
     me: usize,
 }
 
+/// Marks whether dispatcher `me` waits on master `i`'s answer now. A
+/// function of the health list alone, so that it can be called while a
+/// connection of the same `Masters` is borrowed.
+fn mark_waiting(health: &[Arc<MasterHealth>], me: usize, i: usize, waiting: bool) {
+    if let Some(h) = health.get(i) {
+        h.waits.mark(me, waiting);
+    }
+}
+
 /// Why a pipeline was not written.
 pub(crate) enum Unwritten {
     /// Nothing reached the master (no connection, or the idle check failed
@@ -275,13 +284,6 @@ impl Masters {
     /// Whether any master [`suspect`](Masters::suspect)s.
     pub(crate) fn any_suspect(&self) -> bool {
         (0..self.health.len()).any(|i| self.suspect(i))
-    }
-
-    /// Marks whether this dispatcher waits on master `i`'s answer now.
-    fn waiting(&self, i: usize, waiting: bool) {
-        if let Some(h) = self.health.get(i) {
-            h.waits.mark(self.me, waiting);
-        }
     }
 
     /// The index of the master serving `slot`, as far as the map knows.
@@ -403,9 +405,9 @@ impl Masters {
     /// connection Redis answered on a moment ago or that answers a `TIME`
     /// now (which also tells that master's clock estimate its time).
     pub(crate) fn send(&mut self, i: usize, packed: &[u8]) -> Result<(), Unwritten> {
-        self.waiting(i, true);
+        mark_waiting(&self.health, self.me, i, true);
         let connected = self.connect(i).map(|_| ());
-        self.waiting(i, false);
+        mark_waiting(&self.health, self.me, i, false);
         connected?;
         let Some(conn) = self.conns.get_mut(i).and_then(Option::as_mut) else {
             return Err(Unwritten::NotSent(no_master()));
@@ -428,9 +430,7 @@ impl Masters {
                 "no connection to the master",
             )));
         };
-        if let Some(h) = self.health.get(i) {
-            h.waits.mark(self.me, true);
-        }
+        mark_waiting(&self.health, self.me, i, true);
         let reply = loop {
             match conn.recv_response() {
                 // Out-of-band RESP3 pushes are no reply.
@@ -438,9 +438,7 @@ impl Masters {
                 other => break other,
             }
         };
-        if let Some(h) = self.health.get(i) {
-            h.waits.mark(self.me, false);
-        }
+        mark_waiting(&self.health, self.me, i, false);
         conn.note(&reply);
         if reply.is_err() {
             self.drop_conn(i);
