@@ -271,9 +271,23 @@ impl Model {
         let mut now_eff = now;
         let mut stored = None;
         if let Some((ws, cur, prev, win)) = self.counter {
+            now_eff = now.max(ws);
             if win == w {
-                now_eff = now.max(ws);
                 stored = Some((ws, cur, prev));
+            } else {
+                // A changed window keeps what was used: the old windows'
+                // estimate, rounded up, is the new window's count.
+                let ows = now_eff - now_eff.rem_euclid(win);
+                let (oc, op) = if ows == ws {
+                    (cur, prev)
+                } else if ows == ws + win {
+                    (0, cur)
+                } else {
+                    (0, 0)
+                };
+                let scaled = op * (win - (now_eff - ows)) + oc * win;
+                let used = (scaled + win - 1).div_euclid(win);
+                stored = Some((now_eff - now_eff.rem_euclid(w), used, 0));
             }
         }
         let ws = now_eff - now_eff.rem_euclid(w);
@@ -382,8 +396,10 @@ impl Model {
             now_eff = now.max(ts);
             let t = left + (now_eff - ts) as f64 * was_rate / 1000.0;
             if t < was_burst {
-                tokens = t.min(burst);
+                tokens = t;
                 if was_rate != rate || was_burst != burst {
+                    // What was used still counts.
+                    tokens = burst - (was_burst - t);
                     self.bucket = Some((tokens, now_eff, rate, burst));
                     self.set_ttl(
                         now,
@@ -401,7 +417,7 @@ impl Model {
             return (true, (left + 1e-9).floor() as u64, secs(wait));
         }
         let wait = now_eff as f64 + (cost - tokens) * 1000.0 / rate - now as f64;
-        (false, (tokens + 1e-9).floor() as u64, secs(wait))
+        (false, (tokens + 1e-9).floor().max(0.0) as u64, secs(wait))
     }
 }
 

@@ -114,18 +114,10 @@ impl Filter {
                 (composed.0.as_str(), composed.1.as_str())
             }
         };
-        let hashed;
-        let id = if rule.hash_key {
-            hashed = rule::hashed_id(id);
-            hashed.as_str()
-        } else {
-            id
-        };
         Ok(values::Keyed {
-            key: rule::redis_key_for(
+            key: rule.state_key(
                 self.state.limiter.hash_tags(),
                 &self.state.key_prefix,
-                &rule.name,
                 kind,
                 id,
             ),

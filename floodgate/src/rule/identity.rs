@@ -5,7 +5,7 @@
 
 use std::net::IpAddr;
 
-use super::{compose, normalize, redis_key_for, KeyKind, Normalize, Rule};
+use super::{compose, normalize, KeyKind, Normalize, Rule};
 
 /// The Redis key of the identity whose values, one per key kind of `rule`
 /// in the rule's order, are `values` (`global` takes none). Errors say
@@ -51,7 +51,7 @@ pub fn identity_key(
         [(kind, id)] => ((*kind).to_string(), id.clone()),
         _ => compose(&parts),
     };
-    Ok(redis_key_for(hash_tags, key_prefix, &rule.name, &kind, &id))
+    Ok(rule.state_key(hash_tags, key_prefix, &kind, &id))
 }
 
 /// One value as a request would be keyed by it.

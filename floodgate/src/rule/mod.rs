@@ -185,6 +185,18 @@ impl Rule {
     pub fn applies_to(&self, req: &actix_web::HttpRequest) -> bool {
         self.skip.as_ref().is_none_or(|s| !s.skips(req))
     }
+
+    /// The Redis key of the identity whose key kind (composed, for several)
+    /// is `kind` and whose value is `id`, under this rule: the one place
+    /// where requests and operators alike name an identity's state, so that
+    /// `hash_key` hashes the value for both and no secret reaches a key name.
+    pub(crate) fn state_key(&self, hash_tags: bool, prefix: &str, kind: &str, id: &str) -> String {
+        if self.hash_key {
+            redis_key_for(hash_tags, prefix, &self.name, kind, &hashed_id(id))
+        } else {
+            redis_key_for(hash_tags, prefix, &self.name, kind, id)
+        }
+    }
 }
 
 /// A rule in human words: "at most 5 requests per 10 seconds for your address".

@@ -257,9 +257,23 @@ pub(super) fn peek(slot: &mut Slot, c: &Check, now: u64) -> Peek {
             let mut now_eff = now;
             let mut stored = None;
             if let State::Counter { ws, cur, prev, win } = slot.state {
+                now_eff = now.max(ws);
                 if win == w {
-                    now_eff = now.max(ws);
                     stored = Some((ws, cur, prev));
+                } else if win > 0 {
+                    // A changed window keeps what was used: the old
+                    // windows' estimate, rounded up, is the new window's
+                    // count (sliding_counter.lua).
+                    let ows = now_eff - now_eff % win;
+                    let (oc, op) = if ows == ws {
+                        (cur, prev)
+                    } else if ows == ws + win {
+                        (0.0, cur)
+                    } else {
+                        (0.0, 0.0)
+                    };
+                    let used = op * (win - (now_eff - ows)) as f64 / win as f64 + oc;
+                    stored = Some((now_eff - now_eff % w, (used - 1e-9).ceil(), 0.0));
                 }
             }
             let ws = now_eff - now_eff % w;
@@ -314,8 +328,10 @@ pub(super) fn peek(slot: &mut Slot, c: &Check, now: u64) -> Peek {
                 // It refills under the parameters it was decided under.
                 let t = *left + (now_eff - *at) as f64 * *was_rate / 1000.0;
                 if t < *was_burst {
-                    tokens = t.min(burst);
+                    tokens = t;
                     if *was_rate != rate || *was_burst != burst {
+                        // What was used still counts (token_bucket.lua).
+                        tokens = burst - (*was_burst - t);
                         (*left, *at, *was_rate, *was_burst) = (tokens, now_eff, rate, burst);
                         adopted = Some(now_eff as f64 + (burst - tokens) * 1000.0 / rate);
                     }
@@ -337,7 +353,7 @@ pub(super) fn peek(slot: &mut Slot, c: &Check, now: u64) -> Peek {
             } else {
                 Peek {
                     allowed: false,
-                    remaining: (tokens + 1e-9).floor() as u64,
+                    remaining: (tokens + 1e-9).floor().max(0.0) as u64,
                     wait_ms: now_eff as f64 + (cost - tokens) * 1000.0 / rate - now as f64,
                     banned: false,
                     commit: Commit::Nothing,

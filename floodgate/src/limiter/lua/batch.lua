@@ -83,12 +83,20 @@ local function spec(name)
 end
 
 -- The wait of a denial under an override that ends at `ends` (nil: never):
--- no longer than until the rule's own numbers (r1, r2) would allow.
+-- no longer than until the rule's own numbers (r1, r2) would allow. It only
+-- asks: the rule's numbers are not in force yet, so nothing they would
+-- write (a log's TTL, a window's length, a bucket's rate) is written.
 local function wait_under(ms, ends, alg, key, now, r1, r2, cost)
   if not ends or ends - now >= ms then
     return ms
   end
-  local allowed, _, rule_ms = peek(alg, key, now, r1, r2, cost)
+  local ttl, was = expire_in[key], READ_ONLY
+  READ_ONLY = {}
+  local ok, allowed, _, rule_ms = pcall(peek, alg, key, now, r1, r2, cost)
+  READ_ONLY, expire_in[key] = was, ttl
+  if not ok then
+    error(allowed, 0)
+  end
   if allowed then
     rule_ms = 0
   end

@@ -17,8 +17,11 @@
 -- is the end of the next window, when both counts have left.
 --
 -- Time: the state's own time is its window's start: a decision's clock is
--- max(now, cws). A reload that changes the window starts the key afresh;
--- a changed limit applies to the counts at once.
+-- max(now, cws). A changed limit applies to the counts at once. A changed
+-- window (a reload, an operator's override set, changed, cleared or ended)
+-- keeps what was used: the old windows' estimate at that moment, rounded
+-- up, becomes the count of the new current window (and, one window later,
+-- its previous one), so no change of window gives the units back.
 define(5, 'hash', 'cws', function()
   local SLIDING_COUNTER_FIELDS = { 'cws', 'cur', 'prev', 'cw' }
 
@@ -29,9 +32,20 @@ define(5, 'hash', 'cws', function()
     local cws, cur, prev = nil, 0, 0
     if h[1] then
       local start, c, p, w = stored(h[1]), stored(h[2]), stored(h[3]), stored(h[4])
+      now_eff = math.max(now, start)
       if w == window then
-        now_eff = math.max(now, start)
         cws, cur, prev = start, c, p
+      elseif w > 0 then
+        -- The estimate under the old window at now_eff, carried over.
+        local ows = now_eff - now_eff % w
+        local oc, op = 0, 0
+        if ows == start then
+          oc, op = c, p
+        elseif ows == start + w then
+          op = c
+        end
+        local used = op * (w - (now_eff - ows)) / w + oc
+        cws, cur, prev = now_eff - now_eff % window, math.ceil(used - 1e-9), 0
       end
     end
     local ws = now_eff - now_eff % window

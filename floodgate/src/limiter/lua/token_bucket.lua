@@ -8,9 +8,13 @@
 --
 -- Until the key's next decision the bucket refills under the stored
 -- parameters (which is also when its TTL runs out); the next decision
--- applies the parameters in force from then on: a bucket full under the old
--- ones is full under the new ones, any other keeps its tokens (at most the
--- new burst), and the key is stamped with the new parameters and TTL.
+-- applies the parameters in force from then on (a reload, an operator's
+-- override set, changed, cleared or ended), and what was used still counts:
+-- the tokens missing from the old burst are missing from the new one, so a
+-- lowered burst may leave fewer than none (tokens below 0, refilled at the
+-- new rate) and a raised one has more room; a bucket full under the old
+-- parameters is full under the new. The key is stamped with the new
+-- parameters and TTL.
 -- peek returns allowed, remaining (whole tokens), ms, state:
 --   allowed: ms until the bucket is full again
 --   denied:  ms until cost tokens are there
@@ -40,10 +44,13 @@ define(3, 'hash', 'tokens', function()
       now_eff = math.max(now, ts)
       local t = left + (now_eff - ts) * was_rate / 1000
       if t < was_burst then
-        tokens = math.min(t, burst)
-        if (was_rate ~= rate or was_burst ~= burst) and not READ_ONLY then
-          redis.call('HSET', key, 'tokens', tokens, 'ts', now_eff, 'rate', rate, 'burst', burst)
-          set_ttl(key, now_eff + (burst - tokens) * 1000 / rate - now)
+        tokens = t
+        if was_rate ~= rate or was_burst ~= burst then
+          tokens = burst - (was_burst - t)
+          if not READ_ONLY then
+            redis.call('HSET', key, 'tokens', tokens, 'ts', now_eff, 'rate', rate, 'burst', burst)
+            set_ttl(key, now_eff + (burst - tokens) * 1000 / rate - now)
+          end
         end
       end
     end
@@ -52,7 +59,7 @@ define(3, 'hash', 'tokens', function()
       local left = math.max(0, tokens - cost)
       return true, math.floor(left + 1e-9), now_eff + (burst - left) * 1000 / rate - now, s
     end
-    return false, math.floor(tokens + 1e-9), now_eff + (cost - tokens) * 1000 / rate - now, s
+    return false, math.max(0, math.floor(tokens + 1e-9)), now_eff + (cost - tokens) * 1000 / rate - now, s
   end
 
   local function token_bucket_commit(key, now, rate, burst, cost, s)
@@ -74,7 +81,9 @@ define(3, 'hash', 'tokens', function()
     if tokens >= was_burst then
       return 0
     end
-    tokens = math.min(tokens, burst)
+    if was_rate ~= rate or was_burst ~= burst then
+      tokens = burst - (was_burst - tokens)
+    end
     local left = math.min(burst, tokens + cost)
     if left >= burst then
       -- A missing key is a full bucket.
