@@ -117,11 +117,28 @@ fn bytes_per_key() {
                 continue;
             }
             let key = format!("p:{name}:ip:{limit}");
-            // Full: the whole limit taken (the log holds one entry per unit).
+            // Full: the whole limit taken by one request.
             let cost = a.quota();
             let d = decide(&mut conn, T0, &check(&key, a, cost));
             assert!(d.allowed);
             line.push_str(&format!(" {name} {} B", memory(&mut conn, &key)));
+            if name == "sliding_window" {
+                // The log holds one entry per admitted request: the whole
+                // limit taken by one-unit requests, 1000 to a call.
+                let key = format!("p:{name}:units:{limit}");
+                let one = check(&key, a, 1);
+                for _ in 0..cost.div_ceil(1000) {
+                    let n = (cost as usize).min(1000);
+                    let jobs = vec![(Some(T0), vec![one.clone()]); n];
+                    for d in decide_batch(&mut conn, jobs).unwrap() {
+                        assert!(d.unwrap().allowed);
+                    }
+                }
+                line.push_str(&format!(
+                    " (in one-unit requests {} B)",
+                    memory(&mut conn, &key)
+                ));
+            }
         }
         println!("{line}");
     }

@@ -38,13 +38,22 @@ async fn at(
         .unwrap())
 }
 
+/// A sliding window's admission times, newest first, one per unit (each
+/// entry is `TIME:TOTAL:UNITS`).
 fn lrange(redis: &RedisServer, key: &str) -> Vec<u64> {
-    redis::cmd("LRANGE")
+    let entries: Vec<String> = redis::cmd("LRANGE")
         .arg(key)
         .arg(0)
         .arg(-1)
         .query(&mut redis.connection())
-        .unwrap()
+        .unwrap();
+    entries
+        .iter()
+        .flat_map(|e| {
+            let parts: Vec<u64> = e.split(':').map(|p| p.parse().unwrap()).collect();
+            std::iter::repeat_n(parts[0], parts[2] as usize)
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------

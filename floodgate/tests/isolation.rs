@@ -19,11 +19,12 @@ use common::RedisServer;
 
 const MAX: u32 = 100_000;
 
-/// Fills `key` with MAX entries, one ms apart and newest first: T0 + MAX
-/// at the head down to T0 + 1 at the tail (as MAX admissions would).
+/// Fills `key` with MAX entries of one unit each, one ms apart and newest
+/// first: T0 + MAX at the head down to T0 + 1 at the tail (as MAX
+/// admissions would; each entry is `TIME:TOTAL:UNITS`).
 fn fill(conn: &mut redis::Connection, key: &str) {
-    let times: Vec<u64> = (0..u64::from(MAX))
-        .map(|i| T0 + u64::from(MAX) - i)
+    let times: Vec<String> = (0..u64::from(MAX))
+        .map(|i| format!("{}:{}:1", T0 + u64::from(MAX) - i, u64::from(MAX) - i))
         .collect();
     for chunk in times.chunks(1000) {
         redis::cmd("RPUSH")
@@ -117,8 +118,7 @@ async fn one_decision_holds_redis_briefly_at_the_largest_limit() {
             0,
             100_000,
         ),
-        // A request's own units are the one thing the work grows with
-        // (an entry each).
+        // A request's units cost one entry, whatever their number.
         (
             "one request of 10 000 units",
             "f",
@@ -127,7 +127,7 @@ async fn one_decision_holds_redis_briefly_at_the_largest_limit() {
             10_000,
             true,
             90_000,
-            10_000,
+            1,
         ),
     ];
     for (what, id, t, algorithm, cost, allowed, left, len) in cases {
@@ -256,4 +256,72 @@ async fn a_broken_rule_fails_alone_in_its_batch() {
     // Every key the limiter wrote has a TTL.
     let ttl = redis.pttl("floodgate:ok:ip:1");
     assert!(ttl > 0 && ttl <= 60_000, "PTTL {ttl}");
+}
+
+fn memory_usage(conn: &mut redis::Connection, key: &str) -> u64 {
+    redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .query(conn)
+        .unwrap()
+}
+
+#[actix_web::test]
+async fn a_requests_cost_costs_redis_one_entry_whatever_its_units() {
+    // Limit 100 000, requests of 50 000 units: each admission is one entry
+    // carrying its weight, and the answers are those of one unit each.
+    let redis = RedisServer::start();
+    let limiter = pinned_limiter(&redis);
+    let mut conn = redis.connection();
+    let key = "floodgate:heavy:ip:1";
+    let minute = sliding(MAX, 60_000);
+    let at = |t: u64| {
+        let decided = limiter.decide_at(T0 + t, vec![check(key, minute, 50_000)]);
+        async move {
+            let o = decided.await.unwrap().outcomes[0];
+            (o.allowed, o.remaining, o.wait.as_millis() as u64)
+        }
+    };
+    assert_eq!(at(0).await, (true, 50_000, 60_000));
+    assert_eq!(at(1000).await, (true, 0, 59_000));
+    // Full: the first request's units must leave, at 60 s.
+    assert_eq!(at(2000).await, (false, 0, 58_000));
+    assert_eq!(redis.llen(key), 2);
+    let bytes = memory_usage(&mut conn, key);
+    assert!(bytes < 1000, "{bytes} bytes for two requests");
+    // The first leaves; the second's units still count.
+    assert_eq!(at(60_000).await, (true, 0, 1000));
+    assert_eq!(at(60_500).await, (false, 0, 500));
+    assert_eq!(redis.llen(key), 2);
+}
+
+#[actix_web::test]
+async fn a_log_of_plain_times_is_read_as_its_live_units() {
+    // A list written one plain time per unit (before entries carried their
+    // weight): its live units count, as one entry at its newest time.
+    let redis = RedisServer::start();
+    let limiter = pinned_limiter(&redis);
+    let mut conn = redis.connection();
+    let key = "floodgate:plain:ip:1";
+    let times: Vec<u64> = (1..=10).rev().map(|i| T0 + i * 1000).collect();
+    redis::cmd("RPUSH")
+        .arg(key)
+        .arg(&times)
+        .query::<()>(&mut conn)
+        .unwrap();
+    // At 15 s under a 10 s window, the entries at 6..10 s are live: 5 units.
+    let d = limiter
+        .decide_at(T0 + 15_000, vec![check(key, sliding(8, 10_000), 1)])
+        .await
+        .unwrap();
+    let o = d.outcomes[0];
+    assert_eq!((o.allowed, o.remaining), (true, 2));
+    assert_eq!(redis.llen(key), 2);
+    assert!(redis.pttl(key) > 0);
+    // They count until the newest of them leaves (at 20 s): never fewer.
+    let d = limiter
+        .decide_at(T0 + 19_999, vec![check(key, sliding(8, 10_000), 3)])
+        .await
+        .unwrap();
+    assert!(!d.outcomes[0].allowed);
 }

@@ -791,8 +791,16 @@ fn a_call_of_many_different_checks_charges_each_its_own_cost() {
         assert!(allowed, "request {i}");
         assert_eq!(remaining, 1000 - used[i % 2], "request {i}");
     }
+    // One entry per request; the newest one's running total is every unit
+    // charged (entries are `TIME:TOTAL:UNITS`).
     for (k, used) in used.iter().enumerate() {
         let len: u64 = redis::cmd("LLEN").arg(key(k)).query(&mut conn).unwrap();
-        assert_eq!(len, *used);
+        assert_eq!(len, 20);
+        let newest: String = redis::cmd("LINDEX")
+            .arg(key(k))
+            .arg(0)
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(newest.split(':').nth(1), Some(used.to_string().as_str()));
     }
 }
