@@ -148,6 +148,9 @@ pub struct FilterOptions {
     pub responder: Option<Box<DenialResponder>>,
     /// A path prefix no rule guards and no request under it is counted
     /// (an admin API, such as `/admin`); `None`: every path is matched.
+    /// A request is under it when the path actix's router routes is
+    /// (percent-decoded but for `%2F`, `%25` and `%2B`, as
+    /// `web::scope(prefix)` matches it): `/admin%2Fx` is not.
     pub unguarded: Option<String>,
 }
 
