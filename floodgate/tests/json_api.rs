@@ -98,6 +98,119 @@ async fn a_json_login_is_limited_per_account_under_concurrency() {
     drop(handle.stop(false));
 }
 
+/// A `json:username` rule on `/login`, 2 a minute, for `configure`d
+/// builder (told what the app's `web::Json` reads).
+fn login_filter(
+    redis: &RedisServer,
+    configure: impl FnOnce(floodgate::FilterBuilder) -> floodgate::FilterBuilder,
+) -> Filter {
+    let text = format!(
+        "[redis]\nurl = \"{}\"\n[[rule]]\nname = \"login\"\npaths = [\"/login\"]\nkey = \"json:username\"\nlimit = 2\nwindow = \"1m\"\ndeny = \"status\"\n",
+        redis.url()
+    );
+    configure(Filter::builder().toml_rules(&text, "app.toml"))
+        .build()
+        .unwrap()
+}
+
+/// `POST /login` as `user`, with `content_type` (`None`: no Content-Type).
+fn login_as(user: &str, content_type: Option<&str>) -> test::TestRequest {
+    let req = test::TestRequest::post()
+        .uri("/login")
+        .set_payload(format!(r#"{{"username":"{user}","password":"guess"}}"#));
+    match content_type {
+        Some(ct) => req.insert_header(("content-type", ct.to_string())),
+        None => req,
+    }
+}
+
+#[actix_web::test]
+async fn json_keys_read_every_body_the_handlers_web_json_reads() {
+    let redis = RedisServer::start();
+    // actix's default JsonConfig reads any `*/json` and `*+json` type.
+    let filter = login_filter(&redis, |b| b);
+    let app = test::init_service(
+        App::new()
+            .wrap(filter)
+            .route("/login", web::post().to(login)),
+    )
+    .await;
+    let types = [
+        "text/json",
+        "application/json+x",
+        "application/vnd.api+json",
+    ];
+    for ct in types {
+        let (alice, bob) = (format!("alice-{ct}"), format!("bob-{ct}"));
+        for user in [&alice, &alice, &bob] {
+            let res = test::call_service(&app, login_as(user, Some(ct)).to_request()).await;
+            assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{ct} {user}");
+        }
+        let res = test::call_service(&app, login_as(&alice, Some(ct)).to_request()).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "{ct}");
+    }
+    assert_eq!(redis.keys("floodgate:login:json:*").len(), 2 * types.len());
+    // A type the handler refuses is not read (the handler answers 400).
+    let res = test::call_service(&app, login_as("carol", Some("text/plain")).to_request()).await;
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(redis.keys("floodgate:login:ip:*").len(), 1);
+
+    // An app whose JsonConfig reads bodies without a Content-Type (and so
+    // of any type): the filter, told so, reads them too.
+    let redis = RedisServer::start();
+    let filter = login_filter(&redis, |b| b.json_content_type_required(false));
+    let app = test::init_service(
+        App::new()
+            .wrap(filter)
+            .app_data(web::JsonConfig::default().content_type_required(false))
+            .route("/login", web::post().to(login)),
+    )
+    .await;
+    let types = [
+        None,
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+    ];
+    for (i, ct) in types.into_iter().enumerate() {
+        let (dave, erin) = (format!("dave-{i}"), format!("erin-{i}"));
+        for user in [&dave, &dave, &erin] {
+            let res = test::call_service(&app, login_as(user, ct).to_request()).await;
+            assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{ct:?} {user}");
+        }
+        let res = test::call_service(&app, login_as(&dave, ct).to_request()).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "{ct:?}");
+    }
+    // An empty body names no one: keyed by address, as before.
+    let res = test::call_service(&app, test::TestRequest::post().uri("/login").to_request()).await;
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(redis.keys("floodgate:login:ip:*").len(), 1);
+
+    // A content-type predicate (JsonConfig::content_type's): text/plain too.
+    let redis = RedisServer::start();
+    let filter = login_filter(&redis, |b| {
+        b.json_content_type(|mime| mime == actix_web::mime::TEXT_PLAIN)
+    });
+    let app = test::init_service(
+        App::new()
+            .wrap(filter)
+            .app_data(
+                web::JsonConfig::default().content_type(|mime| mime == actix_web::mime::TEXT_PLAIN),
+            )
+            .route("/login", web::post().to(login)),
+    )
+    .await;
+    for user in ["frank", "frank", "grace"] {
+        let res = test::call_service(&app, login_as(user, Some("text/plain")).to_request()).await;
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{user}");
+    }
+    let res = test::call_service(&app, login_as("frank", Some("text/plain")).to_request()).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Still not a type the handler refuses.
+    let res = test::call_service(&app, login_as("heidi", Some("text/html")).to_request()).await;
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(redis.keys("floodgate:login:json:*").len(), 2);
+}
+
 // Phone numbers as keys: the `e164` feature.
 #[cfg(feature = "e164")]
 #[actix_web::test]

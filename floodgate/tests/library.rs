@@ -47,6 +47,40 @@ async fn toml_rules_wrapped_on_an_app_deny_past_the_limit_with_429() {
     assert_eq!(res.status(), StatusCode::OK);
 }
 
+/// `GET /user/{id}`: the id as the router gave it.
+async fn user(id: web::Path<String>) -> HttpResponse {
+    HttpResponse::Ok().body(id.into_inner())
+}
+
+#[actix_web::test]
+async fn a_rule_guards_every_path_the_router_sends_to_its_handler() {
+    let redis = RedisServer::start();
+    let filter = toml_filter(
+        &redis,
+        "[[rule]]\nname = \"user\"\npaths = [\"/user/:id\"]\nkey = \"global\"\ndeny = \"status\"\nlimit = 3\nwindow = \"1m\"\n",
+    );
+    let app = test::init_service(
+        App::new()
+            .wrap(filter)
+            .route("/user/{id}", web::get().to(user)),
+    )
+    .await;
+    // actix routes a path with `%2F` kept encoded: one segment, the
+    // handler's `{id}`. The rule (one segment too) counts it.
+    for (path, id) in [
+        ("/user/a%2Fb", "a/b"),
+        ("/user/%2F", "/"),
+        ("/user/a%2F..%2F..%2Fx", "a/../../x"),
+    ] {
+        let res = test::call_service(&app, test::TestRequest::get().uri(path).to_request()).await;
+        assert_eq!(res.status(), StatusCode::OK, "{path}");
+        assert_eq!(test::read_body(res).await, id.as_bytes(), "{path}");
+    }
+    let res = test::call_service(&app, test::TestRequest::get().uri("/user/7").to_request()).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(redis.llen("floodgate:user:global:all"), 3);
+}
+
 #[actix_web::test]
 async fn a_redis_without_functions_is_decided_with_scripts() {
     // A server that answers FCALL and FUNCTION "unknown command", as Redis

@@ -98,7 +98,12 @@ async fn handle(site: web::Data<Site>, req: HttpRequest, body: web::Bytes) -> Ht
         );
         return res;
     }
-    let what = req.path().strip_prefix(PATH).unwrap_or_default();
+    // The path as the router routed it here (`%61dmin` is `admin`).
+    let what = req
+        .match_info()
+        .as_str()
+        .strip_prefix(PATH)
+        .unwrap_or_default();
     let what = what.strip_prefix('/').unwrap_or(what);
     if !["inspect", "reset", "ban", "unban", "override"].contains(&what) {
         return error(StatusCode::NOT_FOUND, "no such admin action");

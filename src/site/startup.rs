@@ -104,6 +104,10 @@ impl Application {
                 trusted_proxies: config.filter.server.trusted_proxies.clone(),
                 proxy_header: config.filter.server.proxy_header,
                 max_form: config.filter.server.max_form,
+                // The site's JSON API reads `application/json` only (and
+                // needs no other setting of `web::JsonConfig`'s).
+                json_content_type_required: true,
+                json_content_type: None,
                 key_prefix: config.filter.redis.key_prefix.clone(),
                 denial_page: Box::new(move |rule, retry| {
                     site::pages::denial_html(&title, rule, retry)

@@ -738,6 +738,48 @@ async fn the_admin_api_needs_its_token_and_an_allowed_address_and_is_never_count
 }
 
 #[actix_web::test]
+async fn a_path_the_router_keeps_from_the_admin_api_is_guarded() {
+    let toml = r#"
+[admin]
+token = "s3cret-token-for-tests"
+
+[[rule]]
+name = "all"
+paths = ["/*"]
+key = "global"
+limit = 1000
+window = "1h"
+deny = "status"
+"#;
+    let app = spawn_app_with(toml, |_| {}).await;
+    // The start-up's own GET /healthz, counted.
+    let before = inspect(&app, "all", &[]).await.used;
+    // actix routes `%2F` encoded: none of these reaches the admin API (they
+    // get the 404 page), and the `/*` rule counts every one.
+    for path in [
+        "/admin%2Fhome",
+        "/admin%2F",
+        "/%61dmin%2Finspect",
+        "/admin%2finspect",
+    ] {
+        assert_eq!(status(&app, path).await, 404, "{path}");
+    }
+    assert_eq!(inspect(&app, "all", &[]).await.used, before + 4);
+    // What the router does send to the admin API (`%61` is `a`) is not counted.
+    let res = app
+        .client
+        .post(app.url("/%61dmin/inspect"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body(r#"{"rule":"all","values":[]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(inspect(&app, "all", &[]).await.used, before + 4);
+}
+
+#[actix_web::test]
 async fn without_a_token_every_admin_path_is_404_and_other_addresses_get_403() {
     let none = spawn_app_with(
         &TWO_RULES.replace("token = \"s3cret-token-for-tests\"", ""),

@@ -33,10 +33,11 @@ impl Bodies {
 }
 
 /// Stage 2: a rule keyed by a body field reads the urlencoded or JSON body
-/// (only the types its keys read), then hands it on intact. Refused: a
-/// body over `max_form` (413) or broken (400), a JSON body whose headers
-/// the filter cannot read as the handler would, a form in a charset or
-/// coding it cannot decode (415).
+/// (only the types its keys read, and only bodies the handler's `web::Form`
+/// or `web::Json` reads: see [`is_urlencoded`] and `JsonBodies`), then
+/// hands it on intact. Refused: a body over `max_form` (413) or broken
+/// (400), a JSON body whose headers the filter cannot read as the handler
+/// would, a form in a charset or coding it cannot decode (415).
 pub(super) async fn read_bodies(
     filter: &Filter,
     req: &mut ServiceRequest,
@@ -44,7 +45,7 @@ pub(super) async fn read_bodies(
 ) -> Result<Bodies, Refused<'static>> {
     let form_wanted = matched.iter().any(|r| r.key.reads_form()) && is_urlencoded(req);
     let json_wanted =
-        !form_wanted && matched.iter().any(|r| r.key.reads_json()) && json::is_json(req.headers());
+        !form_wanted && matched.iter().any(|r| r.key.reads_json()) && filter.state.json.reads(req);
     if json_wanted {
         json::check_json_headers(req.headers()).map_err(|e| Refused::Unreadable(e, None))?;
     }
@@ -64,6 +65,12 @@ pub(super) async fn read_bodies(
         }
     };
     req.set_payload(Payload::from(body.clone()));
+    // A body read only because the app takes any body as JSON names no one
+    // when it is empty (a GET on the same path, say), rather than being
+    // refused as no JSON.
+    if json_wanted && body.is_empty() && !filter.state.json.declared(req) {
+        return Ok(Bodies::default());
+    }
     if json_wanted {
         return Ok(Bodies {
             form: None,
@@ -117,16 +124,11 @@ pub(crate) fn form_text<'a>(
     }
 }
 
-fn is_urlencoded(req: &ServiceRequest) -> bool {
-    req.headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| {
-            ct.split(';').next().is_some_and(|m| {
-                m.trim()
-                    .eq_ignore_ascii_case("application/x-www-form-urlencoded")
-            })
-        })
+/// Whether the handler's `web::Form` reads the body: actix-web's own rule
+/// (`UrlEncoded::new`), a `Content-Type` whose media type (before any `;`)
+/// is `application/x-www-form-urlencoded` in any case; nothing else.
+fn is_urlencoded(req: &impl HttpMessage) -> bool {
+    req.content_type().to_lowercase() == "application/x-www-form-urlencoded"
 }
 
 async fn read_body(req: &mut ServiceRequest, max: usize) -> Result<Bytes, BodyError> {
@@ -148,4 +150,42 @@ async fn read_body(req: &mut ServiceRequest, max: usize) -> Result<Bytes, BodyEr
         body.extend_from_slice(&chunk);
     }
     Ok(body.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix_web::test::TestRequest;
+    use actix_web::{web, FromRequest};
+    use std::collections::HashMap;
+
+    #[actix_web::test]
+    async fn the_forms_read_are_those_web_form_reads() {
+        for ct in [
+            None,
+            Some("application/x-www-form-urlencoded"),
+            Some("Application/X-WWW-Form-Urlencoded; charset=utf-8"),
+            Some(" application/x-www-form-urlencoded ;x=y"),
+            Some("application/x-www-form-urlencoded; charset=latin1"),
+            Some("application/x-www-form-urlencoded; charset=nope"),
+            Some("application/x-www-form-urlencoded+json"),
+            Some("application/x-www-form-urlencodedx"),
+            Some("text/x-www-form-urlencoded"),
+            Some("multipart/form-data; boundary=x"),
+            Some("application/json"),
+            Some("text/plain"),
+            Some(""),
+        ] {
+            let mut req = TestRequest::post().set_payload("a=1");
+            if let Some(ct) = ct {
+                req = req.insert_header((header::CONTENT_TYPE, ct));
+            }
+            let (req, mut payload) = req.to_http_parts();
+            let form = web::Form::<HashMap<String, String>>::from_request(&req, &mut payload).await;
+            // What the filter reads as a form (a form it takes for one but
+            // cannot decode as the handler would is refused, 415).
+            let read = is_urlencoded(&req) && form_text(&req, b"a=1").is_ok();
+            assert_eq!(read, form.is_ok(), "{ct:?}");
+        }
+    }
 }

@@ -97,6 +97,8 @@ pub struct FilterBuilder {
     trusted_proxies: Vec<Cidr>,
     proxy_header: Option<ProxyHeader>,
     max_form: Option<usize>,
+    json_content_type_required: Option<bool>,
+    json_content_type: Option<Box<super::JsonContentType>>,
     rules: Vec<Rule>,
     limits: Vec<(String, Limit)>,
     toml: Option<Result<(String, String), ConfigError>>,
@@ -157,6 +159,54 @@ impl FilterBuilder {
     /// Largest form body read for `form:` keys; default 16 KiB.
     pub fn max_form(mut self, bytes: usize) -> Self {
         self.max_form = Some(bytes);
+        self
+    }
+
+    /// What the app's `web::JsonConfig::content_type_required` is, so that
+    /// `json:` and `body:` keys read exactly the bodies its handlers'
+    /// `web::Json` reads. Default `true`, as actix's: a body is read as
+    /// JSON when its `Content-Type` is a JSON type (subtype `json`, as
+    /// `application/json` and `text/json`, or suffix `+json`) or one
+    /// [`FilterBuilder::json_content_type`] accepts. `false` (an app that
+    /// set `content_type_required(false)`): every body is read as JSON,
+    /// whatever its `Content-Type` or none (an urlencoded form still goes
+    /// to `body:` keys as a form); an empty body then names no one, any
+    /// other that is not JSON gets `400` as `web::Json` refuses it.
+    ///
+    /// ```no_run
+    /// use actix_web::{web, App};
+    /// let filter = floodgate::Filter::builder()
+    ///     .json_content_type_required(false)
+    ///     .build()?;
+    /// let app = App::new()
+    ///     .app_data(web::JsonConfig::default().content_type_required(false))
+    ///     .wrap(filter);
+    /// # Ok::<(), floodgate::SetupError>(())
+    /// ```
+    pub fn json_content_type_required(mut self, required: bool) -> Self {
+        self.json_content_type_required = Some(required);
+        self
+    }
+
+    /// The predicate the app gives `web::JsonConfig::content_type`: more
+    /// media types whose bodies `json:` and `body:` keys read as JSON, as
+    /// its handlers' `web::Json` reads them. Default: none (JSON types
+    /// only, as actix's default).
+    ///
+    /// ```no_run
+    /// use actix_web::{mime, web, App};
+    /// let plain = |m: mime::Mime| m == mime::TEXT_PLAIN;
+    /// let filter = floodgate::Filter::builder().json_content_type(plain).build()?;
+    /// let app = App::new()
+    ///     .app_data(web::JsonConfig::default().content_type(plain))
+    ///     .wrap(filter);
+    /// # Ok::<(), floodgate::SetupError>(())
+    /// ```
+    pub fn json_content_type(
+        mut self,
+        accepts: impl Fn(actix_web::mime::Mime) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.json_content_type = Some(Box::new(accepts));
         self
     }
 
@@ -366,6 +416,8 @@ impl FilterBuilder {
                 trusted_proxies: self.trusted_proxies,
                 proxy_header: self.proxy_header.unwrap_or_default(),
                 max_form: self.max_form.unwrap_or(16 * 1024),
+                json_content_type_required: self.json_content_type_required.unwrap_or(true),
+                json_content_type: self.json_content_type,
                 key_prefix: redis.key_prefix,
                 denial_page,
                 session: self.session,

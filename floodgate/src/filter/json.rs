@@ -4,24 +4,60 @@
 use std::fmt;
 
 use actix_web::http::header::{self, HeaderMap};
+use actix_web::{mime, HttpMessage};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 use super::values::Unreadable;
+use super::JsonContentType;
 
-/// Whether `Content-Type` names a JSON body as actix's `web::Json` takes
-/// it: `application/json`, or any `+json` type (`application/problem+json`).
-pub(crate) fn is_json(headers: &HeaderMap) -> bool {
-    media_type(headers).is_some_and(|m| {
-        let m = m.to_ascii_lowercase();
-        m == "application/json" || (m.contains('/') && m.ends_with("+json"))
-    })
+/// Which bodies the app's `web::Json` reads: what the filter was told of
+/// its `JsonConfig` (see [`FilterBuilder::json_content_type_required`] and
+/// [`FilterBuilder::json_content_type`]).
+///
+/// [`FilterBuilder::json_content_type_required`]: super::FilterBuilder::json_content_type_required
+/// [`FilterBuilder::json_content_type`]: super::FilterBuilder::json_content_type
+pub(crate) struct JsonBodies {
+    /// `JsonConfig::content_type_required`.
+    pub required: bool,
+    /// `JsonConfig::content_type`.
+    pub content_type: Option<Box<JsonContentType>>,
 }
 
-/// The media type of `Content-Type`, without parameters.
-fn media_type(headers: &HeaderMap) -> Option<&str> {
-    let ct = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
-    ct.split(';').next().map(str::trim)
+impl JsonBodies {
+    /// Whether the handler's `web::Json` reads the body of `req`, by
+    /// actix-web's own rule (`JsonBody::new`): a `Content-Type` that parses
+    /// as a media type whose subtype is `json` (`application/json`,
+    /// `text/json`, `application/json+x`) or whose suffix is `json`
+    /// (`application/problem+json`), or that the app's predicate accepts;
+    /// any body at all when the app does not require a `Content-Type`.
+    pub(crate) fn reads(&self, req: &impl HttpMessage) -> bool {
+        !self.required || self.declared(req)
+    }
+
+    /// Whether `Content-Type` names a body `web::Json` reads (whether or
+    /// not the app requires one).
+    pub(crate) fn declared(&self, req: &impl HttpMessage) -> bool {
+        match req.mime_type() {
+            Ok(Some(mime)) => {
+                mime.subtype() == mime::JSON
+                    || mime.suffix() == Some(mime::JSON)
+                    || self.content_type.as_ref().is_some_and(|f| f(mime))
+            }
+            // No Content-Type, or one that is no media type.
+            _ => false,
+        }
+    }
+}
+
+impl Default for JsonBodies {
+    /// actix-web's default `JsonConfig`.
+    fn default() -> Self {
+        JsonBodies {
+            required: true,
+            content_type: None,
+        }
+    }
 }
 
 /// A JSON body the filter may read as the handler does: no content
@@ -152,6 +188,8 @@ impl<'de> Visitor<'de> for Member<'_> {
 mod tests {
     use super::*;
     use actix_web::http::header::{HeaderName, HeaderValue};
+    use actix_web::test::TestRequest;
+    use actix_web::{web, FromRequest};
 
     fn v(body: &str) -> Result<Option<String>, Unreadable> {
         json_value(body.as_bytes(), "phone")
@@ -215,19 +253,89 @@ mod tests {
         assert_eq!(v(r#"{"a":1,"a":2,"phone":"3"}"#), Ok(Some("3".into())));
     }
 
+    /// Whether actix's `web::Json` reads a body of `content_type` under
+    /// `config`: what the filter must answer.
+    async fn web_json_reads(content_type: Option<&str>, config: web::JsonConfig) -> bool {
+        let mut req = TestRequest::post().app_data(config).set_payload("{}");
+        if let Some(ct) = content_type {
+            req = req.insert_header((header::CONTENT_TYPE, ct));
+        }
+        let (req, mut payload) = req.to_http_parts();
+        web::Json::<serde_json::Value>::from_request(&req, &mut payload)
+            .await
+            .is_ok()
+    }
+
+    fn reads(bodies: &JsonBodies, content_type: Option<&str>) -> bool {
+        let mut req = TestRequest::post();
+        if let Some(ct) = content_type {
+            req = req.insert_header((header::CONTENT_TYPE, ct));
+        }
+        bodies.reads(&req.to_http_request())
+    }
+
+    #[actix_web::test]
+    async fn the_bodies_read_are_those_web_json_reads() {
+        let types = [
+            None,
+            Some("application/json"),
+            Some("Application/JSON; charset=utf-8"),
+            Some("application/problem+json"),
+            Some("application/vnd.api+JSON"),
+            Some("text/json"),
+            Some("application/json+x"),
+            Some("application/jsonx"),
+            Some("application/x-json"),
+            Some("json"),
+            Some("application/json;"),
+            Some("application/json; charset"),
+            Some("text/plain"),
+            Some("text/html; charset=utf-8"),
+            Some("application/x-www-form-urlencoded"),
+            Some("multipart/form-data; boundary=x"),
+            Some(""),
+            Some("*/*"),
+        ];
+        fn plain(m: mime::Mime) -> bool {
+            m == mime::TEXT_PLAIN
+        }
+        let configs: [(JsonBodies, fn() -> web::JsonConfig); 3] = [
+            (JsonBodies::default(), web::JsonConfig::default),
+            (
+                JsonBodies {
+                    required: false,
+                    content_type: None,
+                },
+                || web::JsonConfig::default().content_type_required(false),
+            ),
+            (
+                JsonBodies {
+                    required: true,
+                    content_type: Some(Box::new(plain)),
+                },
+                || web::JsonConfig::default().content_type(plain),
+            ),
+        ];
+        for (i, (bodies, config)) in configs.iter().enumerate() {
+            for ct in types {
+                assert_eq!(
+                    reads(bodies, ct),
+                    web_json_reads(ct, config()).await,
+                    "config {i}, {ct:?}"
+                );
+            }
+        }
+        assert!(reads(&JsonBodies::default(), Some("text/json")));
+        assert!(!reads(&JsonBodies::default(), Some("text/plain")));
+    }
+
     #[test]
-    fn content_types_and_charsets() {
+    fn charsets_and_codings() {
         let h = |ct: &str| {
             let mut h = HeaderMap::new();
             h.insert(header::CONTENT_TYPE, HeaderValue::from_str(ct).unwrap());
             h
         };
-        assert!(is_json(&h("application/json")));
-        assert!(is_json(&h("Application/JSON; charset=utf-8")));
-        assert!(is_json(&h("application/problem+json")));
-        assert!(!is_json(&h("text/plain")));
-        assert!(!is_json(&h("application/x-www-form-urlencoded")));
-        assert!(!is_json(&HeaderMap::new()));
         assert_eq!(check_json_headers(&h("application/json")), Ok(()));
         assert_eq!(
             check_json_headers(&h("application/json; charset=\"UTF-8\"")),

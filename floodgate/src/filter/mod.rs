@@ -62,6 +62,11 @@ pub type SessionLookup = dyn Fn(&HttpRequest) -> Option<String> + Send + Sync;
 /// and the rate-limit fields of the matching rules (as on every denial).
 pub type DenialResponder = dyn Fn(&Denial, &HttpRequest) -> HttpResponse + Send + Sync;
 
+/// A media type the app's `web::Json` reads besides the JSON ones: the
+/// predicate the app gives `JsonConfig::content_type` (see
+/// [`FilterBuilder::json_content_type`]).
+pub type JsonContentType = dyn Fn(actix_web::mime::Mime) -> bool + Send + Sync;
+
 /// A denied request, as a [`DenialResponder`] sees it.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -93,6 +98,7 @@ struct FilterState {
     trusted_proxies: Vec<Cidr>,
     proxy_header: ProxyHeader,
     max_form: usize,
+    json: json::JsonBodies,
     key_prefix: String,
     denial_page: Box<DenialPage>,
     session: Option<Box<SessionLookup>>,
@@ -123,6 +129,15 @@ pub struct FilterOptions {
     pub proxy_header: ProxyHeader,
     /// Largest form body read for `form:` keys.
     pub max_form: usize,
+    /// As the app's `JsonConfig::content_type_required` (actix's default:
+    /// `true`): `false` reads every body as JSON for `json:` and `body:`
+    /// keys, whatever its `Content-Type` (see
+    /// [`FilterBuilder::json_content_type_required`]).
+    pub json_content_type_required: bool,
+    /// As the app's `JsonConfig::content_type` (actix's default: `None`):
+    /// more media types read as JSON (see
+    /// [`FilterBuilder::json_content_type`]).
+    pub json_content_type: Option<Box<JsonContentType>>,
     /// First component of every Redis key.
     pub key_prefix: String,
     /// The HTML shown with a 429.
@@ -133,6 +148,9 @@ pub struct FilterOptions {
     pub responder: Option<Box<DenialResponder>>,
     /// A path prefix no rule guards and no request under it is counted
     /// (an admin API, such as `/admin`); `None`: every path is matched.
+    /// A request is under it when the path actix's router routes is
+    /// (percent-decoded but for `%2F`, `%25` and `%2B`, as
+    /// `web::scope(prefix)` matches it): `/admin%2Fx` is not.
     pub unguarded: Option<String>,
 }
 
@@ -157,6 +175,10 @@ impl Filter {
                 trusted_proxies: options.trusted_proxies,
                 proxy_header: options.proxy_header,
                 max_form: options.max_form,
+                json: json::JsonBodies {
+                    required: options.json_content_type_required,
+                    content_type: options.json_content_type,
+                },
                 key_prefix: options.key_prefix,
                 denial_page: options.denial_page,
                 session: options.session,

@@ -187,9 +187,10 @@ where
     respond(asked, &*service, req, verdict).await
 }
 
-/// Stage 1: the rules that guard `req` (its method and decoded path, less
-/// the rules that skip or exempt it), and its decoded path; `None` when no
-/// rule does. Refused: a header block over [`MAX_HEADER_BYTES`], a path
+/// Stage 1: the rules that guard `req` (its method, and its decoded path or
+/// the path the router routes, less the rules that skip or exempt it), and
+/// its decoded path; `None` when no rule does, or when the router routes it
+/// under the unguarded prefix. Refused: a header block over [`MAX_HEADER_BYTES`], a path
 /// that does not decode. The path is copied only when a rule matched, so
 /// an unguarded request allocates nothing here.
 fn guarding<'r>(
@@ -215,17 +216,29 @@ fn guarding<'r>(
         ));
     };
     let method = req.method().as_str();
+    // The path as actix's router routes it (`actix_router::Url`): decoded
+    // but for `%2F`, `%25` and `%2B`, so `/admin%2Fx` is one segment and
+    // no path under `/admin`.
+    let routed = req.match_info().as_str();
+    // Exempt only what the router sends under the unguarded prefix.
     let unguarded = filter
         .state
         .unguarded
         .as_deref()
-        .is_some_and(|p| is_under(&decoded, p) || is_under(req.path(), p));
+        .is_some_and(|p| is_under(routed, p));
     if unguarded {
         return Ok(None);
     }
+    // A rule guards the decoded path (a client cannot step around it by
+    // encoding a `/`), and the routed one (`/user/:id` guards
+    // `/user/a%2Fb`, which the router sends to `/user/{id}`).
+    let other = (routed != decoded).then_some(routed);
     let mut matched: Vec<&Rule> = rules
         .iter()
-        .filter(|r| r.matches(method, &decoded) && r.applies_to(req.request()))
+        .filter(|r| {
+            (r.matches(method, &decoded) || other.is_some_and(|p| r.matches(method, p)))
+                && r.applies_to(req.request())
+        })
         .collect();
     // A rule's exempt clients are neither counted nor denied by it.
     if matched.iter().any(|r| !r.exempt.is_empty()) {
