@@ -4,7 +4,25 @@
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv6Addr};
 
-use actix_web::http::header::HeaderMap;
+/// The lines of a request's header fields, whatever the web framework's
+/// header map: what the client address (and the filter's key values) are
+/// read from.
+pub trait HeaderLines {
+    /// Every line of the field `name` (lower case), in order.
+    fn lines<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a [u8]>;
+}
+
+impl HeaderLines for actix_web::http::header::HeaderMap {
+    fn lines<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a [u8]> {
+        self.get_all(name).map(|v| v.as_bytes())
+    }
+}
+
+impl HeaderLines for http::HeaderMap {
+    fn lines<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a [u8]> {
+        self.get_all(name).iter().map(|v| v.as_bytes())
+    }
+}
 
 /// IPv4-mapped IPv6 (`::ffff:1.2.3.4`) becomes the IPv4 address.
 pub fn canonical_ip(ip: IpAddr) -> IpAddr {
@@ -69,7 +87,7 @@ impl ProxyHeader {
 /// peer is the client. The other forwarding header is never read.
 pub fn client_addr(
     peer: IpAddr,
-    headers: &HeaderMap,
+    headers: &impl HeaderLines,
     trusted: &[Cidr],
     header: ProxyHeader,
 ) -> IpAddr {
@@ -103,12 +121,12 @@ pub fn client_addr(
 /// The `for=` of every `Forwarded` element, left (client) to right, over
 /// every `Forwarded` line in order; `None` without the header. An element
 /// without a readable `for=` is an empty hop (which ends a walk).
-fn forwarded_hops(headers: &HeaderMap) -> Option<Vec<String>> {
-    let mut lines = headers.get_all("forwarded").peekable();
+fn forwarded_hops(headers: &impl HeaderLines) -> Option<Vec<String>> {
+    let mut lines = headers.lines("forwarded").peekable();
     lines.peek()?;
     let mut hops = Vec::new();
     for value in lines {
-        let value = String::from_utf8_lossy(value.as_bytes());
+        let value = String::from_utf8_lossy(value);
         for element in value.split(',') {
             let for_ = element.split(';').find_map(|pair| {
                 let (k, v) = pair.split_once('=')?;
@@ -124,13 +142,13 @@ fn forwarded_hops(headers: &HeaderMap) -> Option<Vec<String>> {
 
 /// The addresses of every `X-Forwarded-For` line, left to right; `None`
 /// without the header.
-fn x_forwarded_for_hops(headers: &HeaderMap) -> Option<Vec<String>> {
-    let mut lines = headers.get_all("x-forwarded-for").peekable();
+fn x_forwarded_for_hops(headers: &impl HeaderLines) -> Option<Vec<String>> {
+    let mut lines = headers.lines("x-forwarded-for").peekable();
     lines.peek()?;
     Some(
         lines
             .flat_map(|v| {
-                String::from_utf8_lossy(v.as_bytes())
+                String::from_utf8_lossy(v)
                     .split(',')
                     .map(|s| s.trim().to_string())
                     .collect::<Vec<_>>()

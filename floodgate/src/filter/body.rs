@@ -6,10 +6,10 @@ use std::borrow::Cow;
 
 use actix_web::dev::{Payload, ServiceRequest};
 use actix_web::http::header;
-use actix_web::http::StatusCode;
 use actix_web::web::{Bytes, BytesMut};
 use actix_web::HttpMessage;
 use futures_util::StreamExt;
+use http::StatusCode;
 
 use super::deny::Refused;
 use super::{json, values, Filter};

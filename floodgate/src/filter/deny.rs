@@ -5,14 +5,16 @@
 use actix_web::body::EitherBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{self, HeaderValue};
-use actix_web::http::StatusCode;
+use actix_web::http::StatusCode as ActixStatus;
 use actix_web::{HttpRequest, HttpResponse};
+use http::StatusCode;
 
 use super::request::summary;
 use super::{fields, values, Denial, Filter, Usage};
 use crate::limiter::{Decision, LimiterError, Outcome};
 use crate::logging::{self, Escaped};
 use crate::metrics::DecisionKind as Counted;
+use crate::net::HeaderLines;
 use crate::rule::{Deny, Mode, Rule};
 
 /// The enforce rule that denies and frees last, with its outcome.
@@ -126,11 +128,7 @@ pub(super) fn deny<B>(
                 "{method} {shown}: no decision ({}), error_denied",
                 Escaped(&error.to_string())
             );
-            HttpResponse::ServiceUnavailable()
-                .insert_header((header::RETRY_AFTER, "1"))
-                .insert_header((header::CACHE_CONTROL, "no-store"))
-                .content_type("text/plain; charset=utf-8")
-                .body("the rate limiter is unavailable; try again in a second\n")
+            unavailable().to_actix()
         }
     };
     // Units an outer filter already took for this request go back.
@@ -153,74 +151,35 @@ pub(super) fn refuse<B>(
     req: ServiceRequest,
     refused: Refused<'_>,
 ) -> ServiceResponse<EitherBody<B>> {
-    match refused {
-        Refused::Plain(status, text) => plain(req, status, text),
-        Refused::Unreadable(e, rule) => unreadable(req, e, rule),
+    if let Refused::Unreadable(values::Unreadable::Missing(at), rule) = &refused {
+        log::debug!(
+            "{} {}: refused by rule {}: no {} value",
+            req.method(),
+            Escaped(req.path()),
+            rule.map_or("", |r| r.name.as_str()),
+            rule.and_then(|r| r.key.kinds().get(*at))
+                .map_or("key".to_string(), ToString::to_string)
+        );
     }
-}
-
-/// The answer to a request whose key value cannot be read as the handler
-/// would read it: 415 for a charset or coding, 400 for the rest; and to a
-/// request without the key value of a rule (`rule`) that rejects those.
-fn unreadable<B>(
-    req: ServiceRequest,
-    e: values::Unreadable,
-    rule: Option<&Rule>,
-) -> ServiceResponse<EitherBody<B>> {
-    match e {
-        values::Unreadable::Malformed(why) => plain(req, StatusCode::BAD_REQUEST, why),
-        values::Unreadable::Unsupported(why) => plain(req, StatusCode::UNSUPPORTED_MEDIA_TYPE, why),
-        values::Unreadable::Missing(at) => {
-            let (name, kind) = match rule {
-                Some(r) => (
-                    r.name.as_str(),
-                    r.key.kinds().get(at).map(ToString::to_string),
-                ),
-                None => ("", None),
-            };
-            log::debug!(
-                "{} {}: refused by rule {name}: no {} value",
-                req.method(),
-                Escaped(req.path()),
-                kind.as_deref().unwrap_or("key")
-            );
-            let body = serde_json::json!({
-                "error": "missing_key",
-                "rule": name,
-                "key": kind.unwrap_or_default(),
-            });
-            let response = HttpResponse::BadRequest()
-                .insert_header((header::CACHE_CONTROL, "no-store"))
-                .content_type("application/json")
-                .body(body.to_string());
-            req.into_response(response).map_into_right_body()
-        }
-    }
-}
-
-/// Answer `status` with a short text body (malformed or oversized input).
-fn plain<B>(
-    req: ServiceRequest,
-    status: StatusCode,
-    text: &'static str,
-) -> ServiceResponse<EitherBody<B>> {
-    let response = HttpResponse::build(status)
-        .content_type("text/plain; charset=utf-8")
-        .body(text);
+    let response = refusal(&refused).to_actix();
     req.into_response(response).map_into_right_body()
 }
 
-/// Whether `req` asks for `page` (as the rules read paths, decoded).
-fn is_error_page(req: &HttpRequest, page: &str) -> bool {
-    req.path() == page
-        || percent_encoding::percent_decode_str(req.path()).decode_utf8_lossy() == page
+/// Whether `path` (as received) is `page` (as the rules read paths, decoded).
+fn is_error_page(path: &str, page: &str) -> bool {
+    path == page || percent_encoding::percent_decode_str(path).decode_utf8_lossy() == page
 }
 
 /// Whether the `Accept` field names a media type.
 pub fn accepts(req: &HttpRequest, media: &str) -> bool {
-    req.headers()
-        .get_all(header::ACCEPT)
-        .filter_map(|v| v.to_str().ok())
+    accepts_in(req.headers(), media)
+}
+
+/// Whether the `Accept` field of `headers` names a media type.
+pub(crate) fn accepts_in(headers: &impl HeaderLines, media: &str) -> bool {
+    headers
+        .lines("accept")
+        .filter_map(|v| std::str::from_utf8(v).ok())
         .flat_map(|v| v.split(','))
         .any(|item| {
             item.split(';')
@@ -229,7 +188,135 @@ pub fn accepts(req: &HttpRequest, media: &str) -> bool {
         })
 }
 
-/// The response to a denied request: a 303 to the error page, or a 429.
+/// A response the filter writes itself, as any door sends it: the status,
+/// the header fields, the body.
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) fields: Vec<(&'static str, String)>,
+    pub(crate) body: String,
+}
+
+impl Answer {
+    /// The answer as an actix-web response.
+    fn to_actix(&self) -> HttpResponse {
+        let status =
+            ActixStatus::from_u16(self.status.as_u16()).unwrap_or(ActixStatus::TOO_MANY_REQUESTS);
+        let mut builder = HttpResponse::build(status);
+        for (name, value) in &self.fields {
+            builder.insert_header((*name, value.as_str()));
+        }
+        builder.body(self.body.clone())
+    }
+}
+
+/// The filter's own answer to a denied request (no application responder):
+/// a 303 to the error page, or a 429 (JSON or the HTML page, by `Accept`).
+pub(crate) fn answer(
+    filter: &Filter,
+    headers: &impl HeaderLines,
+    raw_path: &str,
+    rule: &Rule,
+    retry: u64,
+) -> Answer {
+    let json = accepts_in(headers, "application/json");
+    // A limit wrapped on the error page's own resource would send the
+    // browser back to the page that denied it, forever: that one gets the
+    // 429 instead (a file's or a builder's rule that covers its page is
+    // refused when the filter is built).
+    let redirect = rule.deny == Deny::Redirect
+        && (!json || accepts_in(headers, "text/html"))
+        && !is_error_page(raw_path, &rule.error_page);
+    let mut fields = vec![
+        ("retry-after", retry.to_string()),
+        ("cache-control", "no-store".to_string()),
+    ];
+    if redirect {
+        // Rule names are [A-Za-z0-9_-]: safe in a query as they are.
+        let location = format!("{}?rule={}&retry_after={retry}", rule.error_page, rule.name);
+        fields.push(("location", location));
+        return Answer {
+            status: StatusCode::SEE_OTHER,
+            fields,
+            body: String::new(),
+        };
+    }
+    if json {
+        fields.push(("content-type", "application/json".to_string()));
+        // Rule names are [A-Za-z0-9_-]: nothing to escape; fields in the documented order.
+        let body = format!(
+            "{{\"error\":\"rate_limited\",\"rule\":\"{}\",\"retry_after\":{retry}}}",
+            rule.name
+        );
+        return Answer {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            fields,
+            body,
+        };
+    }
+    fields.push(("content-type", "text/html; charset=utf-8".to_string()));
+    Answer {
+        status: StatusCode::TOO_MANY_REQUESTS,
+        fields,
+        body: (filter.state.denial_page)(rule, retry),
+    }
+}
+
+/// The answer to a request no one could decide, under a rule whose
+/// `on_redis_error` is `deny`.
+pub(crate) fn unavailable() -> Answer {
+    Answer {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        fields: vec![
+            ("retry-after", "1".to_string()),
+            ("cache-control", "no-store".to_string()),
+            ("content-type", "text/plain; charset=utf-8".to_string()),
+        ],
+        body: "the rate limiter is unavailable; try again in a second\n".to_string(),
+    }
+}
+
+/// The answer to a request refused before it is decided.
+pub(crate) fn refusal(refused: &Refused<'_>) -> Answer {
+    let plain = |status: StatusCode, text: &str| Answer {
+        status,
+        fields: vec![("content-type", "text/plain; charset=utf-8".to_string())],
+        body: text.to_string(),
+    };
+    match refused {
+        Refused::Plain(status, text) => plain(*status, text),
+        Refused::Unreadable(values::Unreadable::Malformed(why), _) => {
+            plain(StatusCode::BAD_REQUEST, why)
+        }
+        Refused::Unreadable(values::Unreadable::Unsupported(why), _) => {
+            plain(StatusCode::UNSUPPORTED_MEDIA_TYPE, why)
+        }
+        Refused::Unreadable(values::Unreadable::Missing(at), rule) => {
+            let (name, kind) = match rule {
+                Some(r) => (
+                    r.name.as_str(),
+                    r.key.kinds().get(*at).map(ToString::to_string),
+                ),
+                None => ("", None),
+            };
+            let body = serde_json::json!({
+                "error": "missing_key",
+                "rule": name,
+                "key": kind.unwrap_or_default(),
+            });
+            Answer {
+                status: StatusCode::BAD_REQUEST,
+                fields: vec![
+                    ("cache-control", "no-store".to_string()),
+                    ("content-type", "application/json".to_string()),
+                ],
+                body: body.to_string(),
+            }
+        }
+    }
+}
+
+/// The response to a denied request: the application's responder's, or
+/// the filter's own [`answer`].
 fn denial(filter: &Filter, req: &HttpRequest, rule: &Rule, retry: u64) -> HttpResponse {
     if let Some(respond) = &filter.state.responder {
         let denial = Denial {
@@ -248,36 +335,5 @@ fn denial(filter: &Filter, req: &HttpRequest, rule: &Rule, retry: u64) -> HttpRe
         }
         return res;
     }
-    let json = accepts(req, "application/json");
-    // A limit wrapped on the error page's own resource would send the
-    // browser back to the page that denied it, forever: that one gets the
-    // 429 instead (a file's or a builder's rule that covers its page is
-    // refused when the filter is built).
-    let redirect = rule.deny == Deny::Redirect
-        && (!json || accepts(req, "text/html"))
-        && !is_error_page(req, &rule.error_page);
-    if redirect {
-        // Rule names are [A-Za-z0-9_-]: safe in a query as they are.
-        let location = format!("{}?rule={}&retry_after={retry}", rule.error_page, rule.name);
-        return HttpResponse::SeeOther()
-            .insert_header((header::LOCATION, location))
-            .insert_header((header::RETRY_AFTER, retry.to_string()))
-            .insert_header((header::CACHE_CONTROL, "no-store"))
-            .finish();
-    }
-    let mut builder = HttpResponse::TooManyRequests();
-    builder
-        .insert_header((header::RETRY_AFTER, retry.to_string()))
-        .insert_header((header::CACHE_CONTROL, "no-store"));
-    if json {
-        // Rule names are [A-Za-z0-9_-]: nothing to escape; fields in the documented order.
-        builder.content_type("application/json").body(format!(
-            "{{\"error\":\"rate_limited\",\"rule\":\"{}\",\"retry_after\":{retry}}}",
-            rule.name
-        ))
-    } else {
-        builder
-            .content_type("text/html; charset=utf-8")
-            .body((filter.state.denial_page)(rule, retry))
-    }
+    answer(filter, req.headers(), req.path(), rule, retry).to_actix()
 }

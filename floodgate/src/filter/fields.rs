@@ -25,7 +25,6 @@ use std::cell::RefCell;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use actix_web::dev::ServiceResponse;
-use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use actix_web::{HttpMessage, HttpRequest, HttpResponse};
 
 use crate::limiter::Outcome;
@@ -89,11 +88,59 @@ fn slot(dialect: HeaderDialect) -> Option<usize> {
     SINGLE.iter().position(|d| *d == dialect)
 }
 
+/// A response's header fields, whatever the framework's header map: what
+/// the fields are written into.
+pub(crate) trait FieldMap {
+    /// The field's value, when it is text.
+    fn text(&self, name: &'static str) -> Option<&str>;
+    /// Whether the field is there.
+    fn has(&self, name: &'static str) -> bool;
+    /// Sets the field (a value that is no field value is left out).
+    fn set(&mut self, name: &'static str, value: String);
+    /// Removes the field.
+    fn unset(&mut self, name: &'static str);
+}
+
+impl FieldMap for actix_web::http::header::HeaderMap {
+    fn text(&self, name: &'static str) -> Option<&str> {
+        self.get(name).and_then(|v| v.to_str().ok())
+    }
+    fn has(&self, name: &'static str) -> bool {
+        self.contains_key(name)
+    }
+    fn set(&mut self, name: &'static str, value: String) {
+        use actix_web::http::header::{HeaderName, HeaderValue};
+        if let Ok(v) = HeaderValue::try_from(value) {
+            self.insert(HeaderName::from_static(name), v);
+        }
+    }
+    fn unset(&mut self, name: &'static str) {
+        self.remove(name);
+    }
+}
+
+impl FieldMap for http::HeaderMap {
+    fn text(&self, name: &'static str) -> Option<&str> {
+        self.get(name).and_then(|v| v.to_str().ok())
+    }
+    fn has(&self, name: &'static str) -> bool {
+        self.contains_key(name)
+    }
+    fn set(&mut self, name: &'static str, value: String) {
+        if let Ok(v) = http::HeaderValue::try_from(value) {
+            self.insert(http::HeaderName::from_static(name), v);
+        }
+    }
+    fn unset(&mut self, name: &'static str) {
+        self.remove(name);
+    }
+}
+
 /// What a filter showed in the one-rule dialects of a response, noted in
 /// the request's extensions for the filter around it. Only requests with a
 /// rule of such a dialect carry one.
 #[derive(Debug, Clone, Copy, Default)]
-struct Shown {
+pub(crate) struct Shown {
     /// The pick of each dialect of [`SINGLE`], written or not.
     picks: [Option<Pick>; 3],
     /// Which of them are in the response (and so must go before a merge).
@@ -110,7 +157,7 @@ pub(super) fn on_response<B>(
     nothing_taken: bool,
 ) {
     let req = res.request().clone();
-    write(res.headers_mut(), &req, rules, outcomes, nothing_taken);
+    noted(&req, res.headers_mut(), rules, outcomes, nothing_taken);
 }
 
 /// Adds the fields of `rules` (with their `outcomes`) to a denial of `req`.
@@ -120,29 +167,45 @@ pub(super) fn on_denial(
     rules: &[&Rule],
     outcomes: &[Outcome],
 ) {
-    write(res.headers_mut(), req, rules, outcomes, true);
+    noted(req, res.headers_mut(), rules, outcomes, true);
 }
 
-/// Writes the fields of `rules` (with their `outcomes`, one each) into a
-/// response's `headers`. `denied`: the request took nothing from any of
-/// these rules (it was denied): a rule that denied shows 0 remaining, one
-/// that would have admitted it shows its units as still there.
-pub(super) fn write(
-    headers: &mut HeaderMap,
+/// [`write`], with what an inner filter showed taken from, and what this
+/// one shows noted in, the request's extensions.
+fn noted(
     req: &HttpRequest,
+    headers: &mut actix_web::http::header::HeaderMap,
     rules: &[&Rule],
     outcomes: &[Outcome],
     denied: bool,
 ) {
+    let inner = req.extensions_mut().remove::<Shown>();
+    if let Some(shown) = write(headers, inner, rules, outcomes, denied) {
+        req.extensions_mut().insert(shown);
+    }
+}
+
+/// Writes the fields of `rules` (with their `outcomes`, one each) into a
+/// response's `headers`, after what an `inner` filter showed. `denied`: the
+/// request took nothing from any of these rules (it was denied): a rule
+/// that denied shows 0 remaining, one that would have admitted it shows its
+/// units as still there. Returns what a filter around this one must know
+/// of the one-rule dialects shown, when any was.
+pub(crate) fn write(
+    headers: &mut impl FieldMap,
+    inner: Option<Shown>,
+    rules: &[&Rule],
+    outcomes: &[Outcome],
+    denied: bool,
+) -> Option<Shown> {
     use std::fmt::Write as _;
     // An inner filter's one-rule fields are rewritten from its notes.
-    let inner = req.extensions_mut().remove::<Shown>();
     let mut shown = Shown::default();
     if let Some(inner) = inner {
         for (i, dialect) in SINGLE.iter().enumerate() {
             if inner.written[i] {
                 for name in names(*dialect) {
-                    headers.remove(*name);
+                    headers.unset(name);
                 }
             }
         }
@@ -201,37 +264,32 @@ pub(super) fn write(
             // An inner filter (limits declared on a resource) may have
             // written its own rules already: ours go first, theirs follow.
             for (name, ours) in [("ratelimit-policy", &*policy), ("ratelimit", &*state)] {
-                let name = HeaderName::from_static(name);
-                let value = match headers.get(&name).and_then(|v| v.to_str().ok()) {
-                    Some(inner) => HeaderValue::try_from(format!("{ours}, {inner}")),
-                    None => HeaderValue::from_str(ours),
+                let value = match headers.text(name) {
+                    Some(inner) => format!("{ours}, {inner}"),
+                    None => ours.to_string(),
                 };
-                if let Ok(v) = value {
-                    headers.insert(name, v);
-                }
+                headers.set(name, value);
             }
         }
     });
 
     if shown.picks.iter().all(Option::is_none) {
-        return;
+        return None;
     }
     for (i, dialect) in SINGLE.iter().enumerate() {
         let Some(pick) = shown.picks[i] else {
             continue;
         };
         // A name already there belongs to a dialect served before this one.
-        if names(*dialect).iter().any(|n| headers.contains_key(*n)) {
+        if names(*dialect).iter().any(|n| headers.has(n)) {
             continue;
         }
         for (name, value) in fields(*dialect, pick) {
-            if let Ok(v) = HeaderValue::try_from(value) {
-                headers.insert(HeaderName::from_static(name), v);
-            }
+            headers.set(name, value);
         }
         shown.written[i] = true;
     }
-    req.extensions_mut().insert(shown);
+    Some(shown)
 }
 
 /// The fields of a one-rule dialect for `pick`.
@@ -274,6 +332,7 @@ fn fields(dialect: HeaderDialect, pick: Pick) -> Vec<(&'static str, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use actix_web::http::header::HeaderMap;
     use std::time::Duration;
 
     fn rule(name: &str, headers: HeaderDialect, limit: u32) -> Rule {
@@ -304,7 +363,7 @@ mod tests {
     fn written(rules: &[&Rule], outcomes: &[Outcome]) -> HeaderMap {
         let req = actix_web::test::TestRequest::default().to_http_request();
         let mut h = HeaderMap::new();
-        write(&mut h, &req, rules, outcomes, false);
+        noted(&req, &mut h, rules, outcomes, false);
         h
     }
 
@@ -363,18 +422,18 @@ mod tests {
         let req = actix_web::test::TestRequest::default().to_http_request();
         let mut h = HeaderMap::new();
         let inner = rule("inner", HeaderDialect::XRateLimit, 5);
-        write(&mut h, &req, &[&inner], &[ok(1, 60)], false);
+        noted(&req, &mut h, &[&inner], &[ok(1, 60)], false);
         let outer = rule("outer", HeaderDialect::XRateLimit, 100);
-        write(&mut h, &req, &[&outer], &[ok(50, 60)], false);
+        noted(&req, &mut h, &[&outer], &[ok(50, 60)], false);
         assert_eq!(text(&h, "x-ratelimit-limit").as_deref(), Some("5"));
         assert_eq!(text(&h, "x-ratelimit-remaining").as_deref(), Some("1"));
         // An outer ietf rule takes RateLimit from an inner draft-7 rule.
         let req = actix_web::test::TestRequest::default().to_http_request();
         let mut h = HeaderMap::new();
         let inner = rule("inner", HeaderDialect::Draft7, 5);
-        write(&mut h, &req, &[&inner], &[ok(1, 60)], false);
+        noted(&req, &mut h, &[&inner], &[ok(1, 60)], false);
         let outer = rule("outer", HeaderDialect::Ietf, 100);
-        write(&mut h, &req, &[&outer], &[ok(50, 60)], false);
+        noted(&req, &mut h, &[&outer], &[ok(50, 60)], false);
         assert_eq!(
             text(&h, "ratelimit").as_deref(),
             Some("\"outer\";r=50;t=60")
@@ -395,7 +454,7 @@ mod tests {
             ban_started: false,
             quota: None,
         };
-        write(&mut h, &req, &[&a, &b], &[ok(4, 60), denied], true);
+        noted(&req, &mut h, &[&a, &b], &[ok(4, 60), denied], true);
         assert_eq!(
             text(&h, "ratelimit").as_deref(),
             Some("\"a\";r=5;t=60, \"b\";r=0;t=2")

@@ -18,6 +18,7 @@ mod decision;
 mod deny;
 mod error;
 mod fields;
+mod head;
 mod json;
 mod operator;
 mod request;
@@ -295,9 +296,12 @@ impl Filter {
 
     /// The client address of a request, behind trusted proxies.
     pub fn client_addr(&self, req: &HttpRequest) -> IpAddr {
-        let peer = req
-            .peer_addr()
-            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+        self.client_of(req)
+    }
+
+    /// The client address of a request as any door reads it.
+    pub(crate) fn client_of<H: head::Head>(&self, req: &H) -> IpAddr {
+        let peer = req.peer().unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
         net::client_addr(
             peer,
             req.headers(),

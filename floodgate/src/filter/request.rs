@@ -8,12 +8,13 @@ use std::time::Instant;
 use actix_service::Service;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::http::StatusCode;
 use actix_web::{Error, HttpMessage, HttpRequest};
+use http::StatusCode;
 
 use super::body::read_bodies;
 use super::decision::{self, Verdict};
 use super::deny::{deny, denying, refuse, DecidedBy, Denied, Refused};
+use super::head::Head;
 use super::{fields, json, usage, values, Filter, Usage, MAX_HEADER_BYTES};
 use crate::limiter::{Check, Decision, Outcome};
 use crate::logging::{self, Escaped};
@@ -40,10 +41,10 @@ impl Filter {
 
     /// [`Filter::key_for`], with the JSON body too, and what the rule's
     /// [`Key::lookup`](crate::Key::lookup) parts found (in their order).
-    pub(crate) fn key_of(
+    pub(crate) fn key_of<H: Head>(
         &self,
         rule: &Rule,
-        req: &HttpRequest,
+        req: &H,
         path: &str,
         body: &values::BodyRead<'_>,
         looked_up: &[Option<rule::Identity>],
@@ -54,15 +55,14 @@ impl Filter {
         let normalize = |v: Option<String>| v.and_then(|v| rule::normalize(&v, rule.normalize));
         for (at, kind) in rule.key.kinds().iter().enumerate() {
             let value = match kind {
-                KeyKind::Ip => Some(net::ip_id(self.client_addr(req))),
+                KeyKind::Ip => Some(net::ip_id(self.client_of(req))),
                 KeyKind::Global => Some("all".to_string()),
                 KeyKind::Path => Some(path.to_string()),
-                KeyKind::Session => self.state.session.as_ref().and_then(|f| f(req)),
+                KeyKind::Session => self.state.session.as_ref().and_then(|f| req.session(f)),
                 KeyKind::Header(name) => normalize(values::header_value(req.headers(), name)?),
-                KeyKind::Query(name) => normalize(values::urlencoded_value(
-                    req.query_string().as_bytes(),
-                    name,
-                )?),
+                KeyKind::Query(name) => {
+                    normalize(values::urlencoded_value(req.query().as_bytes(), name)?)
+                }
                 KeyKind::Form(name) => match body.form {
                     Some(form) => normalize(values::urlencoded_value(form, name)?),
                     None => None,
@@ -83,7 +83,7 @@ impl Filter {
                     }
                     _ => None,
                 },
-                KeyKind::Custom(f) => f.key(req),
+                KeyKind::Custom(f) => req.custom(f),
             };
             match value.filter(|v| !v.is_empty()) {
                 Some(v) => parts.push((kind.kind(), v)),
@@ -99,7 +99,7 @@ impl Filter {
                         rule.name
                     );
                     parts.clear();
-                    parts.push(("ip", net::ip_id(self.client_addr(req))));
+                    parts.push(("ip", net::ip_id(self.client_of(req))));
                     limit = None;
                     break;
                 }
@@ -141,7 +141,7 @@ where
     B: MessageBody,
 {
     let rules = filter.rules();
-    let (matched, path) = match guarding(&filter, &req, &rules) {
+    let (matched, path) = match guarding(&filter, req.request(), &rules) {
         Ok(Some(guarded)) => guarded,
         Ok(None) => return service.call(req).await.map(|r| r.map_into_left_body()),
         Err(refused) => return Ok(refuse(req, refused)),
@@ -193,33 +193,25 @@ where
 /// under the unguarded prefix. Refused: a header block over [`MAX_HEADER_BYTES`], a path
 /// that does not decode. The path is copied only when a rule matched, so
 /// an unguarded request allocates nothing here.
-fn guarding<'r>(
+pub(super) fn guarding<'r, H: Head>(
     filter: &Filter,
-    req: &ServiceRequest,
+    req: &H,
     rules: &'r [Rule],
 ) -> Result<Option<(Vec<&'r Rule>, String)>, Refused<'r>> {
-    let header_bytes: usize = req
-        .headers()
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len() + 4)
-        .sum();
-    if header_bytes > MAX_HEADER_BYTES {
+    if req.header_bytes() > MAX_HEADER_BYTES {
         return Err(Refused::Plain(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             "request header fields too large\n",
         ));
     }
-    let Ok(decoded) = percent_encoding::percent_decode_str(req.path()).decode_utf8() else {
+    let Ok(decoded) = percent_encoding::percent_decode_str(req.raw_path()).decode_utf8() else {
         return Err(Refused::Plain(
             StatusCode::BAD_REQUEST,
             "bad request path\n",
         ));
     };
-    let method = req.method().as_str();
-    // The path as actix's router routes it (`actix_router::Url`): decoded
-    // but for `%2F`, `%25` and `%2B`, so `/admin%2Fx` is one segment and
-    // no path under `/admin`.
-    let routed = req.match_info().as_str();
+    let method = req.method();
+    let routed = req.routed_path();
     // Exempt only what the router sends under the unguarded prefix.
     let unguarded = filter
         .state
@@ -237,12 +229,12 @@ fn guarding<'r>(
         .iter()
         .filter(|r| {
             (r.matches(method, &decoded) || other.is_some_and(|p| r.matches(method, p)))
-                && r.applies_to(req.request())
+                && !req.skips(r)
         })
         .collect();
     // A rule's exempt clients are neither counted nor denied by it.
     if matched.iter().any(|r| !r.exempt.is_empty()) {
-        let client = filter.client_addr(req.request());
+        let client = filter.client_of(req);
         matched.retain(|r| !r.exempts(client));
     }
     if matched.is_empty() {
@@ -272,19 +264,19 @@ async fn lookups(req: &ServiceRequest, matched: &[&Rule]) -> Vec<Vec<Option<rule
 }
 
 /// Each matched rule's check, and the rules with an identity's own quota.
-struct Checked {
-    checks: Vec<Check>,
+pub(super) struct Checked {
+    pub(super) checks: Vec<Check>,
     /// A matched rule (by its index) with the quota its key chose.
-    own: Vec<(usize, Rule)>,
+    pub(super) own: Vec<(usize, Rule)>,
 }
 
 /// Stage 3: each matched rule's check (its Redis key, algorithm and cost),
 /// and the rules whose key chose the identity's own quota, with that quota
 /// (their index among `matched`). Refused: a key value that cannot be read
 /// as the handler would, or that is missing for a rule that rejects those.
-fn checks<'r>(
+pub(super) fn checks<'r, H: Head>(
     filter: &Filter,
-    req: &HttpRequest,
+    req: &H,
     path: &str,
     bodies: &values::BodyRead<'_>,
     looked_up: &[Vec<Option<rule::Identity>>],

@@ -1,7 +1,7 @@
 //! Reading the values a rule keys by from a request, exactly as a handler
 //! would read them, or refusing the request. Pure functions of its parts.
 
-use actix_web::http::header::HeaderMap;
+use crate::net::HeaderLines;
 
 /// A value a rule must read but may not read alone: the request is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,18 +77,23 @@ pub(crate) fn urlencoded_value(encoded: &[u8], name: &str) -> Result<Option<Stri
 /// The value of header `name`, when it appears once and is visible ASCII
 /// (what `HeaderValue::to_str` gives a handler). Repeated lines and values
 /// with other bytes are refused: a handler would see another value or none.
-pub(crate) fn header_value(headers: &HeaderMap, name: &str) -> Result<Option<String>, Unreadable> {
-    let mut lines = headers.get_all(name);
+pub(crate) fn header_value(
+    headers: &impl HeaderLines,
+    name: &str,
+) -> Result<Option<String>, Unreadable> {
+    let mut lines = headers.lines(name);
     let Some(first) = lines.next() else {
         return Ok(None);
     };
     if lines.next().is_some() {
         return Err(Unreadable::Malformed("a key header is repeated\n"));
     }
-    first
-        .to_str()
-        .map(|v| Some(v.to_string()))
-        .map_err(|_| Unreadable::Malformed("a key header is not visible ASCII\n"))
+    // What `HeaderValue::to_str` accepts: visible ASCII and tabs.
+    if first.iter().all(|&b| b == b'\t' || (32..127).contains(&b)) {
+        Ok(Some(String::from_utf8_lossy(first).into_owned()))
+    } else {
+        Err(Unreadable::Malformed("a key header is not visible ASCII\n"))
+    }
 }
 
 #[cfg(test)]
@@ -98,7 +103,7 @@ mod tests {
     use crate::rule::{compose, normalize, redis_key, redis_key_for, Normalize};
     #[cfg(feature = "e164")]
     use crate::rule::{e164, Region};
-    use actix_web::http::header::{HeaderName, HeaderValue};
+    use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
     use std::net::IpAddr;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
