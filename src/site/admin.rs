@@ -1,24 +1,45 @@
 //! The operators' HTTP API: `POST /admin/{inspect,reset,ban,unban,override}`
 //! over the library's operator actions ([`Filter::operate`]). It exists
 //! only with `[admin] token` set (else every `/admin` path is 404), answers
-//! only the `[admin] allow` addresses (403) bearing the token (401), and is
-//! never rate limited nor counted (the filter leaves [`PATH`] unguarded).
-//! JSON in and out, never cached; one log line per action.
+//! only the `[admin] allow` addresses (403; behind a proxy, an address the
+//! proxy named) bearing the token (401; after [`FAILURES`] failures a
+//! minute from one address, 429), and reads the body only then. Each
+//! action takes exactly the fields the command line takes (else 400). The
+//! filter never counts it (it leaves [`PATH`] unguarded). JSON in and out,
+//! never cached; one log line per action.
 
 use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::time::Duration;
 
 use actix_web::http::{header, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse};
+use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::Site;
 use floodgate::filter::{ban_action, override_action, Filter, OperatorError};
-use floodgate::limiter::Action;
+use floodgate::limiter::{Action, Algorithm, Check};
 use floodgate::logging::Escaped;
 
 /// Where the admin API lives.
 pub const PATH: &str = "/admin";
+
+/// Failed authentications (no or a wrong token) one client address may
+/// make in [`FAILURE_WINDOW`]; more get 429 until the oldest leaves it.
+pub const FAILURES: u32 = 5;
+
+/// The window [`FAILURES`] are counted in.
+pub const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+
+/// The name failures are counted under in Redis keys
+/// (`PREFIX:admin.auth:ip:ADDRESS`): no rule can have it (rule names have
+/// no `.`), so no rule shares its counts.
+const FAILURE_NAME: &str = "admin.auth";
+
+/// Largest body read (after the address and token are checked): 413.
+const MAX_BODY: usize = 64 * 1024;
 
 /// Registers the admin API (one handler for every path under [`PATH`]).
 pub fn routes(cfg: &mut web::ServiceConfig) {
@@ -68,37 +89,29 @@ struct Body {
     limit: Option<i64>,
     #[serde(default)]
     window: Option<String>,
+    /// Given (`true` or `false`) only to `override`.
     #[serde(default)]
-    clear: bool,
+    clear: Option<bool>,
 }
 
-async fn handle(site: web::Data<Site>, req: HttpRequest, body: web::Bytes) -> HttpResponse {
+async fn handle(site: web::Data<Site>, req: HttpRequest, payload: web::Payload) -> HttpResponse {
     let Some(token) = site.config.filter.admin.token.as_deref() else {
         return super::pages::not_found(req).await;
     };
-    let client = site.filter.client_addr(&req);
-    if !allowed(&site, client) {
+    // Behind a proxy that could not name the client, no address is allowed
+    // (the proxy's own is not the client's).
+    let Some(client) = site.named_client(&req).filter(|c| allowed(&site, *c)) else {
         crate::repeated!(
             &floodgate::logging::ADMIN_REFUSED,
-            "admin: {} from {client}: refused (address not allowed)",
-            Escaped(req.path())
+            "admin: {} from {}: refused (address not allowed)",
+            Escaped(req.path()),
+            site.filter.client_addr(&req)
         );
         return error(StatusCode::FORBIDDEN, "forbidden");
-    }
+    };
     if !bearer(&req).is_some_and(|given| token_matches(given, token)) {
-        crate::repeated!(
-            &floodgate::logging::ADMIN_REFUSED,
-            "admin: {} from {client}: refused (no or wrong token)",
-            Escaped(req.path())
-        );
-        let mut res = error(StatusCode::UNAUTHORIZED, "unauthorized");
-        res.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static("Bearer"),
-        );
-        return res;
+        return refuse_authentication(&site, &req, client).await;
     }
-    // The path as the router routed it here (`%61dmin` is `admin`).
     let what = req
         .match_info()
         .as_str()
@@ -111,6 +124,10 @@ async fn handle(site: web::Data<Site>, req: HttpRequest, body: web::Bytes) -> Ht
     if req.method() != actix_web::http::Method::POST {
         return error(StatusCode::METHOD_NOT_ALLOWED, "use POST");
     }
+    let body = match read_body(&req, payload).await {
+        Ok(body) => body,
+        Err(refused) => return refused,
+    };
     let body: Body = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, &format!("bad JSON body: {e}")),
@@ -152,28 +169,140 @@ fn allowed(site: &Site, client: IpAddr) -> bool {
         .any(|c| c.contains(ip))
 }
 
-fn action_of(what: &str, body: &Body) -> Result<Action, String> {
-    match what {
-        "inspect" => Ok(Action::Inspect),
-        "reset" => Ok(Action::Reset),
-        "unban" => Ok(Action::Unban),
-        "ban" => ban_action(
-            body.lasts
-                .as_deref()
-                .ok_or("ban needs \"for\", like \"10m\"")?,
+/// A request without the right token: 401, or 429 once its address has
+/// failed [`FAILURES`] times in [`FAILURE_WINDOW`]. Failures are counted in
+/// Redis through the library's [`Limiter`](floodgate::Limiter) (a sliding
+/// window keyed by the address), so every serving process shares one
+/// count and the process keeps nothing per address; a request with the
+/// right token never gets here, so it is never limited nor counted. When
+/// Redis cannot count, the answer is 401 (the token is still needed).
+async fn refuse_authentication(site: &Site, req: &HttpRequest, client: IpAddr) -> HttpResponse {
+    let limiter = site.filter.limiter();
+    let check = Check {
+        key: floodgate::rule::redis_key_for(
+            limiter.hash_tags(),
+            &site.config.filter.redis.key_prefix,
+            FAILURE_NAME,
+            "ip",
+            &floodgate::net::ip_id(client),
         ),
-        _ if body.clear => {
-            if body.limit.is_some() || body.window.is_some() {
-                return Err("\"clear\" takes no limit or window".into());
-            }
+        algorithm: Algorithm::SlidingWindow {
+            limit: NonZeroU32::MIN.saturating_add(FAILURES - 1),
+            window: FAILURE_WINDOW,
+        },
+        cost: 1,
+        enforce: true,
+        penalty: None,
+    };
+    let over = match limiter.decide(vec![check]).await {
+        Ok(decision) if !decision.allowed => {
+            decision.outcomes.first().map(|o| o.retry_after_secs())
+        }
+        Ok(_) => None,
+        Err(e) => {
+            log::warn!(
+                "admin: cannot count a failed authentication ({})",
+                Escaped(&e.to_string())
+            );
+            None
+        }
+    };
+    if let Some(retry) = over {
+        crate::repeated!(
+            &floodgate::logging::ADMIN_REFUSED,
+            "admin: {} from {client}: refused (too many failed authentications)",
+            Escaped(req.path())
+        );
+        let mut res = json(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("{{\"error\":\"rate_limited\",\"retry_after\":{retry}}}"),
+        );
+        res.headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from(retry));
+        return res;
+    }
+    crate::repeated!(
+        &floodgate::logging::ADMIN_REFUSED,
+        "admin: {} from {client}: refused (no or wrong token)",
+        Escaped(req.path())
+    );
+    let mut res = error(StatusCode::UNAUTHORIZED, "unauthorized");
+    res.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer"),
+    );
+    res
+}
+
+/// The body, up to [`MAX_BODY`] (413 beyond; 400 when the connection breaks).
+async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<Vec<u8>, HttpResponse> {
+    let too_large = || error(StatusCode::PAYLOAD_TOO_LARGE, "body too large");
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|_| error(StatusCode::BAD_REQUEST, "unreadable body"))?;
+        if body.len() + chunk.len() > MAX_BODY {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// The action `what` asks for, from exactly its own fields, as the
+/// command line takes them (`src/operator.rs`): `inspect`, `reset` and
+/// `unban` none; `ban` `for`; `override` `limit` (with `window` and `for`)
+/// or `clear: true` alone. Any other field given is refused.
+fn action_of(what: &str, body: &Body) -> Result<Action, String> {
+    let given = [
+        ("for", body.lasts.is_some()),
+        ("limit", body.limit.is_some()),
+        ("window", body.window.is_some()),
+        ("clear", body.clear.is_some()),
+    ];
+    let only = |takes: &[&str], doing: &str| -> Result<(), String> {
+        match given.iter().find(|(name, is)| *is && !takes.contains(name)) {
+            Some((name, _)) => Err(format!("{doing} takes no \"{name}\"")),
+            None => Ok(()),
+        }
+    };
+    match what {
+        "inspect" | "reset" | "unban" => {
+            only(&[], what)?;
+            Ok(match what {
+                "inspect" => Action::Inspect,
+                "reset" => Action::Reset,
+                _ => Action::Unban,
+            })
+        }
+        "ban" => {
+            only(&["for"], what)?;
+            ban_action(
+                body.lasts
+                    .as_deref()
+                    .ok_or("ban needs \"for\", like \"10m\"")?,
+            )
+        }
+        _ if body.clear == Some(true) => {
+            only(&["clear"], "override with \"clear\"")?;
             Ok(Action::Clear)
         }
-        _ => override_action(
-            body.limit
-                .ok_or("override needs \"limit\", or \"clear\": true")?,
-            body.window.as_deref(),
-            body.lasts.as_deref(),
-        ),
+        _ => {
+            only(&["limit", "window", "for", "clear"], what)?;
+            override_action(
+                body.limit
+                    .ok_or("override needs \"limit\", or \"clear\": true")?,
+                body.window.as_deref(),
+                body.lasts.as_deref(),
+            )
+        }
     }
 }
 

@@ -378,18 +378,10 @@ struct OutboxPage {
 }
 
 /// Whether the client is on this machine: its address (behind trusted
-/// proxies) is loopback. Behind a proxy, that address must be one the
-/// forwarding header names: when it cannot tell the client (a hop cannot
-/// be read, or every hop is a trusted proxy) the answer falls back to a
-/// trusted proxy's own address, which says nothing about who is asking.
+/// proxies, one the forwarding header names: [`Site::named_client`]) is
+/// loopback.
 fn loopback_client(site: &Site, req: &HttpRequest) -> bool {
-    let client = site.filter.client_addr(req).to_canonical();
-    if !client.is_loopback() {
-        return false;
-    }
-    let headers = req.headers();
-    let forwarded = headers.contains_key("forwarded") || headers.contains_key("x-forwarded-for");
-    !forwarded || !site.filter.is_trusted_proxy(client)
+    site.named_client(req).is_some_and(|c| c.is_loopback())
 }
 
 /// `GET /dev/outbox`: the messages "sent", newest first (only with the

@@ -63,6 +63,22 @@ impl Site {
         }
     }
 
+    /// The client's address as far as it can be told: the TCP peer, or
+    /// behind trusted proxies the address their forwarding header names.
+    /// `None` when the header names no client: a hop the proxy could not
+    /// name (`unknown`, `_hidden`, garbage) or only trusted hops, so that
+    /// the walk stopped at a trusted proxy's own address, which says
+    /// nothing about who is asking. A trusted proxy's own request (no
+    /// forwarding header) is from its address. Whatever answers only some
+    /// addresses (the outbox, the admin API) asks this.
+    pub fn named_client(&self, req: &HttpRequest) -> Option<std::net::IpAddr> {
+        let client = self.filter.client_addr(req).to_canonical();
+        let headers = req.headers();
+        let forwarded =
+            headers.contains_key("forwarded") || headers.contains_key("x-forwarded-for");
+        (!forwarded || !self.filter.is_trusted_proxy(client)).then_some(client)
+    }
+
     /// The site title.
     pub fn title(&self) -> String {
         self.config.site.title.clone()

@@ -779,6 +779,181 @@ deny = "status"
     assert_eq!(inspect(&app, "all", &[]).await.used, before + 4);
 }
 
+/// The admin API behind a trusted proxy on 127.0.0.1, allowing the proxy's
+/// own address and 203.0.113.0/24.
+async fn behind_a_proxy() -> TestApp {
+    let toml = format!(
+        "[server]\ntrusted_proxies = [\"127.0.0.1\"]\n{}",
+        TWO_RULES.replace(
+            "[admin]",
+            "[admin]\nallow = [\"127.0.0.1\", \"203.0.113.0/24\"]"
+        )
+    );
+    spawn_app_with(&toml, |_| {}).await
+}
+
+/// `POST /admin/inspect` through the proxy for `client` (its
+/// `X-Forwarded-For`; `None`: the proxy's own request), with `token`.
+async fn inspect_as(app: &TestApp, client: Option<&str>, token: Option<&str>) -> reqwest::Response {
+    let mut req = app
+        .client
+        .post(app.url("/admin/inspect"))
+        .header("content-type", "application/json")
+        .body(r#"{"rule":"check","values":["127.0.0.1"]}"#);
+    if let Some(c) = client {
+        req = req.header("x-forwarded-for", c);
+    }
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    req.send().await.unwrap()
+}
+
+#[actix_web::test]
+async fn behind_a_proxy_the_admin_api_answers_only_clients_the_proxy_named() {
+    let app = behind_a_proxy().await;
+    assert_eq!(
+        inspect_as(&app, Some("203.0.113.9"), Some(TOKEN))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        inspect_as(&app, Some("198.51.100.1, 203.0.113.9"), Some(TOKEN))
+            .await
+            .status(),
+        200
+    );
+    // The proxy's own request (no forwarding header) is from its address.
+    assert_eq!(inspect_as(&app, None, Some(TOKEN)).await.status(), 200);
+    // A hop the proxy could not name, or only trusted hops: no client
+    // address at all, and so none allowed (the proxy's is not the client's).
+    for hops in [
+        "unknown",
+        "203.0.113.9, unknown",
+        "_hidden",
+        "198.51.100.1, 203.0.113.9:x",
+        "127.0.0.1",
+        "",
+    ] {
+        let res = inspect_as(&app, Some(hops), Some(TOKEN)).await;
+        assert_eq!(res.status(), 403, "{hops:?}");
+        let body: Value = res.json().await.unwrap();
+        assert_eq!(body["error"], "forbidden", "{hops:?}");
+    }
+}
+
+#[actix_web::test]
+async fn failed_admin_authentications_are_limited_per_address_and_the_token_never_is() {
+    let app = behind_a_proxy().await;
+    let a = Some("203.0.113.9");
+    for wrong in [
+        Some("s3cret-token-for-testz"),
+        None,
+        Some("x"),
+        None,
+        Some("y"),
+    ] {
+        assert_eq!(inspect_as(&app, a, wrong).await.status(), 401);
+    }
+    for wrong in [Some("s3cret-token-for-testz"), None] {
+        let res = inspect_as(&app, a, wrong).await;
+        assert_eq!(res.status(), 429);
+        let retry: u64 = res.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=60).contains(&retry), "{retry}");
+        assert_eq!(res.headers()["cache-control"], "no-store");
+        let body: Value = res.json().await.unwrap();
+        assert_eq!(body["error"], "rate_limited");
+        assert_eq!(body["retry_after"], retry);
+    }
+    // The token itself is never limited, nor counted.
+    for _ in 0..10 {
+        assert_eq!(inspect_as(&app, a, Some(TOKEN)).await.status(), 200);
+    }
+    assert_eq!(inspect_as(&app, a, None).await.status(), 429);
+    // Another address has its own count; right tokens take none of it.
+    let b = Some("203.0.113.10");
+    for _ in 0..10 {
+        assert_eq!(inspect_as(&app, b, Some(TOKEN)).await.status(), 200);
+    }
+    for _ in 0..5 {
+        assert_eq!(inspect_as(&app, b, None).await.status(), 401);
+    }
+    assert_eq!(inspect_as(&app, b, None).await.status(), 429);
+}
+
+#[actix_web::test]
+async fn each_admin_action_takes_exactly_its_own_fields_as_the_command_line_does() {
+    let app = spawn_app_with(TWO_RULES, |_| {}).await;
+    let ip = r#""rule":"check","values":["127.0.0.1"]"#;
+    for (action, extra) in [
+        ("inspect", r#""for":"1m""#),
+        ("inspect", r#""limit":5"#),
+        ("inspect", r#""window":"1m""#),
+        ("inspect", r#""clear":true"#),
+        ("reset", r#""limit":5"#),
+        ("unban", r#""for":"1m""#),
+        ("unban", r#""clear":false"#),
+        ("ban", r#""for":"1m","limit":5"#),
+        ("ban", r#""for":"1m","window":"1m""#),
+        ("ban", r#""for":"1m","clear":true"#),
+        ("override", r#""clear":true,"for":"1m""#),
+        ("override", r#""clear":true,"limit":5"#),
+        ("override", r#""clear":true,"window":"1m""#),
+    ] {
+        let body = format!("{{{ip},{extra}}}");
+        let (code, seen, cache) = admin(&app, action, Some(TOKEN), &body).await;
+        assert_eq!(code, 400, "{action} {body}");
+        assert!(
+            seen["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{body}: {seen}"
+        );
+        assert_eq!(cache, "no-store");
+    }
+    // Nothing was banned nor overridden on the way.
+    let seen = inspect(&app, "check", &["127.0.0.1"]).await;
+    assert_eq!((seen.banned_s, seen.limit), (0, 3));
+    assert_eq!(seen.override_state, None);
+    // What each action does take is still taken.
+    for (action, extra) in [
+        ("ban", r#""for":"1m""#),
+        ("override", r#""limit":5,"window":"1m","for":"1m""#),
+        ("override", r#""clear":true"#),
+        ("override", r#""clear":false,"limit":5"#),
+    ] {
+        let body = format!("{{{ip},{extra}}}");
+        assert_eq!(
+            admin(&app, action, Some(TOKEN), &body).await.0,
+            200,
+            "{body}"
+        );
+    }
+}
+
+#[actix_web::test]
+async fn the_admin_api_checks_the_address_and_token_before_reading_a_body() {
+    let app = spawn_app_with(TWO_RULES, |_| {}).await;
+    let big = format!(
+        r#"{{"rule":"check","values":["127.0.0.1"],"pad":"{}"}}"#,
+        "x".repeat(300 * 1024)
+    );
+    let (code, seen, _) = admin(&app, "inspect", None, &big).await;
+    assert_eq!((code, &seen["error"]), (401, &Value::from("unauthorized")));
+    let (code, seen, _) = admin(&app, "inspect", Some(TOKEN), &big).await;
+    assert_eq!(code, 413);
+    assert!(seen["error"].is_string(), "{seen}");
+    let elsewhere = spawn_app_with(
+        &TWO_RULES.replace("[admin]", "[admin]\nallow = [\"10.0.0.0/8\"]"),
+        |_| {},
+    )
+    .await;
+    assert_eq!(admin(&elsewhere, "inspect", Some(TOKEN), &big).await.0, 403);
+}
+
 #[actix_web::test]
 async fn without_a_token_every_admin_path_is_404_and_other_addresses_get_403() {
     let none = spawn_app_with(
