@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use actix_web::{web, App, HttpResponse, HttpServer};
-use floodgate::{Filter, Key, Limit, Usage};
+use floodgate_limiter::{Filter, Key, Limit, Usage};
 
 async fn send_sms(usage: Usage) -> HttpResponse {
     // The handler sees what the limits said.

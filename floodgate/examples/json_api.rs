@@ -5,14 +5,14 @@
 //! 100 requests a minute; anonymous callers get 10, counted by address.
 //!
 //! ```sh
-//! cargo run -p floodgate --example json_api
+//! cargo run -p floodgate-limiter --example json_api
 //! for i in $(seq 12); do curl -s localhost:8080/v1/ping; echo; done
 //! for i in $(seq 12); do curl -s -H 'x-api-key: k-alice' localhost:8080/v1/ping; echo; done
 //! ```
 
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
-use floodgate::rule::Identity;
-use floodgate::{Filter, Key, Limit};
+use floodgate_limiter::rule::Identity;
+use floodgate_limiter::{Filter, Key, Limit};
 
 /// The API keys this example knows (a real API would look them up).
 const API_KEYS: &[&str] = &["k-alice", "k-bob"];

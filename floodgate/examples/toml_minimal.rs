@@ -9,7 +9,7 @@
 //! `FLOODGATE_BIND` (default 127.0.0.1:8080) the address to listen on.
 
 use actix_web::{get, App, HttpServer, Responder};
-use floodgate::Filter;
+use floodgate_limiter::Filter;
 
 const RULES: &str = r#"
 [defaults]

@@ -26,7 +26,7 @@
 //!
 //! ```no_run
 //! use actix_web::{web, App, HttpResponse, HttpServer};
-//! use floodgate::Filter;
+//! use floodgate_limiter::Filter;
 //!
 //! #[actix_web::main]
 //! async fn main() -> std::io::Result<()> {
@@ -61,9 +61,9 @@
 //!
 //! ```no_run
 //! use actix_web::{web, App, HttpResponse};
-//! use floodgate::{Filter, Key, Limit, Usage};
+//! use floodgate_limiter::{Filter, Key, Limit, Usage};
 //!
-//! # fn build() -> Result<(), floodgate::SetupError> {
+//! # fn build() -> Result<(), floodgate_limiter::SetupError> {
 //! let filter = Filter::builder().redis_url("redis://127.0.0.1:6379/0").build()?;
 //! let app = App::new().service(
 //!     web::resource("/sms/send")
@@ -133,6 +133,12 @@ pub mod logging;
 pub mod metrics;
 pub mod net;
 pub mod rule;
+
+/// The tower door: [`Filter`] is a `tower::Layer` (axum 0.8, tonic, hyper).
+#[cfg(feature = "tower")]
+pub mod tower {
+    pub use crate::filter::tower::{Guarded, GuardedBody};
+}
 
 pub use crate::config::{Config, ConfigError};
 pub use crate::filter::{

@@ -176,7 +176,7 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
 /// `fd00::/8`, or one address. IPv4-mapped IPv6 addresses count as IPv4.
 ///
 /// ```
-/// use floodgate::net::Cidr;
+/// use floodgate_limiter::net::Cidr;
 /// let net = Cidr::parse("10.0.0.0/8").unwrap();
 /// assert!(net.contains("10.1.2.3".parse().unwrap()));
 /// assert!(net.contains("::ffff:10.1.2.3".parse().unwrap()));

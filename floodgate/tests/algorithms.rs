@@ -8,8 +8,8 @@ mod common;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use floodgate::__private::decide_batch;
-use floodgate::limiter::{Algorithm, Check, Decision};
+use floodgate_limiter::__private::decide_batch;
+use floodgate_limiter::limiter::{Algorithm, Check, Decision};
 
 use common::RedisServer;
 

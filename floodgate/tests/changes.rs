@@ -7,12 +7,12 @@
 
 mod common;
 
-use floodgate::__private::decide_batch;
-use floodgate::limiter::Algorithm;
-use floodgate::limiter::Check;
-use floodgate::limiter::Decision;
-use floodgate::limiter::LimiterError;
-use floodgate::Limiter;
+use floodgate_limiter::__private::decide_batch;
+use floodgate_limiter::limiter::Algorithm;
+use floodgate_limiter::limiter::Check;
+use floodgate_limiter::limiter::Decision;
+use floodgate_limiter::limiter::LimiterError;
+use floodgate_limiter::Limiter;
 
 use common::RedisServer;
 

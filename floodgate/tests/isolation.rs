@@ -6,9 +6,9 @@
 
 mod common;
 
-use floodgate::__private::decide_batch;
-use floodgate::limiter::Decision;
-use floodgate::limiter::LimiterError;
+use floodgate_limiter::__private::decide_batch;
+use floodgate_limiter::limiter::Decision;
+use floodgate_limiter::limiter::LimiterError;
 
 use common::pinned::{bucket, check, fixed, pinned_limiter, sliding, T0};
 use common::RedisServer;

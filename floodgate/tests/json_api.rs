@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{test, web, App, HttpResponse, HttpServer};
-use floodgate::rule::{Identity, OnMissingKey};
-use floodgate::{Filter, Key, Limit};
+use floodgate_limiter::rule::{Identity, OnMissingKey};
+use floodgate_limiter::{Filter, Key, Limit};
 use serde::Deserialize;
 
 use common::RedisServer;
@@ -102,7 +102,7 @@ async fn a_json_login_is_limited_per_account_under_concurrency() {
 /// builder (told what the app's `web::Json` reads).
 fn login_filter(
     redis: &RedisServer,
-    configure: impl FnOnce(floodgate::FilterBuilder) -> floodgate::FilterBuilder,
+    configure: impl FnOnce(floodgate_limiter::FilterBuilder) -> floodgate_limiter::FilterBuilder,
 ) -> Filter {
     let text = format!(
         "[redis]\nurl = \"{}\"\n[[rule]]\nname = \"login\"\npaths = [\"/login\"]\nkey = \"json:username\"\nlimit = 2\nwindow = \"1m\"\ndeny = \"status\"\n",
@@ -497,7 +497,7 @@ async fn toml_text_given_to_the_builder_is_used_whole() {
     );
 
     // What it cannot use, or what code sets too, is refused with the reason.
-    let err = |text: &str, builder: floodgate::FilterBuilder| {
+    let err = |text: &str, builder: floodgate_limiter::FilterBuilder| {
         builder
             .toml_rules(text, "app.toml")
             .build()
@@ -596,7 +596,7 @@ async fn limits_in_code_take_methods_and_every_redis_error_policy() {
     let limit = Limit::per_minute(1)
         .name("posts")
         .methods(&["POST"])
-        .on_redis_error(floodgate::rule::OnRedisError::Local)
+        .on_redis_error(floodgate_limiter::rule::OnRedisError::Local)
         .on_missing_key(OnMissingKey::Reject)
         .key(Key::json("user"));
     let app = test::init_service(

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{test, web, App, HttpResponse};
-use floodgate::{Filter, Key, Limit, Usage};
+use floodgate_limiter::{Filter, Key, Limit, Usage};
 
 use common::RedisServer;
 
@@ -816,7 +816,7 @@ fn builder_refusal(path: &str, limit: Limit) -> String {
 
 #[actix_web::test]
 async fn the_builder_refuses_what_a_file_refuses_in_the_same_words() {
-    use floodgate::limiter::Penalty;
+    use floodgate_limiter::limiter::Penalty;
     let day = Duration::from_secs(86_400);
     let cases: Vec<(&str, &str, Limit)> = vec![
         (
@@ -915,16 +915,17 @@ async fn the_decisions_of_one_tick_reach_the_dispatcher_threads_as_one_call() {
     // goes to the threads together: one call decides them all, and each
     // key still gets exactly its limit.
     use common::pinned::{check, sliding};
-    use floodgate::limiter::{Dispatch, LimiterOptions};
+    use floodgate_limiter::limiter::{Dispatch, LimiterOptions};
     let redis = RedisServer::start();
-    let mut config = floodgate::Config::parse("", std::path::Path::new("test.toml")).unwrap();
+    let mut config =
+        floodgate_limiter::Config::parse("", std::path::Path::new("test.toml")).unwrap();
     config.redis.url = redis.url();
     config.redis.timeout = Duration::from_secs(5);
     let options = LimiterOptions {
         dispatch: Dispatch::Threads,
         ..LimiterOptions::default()
     };
-    let limiter = floodgate::Limiter::new(&config.redis, options).unwrap();
+    let limiter = floodgate_limiter::Limiter::new(&config.redis, options).unwrap();
     // The library is loaded by the first call.
     let warm = limiter.decide(vec![check("tick:warm", sliding(1, 60_000), 1)]);
     assert!(warm.await.unwrap().allowed);

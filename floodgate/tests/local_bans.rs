@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{test, web, App, HttpResponse};
-use floodgate::filter::operator_check;
-use floodgate::limiter::{Action, Dispatch, LimiterOptions};
-use floodgate::{Config, Filter, Limiter};
+use floodgate_limiter::filter::operator_check;
+use floodgate_limiter::limiter::{Action, Dispatch, LimiterOptions};
+use floodgate_limiter::{Config, Filter, Limiter};
 
 use common::{wait_until, RedisServer};
 

@@ -22,10 +22,10 @@ use std::cell::{Cell, RefCell};
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
-use floodgate::__private::{decide_batch, LocalLimiter};
-use floodgate::limiter::Algorithm;
-use floodgate::limiter::Check;
-use floodgate::limiter::Decision;
+use floodgate_limiter::__private::{decide_batch, LocalLimiter};
+use floodgate_limiter::limiter::Algorithm;
+use floodgate_limiter::limiter::Check;
+use floodgate_limiter::limiter::Decision;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 

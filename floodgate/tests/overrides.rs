@@ -14,8 +14,8 @@ use actix_web::body::{BoxBody, EitherBody};
 use actix_web::dev::{Service, ServiceResponse};
 use actix_web::http::StatusCode;
 use actix_web::{test, web, App, HttpResponse};
-use floodgate::limiter::Action;
-use floodgate::Filter;
+use floodgate_limiter::limiter::Action;
+use floodgate_limiter::Filter;
 
 use common::RedisServer;
 

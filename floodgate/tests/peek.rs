@@ -7,8 +7,8 @@
 
 mod common;
 
-use floodgate::limiter::Algorithm;
-use floodgate::limiter::Outcome;
+use floodgate_limiter::limiter::Algorithm;
+use floodgate_limiter::limiter::Outcome;
 
 use common::pinned::{bucket, check, fixed, pinned_limiter, sliding, T0};
 use common::RedisServer;

@@ -2,6 +2,10 @@
 //! test starts its own redis-server on a free port (redis-server must be
 //! installed) and its own app, so tests run in parallel without sharing state.
 
+// The library's own test helpers (floodgate/tests/common) name it by its
+// package's crate name.
+extern crate floodgate as floodgate_limiter;
+
 mod algorithms;
 mod changes;
 mod cli;

@@ -18,7 +18,7 @@
 //!
 //! ```
 //! use std::path::Path;
-//! use floodgate::config::{AppConfig, Config, ConfigError};
+//! use floodgate_limiter::config::{AppConfig, Config, ConfigError};
 //!
 //! #[derive(Default, serde::Deserialize)]
 //! #[serde(default)]

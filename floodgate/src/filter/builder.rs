@@ -22,8 +22,8 @@ impl Filter {
     /// overrides `[redis] url`.
     ///
     /// ```no_run
-    /// let filter = floodgate::Filter::from_toml_file("floodgate.toml")?;
-    /// # Ok::<(), floodgate::SetupError>(())
+    /// let filter = floodgate_limiter::Filter::from_toml_file("floodgate.toml")?;
+    /// # Ok::<(), floodgate_limiter::SetupError>(())
     /// ```
     pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Filter, SetupError> {
         let config = Config::load(path.as_ref())?;
@@ -34,7 +34,7 @@ impl Filter {
     /// errors give.
     ///
     /// ```
-    /// let err = floodgate::Filter::from_toml_str(
+    /// let err = floodgate_limiter::Filter::from_toml_str(
     ///     "[[rule]]\nname = \"x\"\npaths = [\"/x\"]\nlimit = 0\nwindow = \"1m\"\n",
     ///     "inline.toml",
     /// )
@@ -71,13 +71,13 @@ impl Filter {
     /// A builder, for a filter set up in code.
     ///
     /// ```no_run
-    /// use floodgate::{Filter, Key, Limit};
+    /// use floodgate_limiter::{Filter, Key, Limit};
     ///
     /// let filter = Filter::builder()
     ///     .redis_url("redis://127.0.0.1:6379/0")
     ///     .rule("/check", Limit::per_second(5).key(Key::ip()))
     ///     .build()?;
-    /// # Ok::<(), floodgate::SetupError>(())
+    /// # Ok::<(), floodgate_limiter::SetupError>(())
     /// ```
     pub fn builder() -> FilterBuilder {
         FilterBuilder::default()
@@ -175,13 +175,13 @@ impl FilterBuilder {
     ///
     /// ```no_run
     /// use actix_web::{web, App};
-    /// let filter = floodgate::Filter::builder()
+    /// let filter = floodgate_limiter::Filter::builder()
     ///     .json_content_type_required(false)
     ///     .build()?;
     /// let app = App::new()
     ///     .app_data(web::JsonConfig::default().content_type_required(false))
     ///     .wrap(filter);
-    /// # Ok::<(), floodgate::SetupError>(())
+    /// # Ok::<(), floodgate_limiter::SetupError>(())
     /// ```
     pub fn json_content_type_required(mut self, required: bool) -> Self {
         self.json_content_type_required = Some(required);
@@ -196,11 +196,11 @@ impl FilterBuilder {
     /// ```no_run
     /// use actix_web::{mime, web, App};
     /// let plain = |m: mime::Mime| m == mime::TEXT_PLAIN;
-    /// let filter = floodgate::Filter::builder().json_content_type(plain).build()?;
+    /// let filter = floodgate_limiter::Filter::builder().json_content_type(plain).build()?;
     /// let app = App::new()
     ///     .app_data(web::JsonConfig::default().content_type(plain))
     ///     .wrap(filter);
-    /// # Ok::<(), floodgate::SetupError>(())
+    /// # Ok::<(), floodgate_limiter::SetupError>(())
     /// ```
     pub fn json_content_type(
         mut self,
@@ -228,7 +228,7 @@ impl FilterBuilder {
     /// given is silently left out.
     ///
     /// ```
-    /// let err = floodgate::Filter::builder()
+    /// let err = floodgate_limiter::Filter::builder()
     ///     .toml_rules("[server]\nbind = \"0.0.0.0:80\"\n", "rules.toml")
     ///     .build()
     ///     .unwrap_err();
@@ -246,13 +246,13 @@ impl FilterBuilder {
     ///
     /// ```no_run
     /// use actix_web::HttpResponse;
-    /// let filter = floodgate::Filter::builder()
+    /// let filter = floodgate_limiter::Filter::builder()
     ///     .toml_file("limits.toml")
     ///     .denial_responder(|denial, _req| {
     ///         HttpResponse::TooManyRequests().body(format!("slow down ({} s)", denial.retry_after))
     ///     })
     ///     .build()?;
-    /// # Ok::<(), floodgate::SetupError>(())
+    /// # Ok::<(), floodgate_limiter::SetupError>(())
     /// ```
     pub fn toml_file(mut self, path: impl AsRef<Path>) -> Self {
         let path = path.as_ref();
@@ -273,7 +273,7 @@ impl FilterBuilder {
     ///
     /// ```no_run
     /// use actix_web::HttpResponse;
-    /// let builder = floodgate::Filter::builder().denial_responder(|denial, _req| {
+    /// let builder = floodgate_limiter::Filter::builder().denial_responder(|denial, _req| {
     ///     HttpResponse::TooManyRequests()
     ///         .content_type("application/json")
     ///         .body(format!(r#"{{"limit":"{}","wait":{}}}"#, denial.rule.name, denial.retry_after))

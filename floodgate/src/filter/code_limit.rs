@@ -36,7 +36,7 @@ impl Filter {
     ///
     /// ```no_run
     /// use actix_web::{web, App, HttpResponse};
-    /// use floodgate::{Filter, Key, Limit};
+    /// use floodgate_limiter::{Filter, Key, Limit};
     ///
     /// # fn app(filter: Filter) {
     /// let app = App::new().service(
@@ -67,8 +67,8 @@ impl Filter {
     /// As [`Filter::limit`], with the refusal as an error instead of a panic.
     ///
     /// ```no_run
-    /// # fn f(filter: floodgate::Filter) {
-    /// let err = filter.try_limit(floodgate::Limit::per_minute(0)).unwrap_err();
+    /// # fn f(filter: floodgate_limiter::Filter) {
+    /// let err = filter.try_limit(floodgate_limiter::Limit::per_minute(0)).unwrap_err();
     /// assert!(err.to_string().contains("limit must be between 1 and 100000, got 0"));
     /// # }
     /// ```
@@ -105,7 +105,7 @@ impl Filter {
 ///
 /// ```
 /// use std::time::Duration;
-/// use floodgate::{Key, Limit};
+/// use floodgate_limiter::{Key, Limit};
 ///
 /// let sms = Limit::per_minute(3).key(Key::form("phone").and(Key::ip())).name("sms");
 /// let api = Limit::token_bucket(10.0, 20).key(Key::header("x-api-key"));
@@ -217,7 +217,7 @@ impl Limit {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use floodgate::Limit;
+    /// use floodgate_limiter::Limit;
     ///
     /// let api = Limit::new(100, Duration::from_secs(60)).algorithm("fixed_window");
     /// # let _ = api;
@@ -297,7 +297,7 @@ impl Limit {
     /// default: every method.
     ///
     /// ```
-    /// let login = floodgate::Limit::per_minute(5).methods(&["POST"]);
+    /// let login = floodgate_limiter::Limit::per_minute(5).methods(&["POST"]);
     /// # let _ = login;
     /// ```
     pub fn methods(mut self, methods: &[&str]) -> Limit {
@@ -326,7 +326,7 @@ impl Limit {
     /// denied by this limit (an internal caller, a health probe).
     ///
     /// ```
-    /// let limit = floodgate::Limit::per_minute(10)
+    /// let limit = floodgate_limiter::Limit::per_minute(10)
     ///     .skip_if(|req| req.headers().contains_key("x-internal-job"));
     /// # let _ = limit;
     /// ```
@@ -367,7 +367,7 @@ impl Limit {
     /// that is not an address or CIDR makes the limit unusable.
     ///
     /// ```
-    /// let limit = floodgate::Limit::per_minute(60).exempt("10.0.0.0/8").exempt("::1");
+    /// let limit = floodgate_limiter::Limit::per_minute(60).exempt("10.0.0.0/8").exempt("::1");
     /// # let _ = limit;
     /// ```
     pub fn exempt(mut self, network: &str) -> Limit {
@@ -381,8 +381,8 @@ impl Limit {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use floodgate::limiter::Penalty;
-    /// use floodgate::{Key, Limit};
+    /// use floodgate_limiter::limiter::Penalty;
+    /// use floodgate_limiter::{Key, Limit};
     ///
     /// let guesses = Limit::per_minute(5).key(Key::form("phone")).penalty(Penalty {
     ///     after: 3,

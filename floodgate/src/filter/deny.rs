@@ -74,66 +74,76 @@ pub(super) fn deny<B>(
     path: &str,
     denied: Denied<'_>,
 ) -> ServiceResponse<EitherBody<B>> {
-    // The path as the log shows it: a decoded newline cannot forge a line.
-    let shown = Escaped(path);
-    let method = req.method();
+    noted(filter, req.method().as_str(), path, &denied);
     let response = match denied {
         Denied::Limited {
             rule,
             retry,
             rules,
             outcomes,
-            by,
+            ..
         } => {
-            match by {
-                DecidedBy::Redis => {
-                    let metrics = &filter.state.metrics;
-                    for (r, o) in rules.iter().zip(outcomes) {
-                        if r.mode == Mode::Enforce && !o.allowed {
-                            let counted = if o.banned {
-                                Counted::Banned
-                            } else {
-                                Counted::Denied
-                            };
-                            metrics.decision(&r.name, counted);
-                        }
-                        if o.ban_started {
-                            metrics.ban(&r.name, "penalty");
-                        }
-                    }
-                    log::debug!(
-                        "{method} {shown}: denied by {} for {retry}s ({})",
-                        rule.name,
-                        summary(rules, outcomes)
-                    );
-                }
-                DecidedBy::Remembered => log::debug!(
-                    "{method} {shown}: denied by {} for {retry}s (remembered denial)",
-                    rule.name
-                ),
-                DecidedBy::Here(error) => crate::logging::repeated!(
-                    &logging::NO_DECISION,
-                    "{method} {shown}: no decision ({}), denied here by {} for {retry}s",
-                    Escaped(&error.to_string()),
-                    rule.name
-                ),
-            }
             let mut response = denial(filter, req.request(), rule, retry);
             fields::on_denial(&mut response, req.request(), rules, outcomes);
             response
         }
-        Denied::Unavailable(error) => {
-            crate::logging::repeated!(
-                &logging::NO_DECISION,
-                "{method} {shown}: no decision ({}), error_denied",
-                Escaped(&error.to_string())
-            );
-            unavailable().to_actix()
-        }
+        Denied::Unavailable(_) => unavailable().to_actix(),
     };
     // Units an outer filter already took for this request go back.
     Usage::deny_outer(req.request());
     req.into_response(response).map_into_right_body()
+}
+
+/// Counts and logs a denial of `method` `path` (decoded), as every door does.
+pub(super) fn noted(filter: &Filter, method: &str, path: &str, denied: &Denied<'_>) {
+    // The path as the log shows it: a decoded newline cannot forge a line.
+    let shown = Escaped(path);
+    match denied {
+        Denied::Limited {
+            rule,
+            retry,
+            rules,
+            outcomes,
+            by,
+        } => match by {
+            DecidedBy::Redis => {
+                let metrics = &filter.state.metrics;
+                for (r, o) in rules.iter().zip(outcomes.iter()) {
+                    if r.mode == Mode::Enforce && !o.allowed {
+                        let counted = if o.banned {
+                            Counted::Banned
+                        } else {
+                            Counted::Denied
+                        };
+                        metrics.decision(&r.name, counted);
+                    }
+                    if o.ban_started {
+                        metrics.ban(&r.name, "penalty");
+                    }
+                }
+                log::debug!(
+                    "{method} {shown}: denied by {} for {retry}s ({})",
+                    rule.name,
+                    summary(rules, outcomes)
+                );
+            }
+            DecidedBy::Remembered => log::debug!(
+                "{method} {shown}: denied by {} for {retry}s (remembered denial)",
+                rule.name
+            ),
+            DecidedBy::Here(error) => crate::logging::repeated!(
+                &logging::NO_DECISION,
+                "{method} {shown}: no decision ({}), denied here by {} for {retry}s",
+                Escaped(&error.to_string()),
+                rule.name
+            ),
+        },
+        Denied::Unavailable(error) => crate::logging::repeated!(
+            &logging::NO_DECISION,
+            "{method} {shown}: no decision ({}), error_denied",
+            Escaped(&error.to_string())
+        ),
+    }
 }
 
 /// A request refused before it is decided: its input cannot be read as the
@@ -192,18 +202,32 @@ pub(crate) fn accepts_in(headers: &impl HeaderLines, media: &str) -> bool {
 /// the header fields, the body.
 pub(crate) struct Answer {
     pub(crate) status: StatusCode,
-    pub(crate) fields: Vec<(&'static str, String)>,
+    pub(crate) headers: http::HeaderMap,
     pub(crate) body: String,
 }
 
 impl Answer {
+    fn new(status: StatusCode, fields: Vec<(&'static str, String)>, body: String) -> Answer {
+        let mut headers = http::HeaderMap::with_capacity(fields.len());
+        for (name, value) in fields {
+            if let Ok(v) = http::HeaderValue::try_from(value) {
+                headers.insert(http::HeaderName::from_static(name), v);
+            }
+        }
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
     /// The answer as an actix-web response.
     fn to_actix(&self) -> HttpResponse {
         let status =
             ActixStatus::from_u16(self.status.as_u16()).unwrap_or(ActixStatus::TOO_MANY_REQUESTS);
         let mut builder = HttpResponse::build(status);
-        for (name, value) in &self.fields {
-            builder.insert_header((*name, value.as_str()));
+        for (name, value) in &self.headers {
+            builder.insert_header((name.as_str(), value.as_bytes()));
         }
         builder.body(self.body.clone())
     }
@@ -234,11 +258,7 @@ pub(crate) fn answer(
         // Rule names are [A-Za-z0-9_-]: safe in a query as they are.
         let location = format!("{}?rule={}&retry_after={retry}", rule.error_page, rule.name);
         fields.push(("location", location));
-        return Answer {
-            status: StatusCode::SEE_OTHER,
-            fields,
-            body: String::new(),
-        };
+        return Answer::new(StatusCode::SEE_OTHER, fields, String::new());
     }
     if json {
         fields.push(("content-type", "application/json".to_string()));
@@ -247,40 +267,35 @@ pub(crate) fn answer(
             "{{\"error\":\"rate_limited\",\"rule\":\"{}\",\"retry_after\":{retry}}}",
             rule.name
         );
-        return Answer {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            fields,
-            body,
-        };
+        return Answer::new(StatusCode::TOO_MANY_REQUESTS, fields, body);
     }
     fields.push(("content-type", "text/html; charset=utf-8".to_string()));
-    Answer {
-        status: StatusCode::TOO_MANY_REQUESTS,
-        fields,
-        body: (filter.state.denial_page)(rule, retry),
-    }
+    let page = (filter.state.denial_page)(rule, retry);
+    Answer::new(StatusCode::TOO_MANY_REQUESTS, fields, page)
 }
 
 /// The answer to a request no one could decide, under a rule whose
 /// `on_redis_error` is `deny`.
 pub(crate) fn unavailable() -> Answer {
-    Answer {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        fields: vec![
+    Answer::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        vec![
             ("retry-after", "1".to_string()),
             ("cache-control", "no-store".to_string()),
             ("content-type", "text/plain; charset=utf-8".to_string()),
         ],
-        body: "the rate limiter is unavailable; try again in a second\n".to_string(),
-    }
+        "the rate limiter is unavailable; try again in a second\n".to_string(),
+    )
 }
 
 /// The answer to a request refused before it is decided.
 pub(crate) fn refusal(refused: &Refused<'_>) -> Answer {
-    let plain = |status: StatusCode, text: &str| Answer {
-        status,
-        fields: vec![("content-type", "text/plain; charset=utf-8".to_string())],
-        body: text.to_string(),
+    let plain = |status: StatusCode, text: &str| {
+        Answer::new(
+            status,
+            vec![("content-type", "text/plain; charset=utf-8".to_string())],
+            text.to_string(),
+        )
     };
     match refused {
         Refused::Plain(status, text) => plain(*status, text),
@@ -303,14 +318,14 @@ pub(crate) fn refusal(refused: &Refused<'_>) -> Answer {
                 "rule": name,
                 "key": kind.unwrap_or_default(),
             });
-            Answer {
-                status: StatusCode::BAD_REQUEST,
-                fields: vec![
+            Answer::new(
+                StatusCode::BAD_REQUEST,
+                vec![
                     ("cache-control", "no-store".to_string()),
                     ("content-type", "application/json".to_string()),
                 ],
-                body: body.to_string(),
-            }
+                body.to_string(),
+            )
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use actix_web::http::header::{self, HeaderMap};
+use crate::net::HeaderLines;
 use actix_web::{mime, HttpMessage};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
@@ -64,12 +64,11 @@ impl Default for JsonBodies {
 /// coding, and no charset but UTF-8 (serde_json reads the bytes as UTF-8
 /// whatever the header says, so a body declared in another charset would
 /// be read one way here and meant another way by its sender).
-pub(crate) fn check_json_headers(headers: &HeaderMap) -> Result<(), Unreadable> {
+pub(crate) fn check_json_headers(headers: &impl HeaderLines) -> Result<(), Unreadable> {
     let unsupported = Unreadable::Unsupported;
-    for coding in headers.get_all(header::CONTENT_ENCODING) {
-        let identity = coding
-            .to_str()
-            .is_ok_and(|c| c.trim().eq_ignore_ascii_case("identity"));
+    for coding in headers.lines("content-encoding") {
+        let identity =
+            std::str::from_utf8(coding).is_ok_and(|c| c.trim().eq_ignore_ascii_case("identity"));
         if !identity {
             return Err(unsupported(
                 "a JSON body with a content coding cannot be read\n",
@@ -77,8 +76,9 @@ pub(crate) fn check_json_headers(headers: &HeaderMap) -> Result<(), Unreadable> 
         }
     }
     let Some(ct) = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
+        .lines("content-type")
+        .next()
+        .and_then(|v| std::str::from_utf8(v).ok())
     else {
         return Ok(());
     };
@@ -187,6 +187,7 @@ impl<'de> Visitor<'de> for Member<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use actix_web::http::header::{self, HeaderMap};
     use actix_web::http::header::{HeaderName, HeaderValue};
     use actix_web::test::TestRequest;
     use actix_web::{web, FromRequest};

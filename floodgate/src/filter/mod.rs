@@ -23,6 +23,8 @@ mod json;
 mod operator;
 mod request;
 mod text;
+#[cfg(feature = "tower")]
+pub(crate) mod tower;
 mod usage;
 mod values;
 

@@ -504,7 +504,7 @@ where
 /// its failures-only rules took (those that admitted it, and that nothing
 /// gave back already: the handler, or an inner filter's denial), and the
 /// `RateLimit` fields then show them as remaining again.
-async fn give_back(
+pub(super) async fn give_back(
     filter: &Filter,
     matched: &[&Rule],
     taken: &usage::Taken,
@@ -541,7 +541,7 @@ fn with_quota(rule: &Rule, limit: u32) -> Option<crate::limiter::Algorithm> {
     Some(rule.algorithm.with_quota(quota))
 }
 
-fn count_allowed(metrics: &Metrics, matched: &[&Rule], decision: &Decision) {
+pub(super) fn count_allowed(metrics: &Metrics, matched: &[&Rule], decision: &Decision) {
     for (r, o) in matched.iter().zip(&decision.outcomes) {
         let outcome = match (o.allowed, r.mode) {
             (true, _) => Counted::Allowed,

@@ -1,16 +1,14 @@
 //! What the filter decided about a request, for its handler: the
 //! [`Usage`] extractor, and charging or giving back units from a handler.
 
-use std::cell::RefCell;
 use std::future::{ready, Ready};
-use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpMessage, HttpRequest};
 
-use super::Filter;
+use super::{lock, Filter};
 use crate::limiter::give_back::Refund;
 use crate::limiter::{Algorithm, Check, Decision, Limiter, LimiterError, Outcome};
 use crate::rule::Rule;
@@ -24,7 +22,7 @@ use crate::rule::Rule;
 ///
 /// ```no_run
 /// use actix_web::{post, HttpResponse};
-/// use floodgate::Usage;
+/// use floodgate_limiter::Usage;
 ///
 /// #[post("/sms/send")]
 /// async fn send(usage: Usage) -> HttpResponse {
@@ -36,7 +34,7 @@ use crate::rule::Rule;
 /// ```
 #[derive(Clone, Default)]
 pub struct Usage {
-    inner: Rc<RefCell<Vec<Entry>>>,
+    inner: Arc<Mutex<Vec<Entry>>>,
 }
 
 #[derive(Clone)]
@@ -107,7 +105,20 @@ impl Usage {
                 }
             }
         };
-        let mut entries = limits.inner.borrow_mut();
+        limits.add(limiter, matched, checks, decision, decided)
+    }
+
+    /// Adds one filter's allowed decision to this `Usage`.
+    pub(super) fn add(
+        &self,
+        limiter: &Arc<Limiter>,
+        matched: &[&Rule],
+        checks: Vec<Check>,
+        decision: &Decision,
+        decided: Instant,
+    ) -> Taken {
+        let limits = self.clone();
+        let mut entries = lock(&limits.inner);
         let from = entries.len();
         for ((rule, check), outcome) in matched.iter().zip(checks).zip(&decision.outcomes) {
             entries.push(Entry {
@@ -139,8 +150,7 @@ impl Usage {
 
     /// Every matched rule, in the order the filters decided them.
     pub fn rules(&self) -> Vec<RuleState> {
-        self.inner
-            .borrow()
+        lock(&self.inner)
             .iter()
             .map(|e| RuleState {
                 name: e.name.clone(),
@@ -159,7 +169,7 @@ impl Usage {
 
     /// Whether no rule matched.
     pub fn is_empty(&self) -> bool {
-        self.inner.borrow().is_empty()
+        lock(&self.inner).is_empty()
     }
 
     /// Takes `units` more from every matched rule's key, all or nothing:
@@ -167,7 +177,7 @@ impl Usage {
     /// `Ok(false)` when one had not (and none was). Useful when a handler
     /// learns the real cost of a request only once it has read it.
     pub async fn charge(&self, units: u32) -> Result<bool, LimiterError> {
-        let entries = self.inner.borrow().clone();
+        let entries = lock(&self.inner).clone();
         let Some(limiter) = entries.first().map(|e| Arc::clone(&e.limiter)) else {
             return Ok(true);
         };
@@ -189,7 +199,7 @@ impl Usage {
             .collect();
         let decision = limiter.decide(checks).await?;
         if decision.allowed {
-            let mut entries = self.inner.borrow_mut();
+            let mut entries = lock(&self.inner);
             for (e, o) in entries.iter_mut().zip(&decision.outcomes) {
                 e.outcome.remaining = o.remaining;
                 e.outcome.wait = o.wait;
@@ -204,7 +214,7 @@ impl Usage {
     /// stays charged.
     pub async fn give_back(&self) -> Result<u64, LimiterError> {
         let pending: Vec<Entry> = {
-            let mut entries = self.inner.borrow_mut();
+            let mut entries = lock(&self.inner);
             let pending = entries
                 .iter()
                 .filter(|e| e.outcome.allowed && !e.given_back)
@@ -219,9 +229,7 @@ impl Usage {
         for e in pending {
             let refund = refund(&e.check, &e.outcome);
             given += e.limiter.give_back(vec![refund], e.decided).await?;
-            if let Some(entry) = self
-                .inner
-                .borrow_mut()
+            if let Some(entry) = lock(&self.inner)
                 .iter_mut()
                 .find(|x| x.check.key == e.check.key)
             {
@@ -238,7 +246,7 @@ impl Taken {
     /// their place among the filter's matched rules) and that nothing gave
     /// back yet: marks them given back and returns them with their places.
     fn take(&self, want: impl Fn(usize, &Entry) -> bool) -> (Vec<usize>, Vec<Refund>) {
-        let mut entries = self.limits.inner.borrow_mut();
+        let mut entries = lock(&self.limits.inner);
         let mut places = Vec::new();
         let mut refunds = Vec::new();
         for (i, e) in entries[self.from..self.to].iter_mut().enumerate() {

@@ -8,7 +8,7 @@ use std::fmt;
 /// `on_redis_error`. A Redis failure keeps the error redis-rs returned.
 ///
 /// ```
-/// use floodgate::limiter::LimiterError;
+/// use floodgate_limiter::limiter::LimiterError;
 /// let e = LimiterError::Timeout;
 /// assert!(e.is_timeout());
 /// assert!(std::error::Error::source(&e).is_none());

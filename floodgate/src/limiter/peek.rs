@@ -30,9 +30,9 @@ impl Limiter {
     /// ```no_run
     /// use std::num::NonZeroU32;
     /// use std::time::Duration;
-    /// use floodgate::config::RedisConfig;
-    /// use floodgate::limiter::{Algorithm, Check, LimiterError, LimiterOptions};
-    /// use floodgate::Limiter;
+    /// use floodgate_limiter::config::RedisConfig;
+    /// use floodgate_limiter::limiter::{Algorithm, Check, LimiterError, LimiterOptions};
+    /// use floodgate_limiter::Limiter;
     ///
     /// # async fn show(config: &RedisConfig) -> Result<(), LimiterError> {
     /// let limiter = Limiter::new(config, LimiterOptions::default())?;

@@ -85,7 +85,7 @@ impl std::fmt::Debug for RedisConfig {
 /// `redis://user:secret@host/0` becomes `redis://user:***@host/0`.
 ///
 /// ```
-/// use floodgate::limiter::without_password;
+/// use floodgate_limiter::limiter::without_password;
 /// assert_eq!(without_password("redis://u:pw@h:6379/0"), "redis://u:***@h:6379/0");
 /// assert_eq!(without_password("redis://h:6379/0"), "redis://h:6379/0");
 /// ```

@@ -62,7 +62,7 @@ enum KeyImpl {
 ///
 /// ```
 /// use actix_web::HttpRequest;
-/// use floodgate::KeyFn;
+/// use floodgate_limiter::KeyFn;
 ///
 /// struct ApiKey;
 /// impl KeyFn for ApiKey {
@@ -70,7 +70,7 @@ enum KeyImpl {
 ///         req.headers().get("x-api-key")?.to_str().ok().map(str::to_owned)
 ///     }
 /// }
-/// let key = floodgate::Key::custom("api-key", ApiKey);
+/// let key = floodgate_limiter::Key::custom("api-key", ApiKey);
 /// assert_eq!(key.to_string(), "custom:api-key");
 /// ```
 pub trait KeyFn: Send + Sync + 'static {
@@ -177,7 +177,7 @@ impl Key {
     /// The client address, behind trusted proxies (IPv6 by its /64).
     ///
     /// ```
-    /// use floodgate::Key;
+    /// use floodgate_limiter::Key;
     /// assert_eq!(Key::ip().to_string(), "ip");
     /// assert_eq!(Key::form("phone").and(Key::ip()).to_string(), r#"["form:phone", "ip"]"#);
     /// ```
@@ -223,7 +223,7 @@ impl Key {
     /// valid JSON, or that names the member twice, is refused (400).
     ///
     /// ```
-    /// use floodgate::Key;
+    /// use floodgate_limiter::Key;
     /// assert_eq!(Key::json("username").to_string(), "json:username");
     /// ```
     pub fn json(name: &str) -> Key {
@@ -235,7 +235,7 @@ impl Key {
     /// form and as a JSON API shares its limit.
     ///
     /// ```
-    /// use floodgate::Key;
+    /// use floodgate_limiter::Key;
     /// assert_eq!(Key::body("phone").and(Key::ip()).to_string(), r#"["body:phone", "ip"]"#);
     /// ```
     pub fn body(name: &str) -> Key {
@@ -247,7 +247,7 @@ impl Key {
     /// the request by its client address.
     ///
     /// ```
-    /// use floodgate::Key;
+    /// use floodgate_limiter::Key;
     /// let tenant = Key::custom("tenant", |req: &actix_web::HttpRequest| {
     ///     req.match_info().get("tenant").map(str::to_owned)
     /// });
@@ -269,8 +269,8 @@ impl Key {
     /// (by address, 10 a minute, say) and known ones (by key, 100).
     ///
     /// ```
-    /// use floodgate::rule::Identity;
-    /// use floodgate::{Key, Limit};
+    /// use floodgate_limiter::rule::Identity;
+    /// use floodgate_limiter::{Key, Limit};
     ///
     /// let key = Key::lookup("api-key", |req: actix_web::HttpRequest| async move {
     ///     let token = req.headers().get("x-api-key")?.to_str().ok()?.to_owned();
@@ -353,7 +353,7 @@ impl KeyKind {
     /// `body:NAME`.
     ///
     /// ```
-    /// use floodgate::rule::KeyKind;
+    /// use floodgate_limiter::rule::KeyKind;
     /// assert_eq!(KeyKind::parse("form:phone"), Ok(KeyKind::Form("phone".into())));
     /// assert!(KeyKind::parse("cookie:x").is_err());
     /// ```

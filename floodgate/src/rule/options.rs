@@ -80,7 +80,7 @@ impl fmt::Debug for Skip {
 /// window, the burst of a token bucket, whose rate then scales with it).
 ///
 /// ```
-/// use floodgate::rule::Identity;
+/// use floodgate_limiter::rule::Identity;
 /// let paying = Identity::new("key-7").with_limit(100);
 /// assert_eq!(paying.id(), "key-7");
 /// assert_eq!(paying.limit(), Some(100));

@@ -5,8 +5,8 @@ use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::Duration;
 
-use floodgate::limiter::{Algorithm, Check, LimiterOptions};
-use floodgate::{Config, Limiter};
+use floodgate_limiter::limiter::{Algorithm, Check, LimiterOptions};
+use floodgate_limiter::{Config, Limiter};
 
 use super::RedisServer;
 

@@ -1,0 +1,152 @@
+//! An axum 0.8 app whose every route is behind one tower layer built from a
+//! floodgate configuration file: `[server] bind`, `trusted_proxies`,
+//! `proxy_header` and `max_form`, `[redis]`, `[limiter]`, `[defaults]` and
+//! the `[[rule]]`s.
+//!
+//! ```sh
+//! cargo run --release -p floodgate-limiter --features axum --example axum -- config/default.toml
+//! curl -i localhost:8080/check
+//! ```
+//!
+//! Routes: `GET /healthz` (200 `ok`), `GET /readyz` (200 while Redis
+//! answers, else 503), `GET /check` (200 `ok`), `POST /echo` with a form or
+//! a JSON body (200 `{"phone": VALUE}`, VALUE as axum's `Form` or `Json`
+//! read it, `null` when absent); any other path is 404. The client address
+//! is the TCP peer from `ConnectInfo`, behind the file's trusted proxies.
+//! `FLOODGATE_REDIS_URL` and `FLOODGATE_BIND` override the file.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use axum::extract::{FromRequest, Request};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Form, Json, Router};
+use floodgate_limiter::config::{AppConfig, Config, ConfigError};
+use floodgate_limiter::Filter;
+use serde_json::{json, Value};
+
+/// What the example reads of the file besides the library's settings.
+struct Server {
+    bind: String,
+}
+
+#[derive(serde::Deserialize)]
+struct RawFile {
+    #[serde(default)]
+    server: RawServer,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct RawServer {
+    bind: Option<String>,
+    // Read by servers with workers of their own; tokio picks its own here.
+    #[allow(dead_code)]
+    workers: Option<u64>,
+}
+
+impl AppConfig for Server {
+    const SECTIONS: &'static [&'static str] = &[];
+    const SERVER_KEYS: &'static [&'static str] = &["bind", "workers"];
+    type Raw = RawFile;
+
+    fn check(raw: RawFile, _: &str) -> Result<Server, ConfigError> {
+        Ok(Server {
+            bind: raw
+                .server
+                .bind
+                .unwrap_or_else(|| "127.0.0.1:8080".to_string()),
+        })
+    }
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let path = std::env::args_os()
+        .nth(1)
+        .map_or_else(|| PathBuf::from("config/default.toml"), PathBuf::from);
+    let (config, server) = match Config::load_with::<Server>(&path) {
+        Ok(loaded) => loaded,
+        Err(e) => {
+            eprintln!("{e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let filter = match Filter::from_config(&config) {
+        Ok(filter) => filter,
+        Err(e) => {
+            eprintln!("{e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let bind = std::env::var("FLOODGATE_BIND")
+        .ok()
+        .filter(|b| !b.is_empty())
+        .unwrap_or(server.bind);
+    let ready = filter.clone();
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(move || readyz(ready.clone())))
+        .route("/check", get(|| async { "ok" }))
+        .route("/echo", post(echo))
+        .layer(filter);
+    let listener = match tokio::net::TcpListener::bind(&bind).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("{bind}: {e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    println!("listening on http://{bind}/check");
+    let served = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await;
+    match served {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
+
+/// 200 while Redis answers the library's readiness PING, else 503.
+async fn readyz(filter: Filter) -> Response {
+    let limiter = filter.limiter().clone();
+    match tokio::task::spawn_blocking(move || limiter.ping()).await {
+        Ok(Ok(())) => (StatusCode::OK, "ready").into_response(),
+        _ => (StatusCode::SERVICE_UNAVAILABLE, "redis is not answering").into_response(),
+    }
+}
+
+/// `{"phone": VALUE}`: the `phone` field as axum's `Json` (a JSON body) or
+/// `Form` (any other) read it.
+async fn echo(req: Request) -> Response {
+    let is_json = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("json"));
+    let phone = if is_json {
+        match Json::<Value>::from_request(req, &()).await {
+            Ok(Json(body)) => body.get("phone").cloned().unwrap_or(Value::Null),
+            Err(rejection) => return rejection.into_response(),
+        }
+    } else {
+        match Form::<HashMap<String, String>>::from_request(req, &()).await {
+            Ok(Form(fields)) => fields
+                .get("phone")
+                .cloned()
+                .map_or(Value::Null, Value::String),
+            Err(rejection) => return rejection.into_response(),
+        }
+    };
+    Json(json!({ "phone": phone })).into_response()
+}

@@ -1,0 +1,459 @@
+//! The tower door: a `Filter` as the layer of an axum 0.8 router, served on
+//! a real socket (the client address from `ConnectInfo`) against a real
+//! redis-server: the decisions, answers and fields the actix door gives,
+//! body keys read as axum's `Form` and `Json` read them, proxies, Redis
+//! down, give-backs, the decision in handlers, exact counts under
+//! concurrency, and one Redis shared with an actix app.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::extract::{FromRequest, Query, Request};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Form, Json, Router};
+use floodgate_limiter::limiter::Action;
+use floodgate_limiter::{Filter, Usage};
+use serde_json::{json, Value};
+
+use common::RedisServer;
+
+fn filter(redis: &RedisServer, toml: &str) -> Filter {
+    let text = format!("[redis]\nurl = \"{}\"\n{toml}", redis.url());
+    Filter::from_toml_str(&text, "app.toml").unwrap()
+}
+
+/// `/check`, `/free`, `/login?ok=1` (200, else 401), `/usage` (the
+/// decision as the handler reads it) and `POST /echo` (the `phone` field
+/// as axum's `Form` or `Json` read it), behind `filter`.
+fn app(filter: Filter) -> Router {
+    Router::new()
+        .route("/check", get(|| async { "ok" }))
+        .route("/free", get(|| async { "free" }))
+        .route(
+            "/login",
+            get(|q: Query<HashMap<String, String>>| async move {
+                if q.contains_key("ok") {
+                    (axum::http::StatusCode::OK, "welcome")
+                } else {
+                    (axum::http::StatusCode::UNAUTHORIZED, "no")
+                }
+            }),
+        )
+        .route(
+            "/usage",
+            get(|usage: Usage| async move {
+                let check = usage.get("check").map(|r| r.remaining);
+                Json(json!({ "remaining": check }))
+            }),
+        )
+        .route("/echo", post(echo))
+        .layer(filter)
+}
+
+async fn echo(req: Request) -> Response {
+    let is_json = req
+        .headers()
+        .get("content-type")
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    let phone = if is_json {
+        match Json::<Value>::from_request(req, &()).await {
+            Ok(Json(v)) => v.get("phone").cloned().unwrap_or(Value::Null),
+            Err(r) => return r.into_response(),
+        }
+    } else {
+        match Form::<HashMap<String, String>>::from_request(req, &()).await {
+            Ok(Form(f)) => f.get("phone").cloned().map_or(Value::Null, Value::String),
+            Err(r) => return r.into_response(),
+        }
+    };
+    Json(json!({ "phone": phone })).into_response()
+}
+
+/// Serves `router` on a free port of 127.0.0.1; the server stops with the
+/// test's runtime.
+async fn serve(router: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    format!("http://127.0.0.1:{port}")
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+async fn get_json(base: &str, path: &str) -> reqwest::Response {
+    client()
+        .get(format!("{base}{path}"))
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap()
+}
+
+fn header(res: &reqwest::Response, name: &str) -> Option<String> {
+    res.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_string())
+}
+
+const CHECK: &str = r#"
+[[rule]]
+name = "check"
+paths = ["/check", "/usage"]
+limit = 3
+window = "1h"
+deny = "status"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_behind_the_layer_gets_429_json_with_retry_after_and_fields() {
+    let redis = RedisServer::start();
+    let base = serve(app(filter(&redis, CHECK))).await;
+    for left in [2, 1, 0] {
+        let res = get_json(&base, "/check").await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(
+            header(&res, "ratelimit").unwrap(),
+            format!("\"check\";r={left};t=3600")
+        );
+        assert_eq!(
+            header(&res, "ratelimit-policy").unwrap(),
+            "\"check\";q=3;w=3600"
+        );
+    }
+    let res = get_json(&base, "/check").await;
+    assert_eq!(res.status(), 429);
+    let retry: u64 = header(&res, "retry-after").unwrap().parse().unwrap();
+    assert!((3599..=3600).contains(&retry), "{retry}");
+    assert_eq!(header(&res, "cache-control").unwrap(), "no-store");
+    assert_eq!(header(&res, "ratelimit").unwrap(), "\"check\";r=0;t=3600");
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!({"error": "rate_limited", "rule": "check", "retry_after": retry})
+    );
+    // A path no rule guards passes untouched.
+    let res = get_json(&base, "/free").await;
+    assert_eq!(res.status(), 200);
+    assert!(header(&res, "ratelimit").is_none());
+    // Unknown paths are the router's 404, guarded or not.
+    assert_eq!(get_json(&base, "/nowhere").await.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_request_takes_nothing_from_any_rule() {
+    let redis = RedisServer::start();
+    let f = filter(
+        &redis,
+        r#"
+[defaults]
+deny = "status"
+
+[[rule]]
+name = "wide"
+paths = ["/check", "/free"]
+limit = 10
+window = "1h"
+
+[[rule]]
+name = "narrow"
+paths = ["/check"]
+limit = 2
+window = "1h"
+"#,
+    );
+    let base = serve(app(f.clone())).await;
+    let codes: Vec<u16> = {
+        let mut codes = Vec::new();
+        for _ in 0..4 {
+            codes.push(get_json(&base, "/check").await.status().as_u16());
+        }
+        codes
+    };
+    assert_eq!(codes, [200, 200, 429, 429]);
+    let wide = f.operate("wide", &["127.0.0.1"], Action::Inspect).await;
+    assert_eq!(wide.unwrap().used, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_under_300_concurrent_requests() {
+    let redis = RedisServer::start();
+    let toml = "[[rule]]\nname = \"check\"\npaths = [\"/check\"]\nlimit = 100\nwindow = \"1h\"\ndeny = \"status\"\n";
+    let base = serve(app(filter(&redis, toml))).await;
+    let client = client();
+    let mut tasks = Vec::new();
+    for _ in 0..300 {
+        let (client, url) = (client.clone(), format!("{base}/check"));
+        tasks.push(tokio::spawn(async move {
+            client.get(url).send().await.unwrap().status().as_u16()
+        }));
+    }
+    let mut allowed = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            200 => allowed += 1,
+            429 => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(allowed, 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_header_dialect_shows_as_under_actix() {
+    let redis = RedisServer::start();
+    for (dialect, fields) in [
+        (
+            "draft-6",
+            vec![
+                ("ratelimit-limit", "3"),
+                ("ratelimit-remaining", "2"),
+                ("ratelimit-reset", "60"),
+                ("ratelimit-policy", "3;w=60"),
+            ],
+        ),
+        (
+            "draft-7",
+            vec![
+                ("ratelimit", "limit=3, remaining=2, reset=60"),
+                ("ratelimit-policy", "3;w=60"),
+            ],
+        ),
+        (
+            "x-ratelimit",
+            vec![("x-ratelimit-limit", "3"), ("x-ratelimit-remaining", "2")],
+        ),
+        ("none", vec![]),
+    ] {
+        let toml = format!(
+            "[[rule]]\nname = \"d{}\"\npaths = [\"/check\"]\nlimit = 3\nwindow = \"1m\"\nheaders = \"{dialect}\"\n",
+            dialect.replace('-', "")
+        );
+        let base = serve(app(filter(&redis, &toml))).await;
+        let res = get_json(&base, "/check").await;
+        assert_eq!(res.status(), 200);
+        for (name, value) in &fields {
+            assert_eq!(
+                header(&res, name).as_deref(),
+                Some(*value),
+                "{dialect} {name}"
+            );
+        }
+        if dialect == "x-ratelimit" {
+            let reset: u64 = header(&res, "x-ratelimit-reset").unwrap().parse().unwrap();
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs();
+            assert!(reset >= now + 58 && reset <= now + 61, "{reset} {now}");
+        }
+        if dialect == "none" {
+            assert!(res
+                .headers()
+                .keys()
+                .all(|k| !k.as_str().contains("ratelimit")));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn body_keys_read_forms_and_json_as_axum_does_and_hand_them_on() {
+    let redis = RedisServer::start();
+    let f = filter(
+        &redis,
+        "[[rule]]\nname = \"sms\"\npaths = [\"/echo\"]\nkey = \"body:phone\"\nlimit = 2\nwindow = \"1h\"\ndeny = \"status\"\n",
+    );
+    let base = serve(app(f.clone())).await;
+    let client = client();
+    let form = |phone: &str| {
+        client
+            .post(format!("{base}/echo"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("phone={phone}"))
+            .send()
+    };
+    let res = form("555").await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.json::<Value>().await.unwrap(), json!({"phone": "555"}));
+    let res = client
+        .post(format!("{base}/echo"))
+        .header("content-type", "application/json")
+        .body(r#"{"phone":"555"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.json::<Value>().await.unwrap(), json!({"phone": "555"}));
+    // The form and the JSON API share one counter per phone.
+    assert_eq!(form("555").await.unwrap().status(), 429);
+    assert_eq!(form("556").await.unwrap().status(), 200);
+    let seen = f.operate("sms", &["555"], Action::Inspect).await.unwrap();
+    assert_eq!(seen.used, 2);
+    // text/json is no body axum's Json reads: keyed by address, not phone.
+    let res = client
+        .post(format!("{base}/echo"))
+        .header("content-type", "text/json")
+        .body(r#"{"phone":"555"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(res.status(), 429);
+    // A body past max_form: 413; broken JSON: 400, before the handler.
+    let big = format!("phone={}", "9".repeat(20 * 1024));
+    assert_eq!(form(&big[6..]).await.unwrap().status(), 413);
+    let res = client
+        .post(format!("{base}/echo"))
+        .header("content-type", "application/json")
+        .body(r#"{"phone":"1","phone":"2"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_trusted_proxy_the_forwarded_client_is_keyed() {
+    let redis = RedisServer::start();
+    let toml = format!(
+        "[server]\ntrusted_proxies = [\"127.0.0.1/32\"]\n{}",
+        "[[rule]]\nname = \"check\"\npaths = [\"/check\"]\nlimit = 1\nwindow = \"1h\"\ndeny = \"status\"\n"
+    );
+    let f = filter(&redis, &toml);
+    let base = serve(app(f.clone())).await;
+    let from = |client_ip: &'static str| {
+        let url = format!("{base}/check");
+        async move {
+            client()
+                .get(url)
+                .header("x-forwarded-for", format!("198.51.100.1, {client_ip}"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(from("203.0.113.7").await, 200);
+    assert_eq!(from("203.0.113.7").await, 429);
+    assert_eq!(from("203.0.113.8").await, 200);
+    let seen = f.operate("check", &["203.0.113.7"], Action::Inspect).await;
+    assert_eq!(seen.unwrap().used, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_each_rule_applies_its_policy() {
+    let mut redis = RedisServer::start();
+    // (filter() opens the [redis] table: its timeout follows there.)
+    let f = filter(
+        &redis,
+        r#"timeout = "100ms"
+
+[[rule]]
+name = "open"
+paths = ["/free"]
+limit = 1
+window = "1h"
+on_redis_error = "allow"
+
+[[rule]]
+name = "shut"
+paths = ["/check"]
+limit = 1
+window = "1h"
+on_redis_error = "deny"
+"#,
+    );
+    let base = serve(app(f)).await;
+    redis.stop();
+    let res = get_json(&base, "/free").await;
+    assert_eq!(res.status(), 200);
+    assert!(header(&res, "ratelimit").is_none());
+    let res = get_json(&base, "/check").await;
+    assert_eq!(res.status(), 503);
+    assert_eq!(header(&res, "retry-after").unwrap(), "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn successes_give_back_under_count_failures_and_handlers_read_the_decision() {
+    let redis = RedisServer::start();
+    let toml = format!(
+        "{CHECK}\n[[rule]]\nname = \"login\"\npaths = [\"/login\"]\nlimit = 3\nwindow = \"1h\"\ncount = \"failures\"\ndeny = \"status\"\n"
+    );
+    let base = serve(app(filter(&redis, &toml))).await;
+    let status = |path: &'static str| {
+        let url = format!("{base}{path}");
+        async move { client().get(url).send().await.unwrap().status().as_u16() }
+    };
+    for _ in 0..5 {
+        assert_eq!(status("/login?ok=1").await, 200);
+    }
+    let mut failures = 0;
+    for _ in 0..5 {
+        if status("/login").await == 401 {
+            failures += 1;
+        }
+    }
+    assert_eq!(failures, 3);
+    // The handler reads what was decided for its request.
+    let res = get_json(&base, "/usage").await;
+    assert_eq!(res.json::<Value>().await.unwrap(), json!({"remaining": 2}));
+}
+
+#[actix_web::test]
+async fn an_actix_app_and_an_axum_app_share_every_counter() {
+    use actix_web::{test, web, App, HttpResponse};
+    let redis = RedisServer::start();
+    let f = filter(&redis, CHECK);
+    // The axum app runs on a runtime of its own thread.
+    let axum_filter = f.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            tx.send(serve(app(axum_filter)).await).unwrap();
+            std::future::pending::<()>().await;
+        });
+    });
+    let base = rx.recv().unwrap();
+    let actix = test::init_service(App::new().wrap(filter(&redis, CHECK)).route(
+        "/check",
+        web::get().to(|| async { HttpResponse::Ok().body("ok") }),
+    ))
+    .await;
+    let from_actix = || async {
+        let req = test::TestRequest::get()
+            .uri("/check")
+            .peer_addr("127.0.0.1:50000".parse().unwrap())
+            .to_request();
+        test::call_service(&actix, req).await.status().as_u16()
+    };
+    let from_axum = || {
+        let url = format!("{base}/check");
+        async move { reqwest::get(url).await.unwrap().status().as_u16() }
+    };
+    assert_eq!(from_actix().await, 200);
+    assert_eq!(from_axum().await, 200);
+    assert_eq!(from_actix().await, 200);
+    assert_eq!(from_axum().await, 429);
+    assert_eq!(from_actix().await, 429);
+}
