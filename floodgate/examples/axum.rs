@@ -4,7 +4,7 @@
 //! the `[[rule]]`s.
 //!
 //! ```sh
-//! cargo run --release -p floodgate-limiter --features axum --example axum -- config/default.toml
+//! cargo run --release -p floodgate-limiter --example axum -- config/default.toml
 //! curl -i localhost:8080/check
 //! ```
 //!
@@ -42,14 +42,13 @@ struct RawFile {
 #[derive(serde::Deserialize, Default)]
 struct RawServer {
     bind: Option<String>,
-    // Read by servers with workers of their own; tokio picks its own here.
-    #[allow(dead_code)]
-    workers: Option<u64>,
 }
 
+/// The file may be the demo site's own (`config/default.toml`): the site's
+/// settings are accepted and left to the site.
 impl AppConfig for Server {
-    const SECTIONS: &'static [&'static str] = &[];
-    const SERVER_KEYS: &'static [&'static str] = &["bind", "workers"];
+    const SECTIONS: &'static [&'static str] = &["sms", "site"];
+    const SERVER_KEYS: &'static [&'static str] = &["bind", "workers", "secret", "body_timeout"];
     type Raw = RawFile;
 
     fn check(raw: RawFile, _: &str) -> Result<Server, ConfigError> {

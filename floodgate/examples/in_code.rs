@@ -2,7 +2,7 @@
 //! resource, one on a scope, and one the builder puts on a path.
 //!
 //! ```sh
-//! cargo run --example in_code
+//! cargo run -p floodgate-limiter --example in_code
 //! curl -i -X POST -d phone=5550100 localhost:8080/sms/send   # 3 per minute per phone
 //! curl -i localhost:8080/api/items                           # token bucket for /api/*
 //! curl -i localhost:8080/search                              # 2 per second per address

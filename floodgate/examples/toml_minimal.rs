@@ -2,7 +2,7 @@
 //! seconds per client address; the fourth gets a 429.
 //!
 //! ```sh
-//! cargo run --example toml_minimal          # then: curl -i localhost:8080/hello
+//! cargo run -p floodgate-limiter --example toml_minimal        # then: curl -i localhost:8080/hello
 //! ```
 //!
 //! `FLOODGATE_REDIS_URL` (default redis://127.0.0.1:6379/0) names Redis and
