@@ -18,5 +18,27 @@ macro_rules! repeated {
 }
 pub(crate) use repeated;
 
+/// The site's own kinds of repeated warnings.
+pub mod log_kinds {
+    use floodgate::logging::Repeats;
+
+    /// `/readyz` found Redis away.
+    pub static READYZ: Repeats = Repeats::new("readyz", log::Level::Warn);
+    /// The site answered an error.
+    pub static SITE_ERROR: Repeats = Repeats::new("site error", log::Level::Error);
+    /// An admin API request was refused (address not allowed, no or wrong
+    /// token): anyone can send these, so they are not one line each.
+    pub static ADMIN_REFUSED: Repeats = Repeats::new("admin request refused", log::Level::Warn);
+
+    /// Writes the counts of repeated warnings held back so far, the
+    /// library's and the site's.
+    pub fn flush() {
+        floodgate::logging::flush();
+        for kind in [&READYZ, &SITE_ERROR, &ADMIN_REFUSED] {
+            kind.flush();
+        }
+    }
+}
+
 pub mod config;
 pub mod site;

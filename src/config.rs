@@ -1,5 +1,5 @@
 //! The demo site's configuration: the library's sections of the file
-//! ([`floodgate::Config`]) and the site's own, read from the same file.
+//! ([`floodgate::config::Config`]) and the site's own, read from the same file.
 //!
 //! The site reads `[server]` `bind`, `workers`, `secret` and
 //! `body_timeout`, `[sms]` and `[site]` (see [`floodgate::config::AppConfig`]);
@@ -8,9 +8,9 @@
 use std::path::Path;
 use std::time::Duration;
 
+pub use floodgate::config::ConfigError;
 use floodgate::config::{duration_at_most, AppConfig};
 pub use floodgate::config::{format_duration, human_duration};
-pub use floodgate::ConfigError;
 use serde::Deserialize;
 
 /// Most actix worker threads (`[server] workers`); actix-server refuses more.
@@ -27,7 +27,7 @@ pub const DEFAULT_PATH: &str = "config/default.toml";
 pub struct Config {
     /// The library's sections: `[redis]`, `[limiter]`, `[defaults]`,
     /// `[[rule]]` and the filter's keys of `[server]`.
-    pub filter: floodgate::Config,
+    pub filter: floodgate::config::Config,
     /// The site's keys of `[server]`.
     pub server: ServerConfig,
     /// `[sms]`
@@ -190,7 +190,7 @@ impl AppConfig for Site {
 }
 
 impl Config {
-    fn join((filter, site): (floodgate::Config, Site)) -> Config {
+    fn join((filter, site): (floodgate::config::Config, Site)) -> Config {
         Config {
             filter,
             server: site.server,
@@ -209,12 +209,12 @@ impl Config {
 
     /// Reads, parses and checks `path` without looking at the environment.
     pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
-        floodgate::Config::load_file_with::<Site>(path).map(Config::join)
+        floodgate::config::Config::load_file_with::<Site>(path).map(Config::join)
     }
 
     /// Parses and checks TOML text said to come from `path`.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        floodgate::Config::parse_with::<Site>(text, path).map(Config::join)
+        floodgate::config::Config::parse_with::<Site>(text, path).map(Config::join)
     }
 
     /// Applies the environment overrides `FLOODGATE_BIND` and

@@ -128,7 +128,7 @@ fn init_logger() {
         .name("floodgate-log".into())
         .spawn(|| loop {
             std::thread::sleep(floodgate::logging::PERIOD);
-            floodgate::logging::flush();
+            floodgate_site::log_kinds::flush();
         });
     if let Err(e) = ticker {
         log::warn!("cannot start the log's counting thread ({e}); held-back warnings are counted on the next line of their kind");
@@ -179,7 +179,7 @@ fn serve(path: PathBuf) -> ExitCode {
             .await
             .map_err(|e| site::StartError::Bind(bind.clone(), e))
     });
-    floodgate::logging::flush();
+    floodgate_site::log_kinds::flush();
     match result {
         Ok(()) => {
             log::info!("stopped");

@@ -7,9 +7,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use floodgate::filter::{ban_action, operator_check, override_action};
+use floodgate::limiter::Limiter;
 use floodgate::limiter::{Action, Dispatch, LimiterOptions};
-use floodgate::Limiter;
+use floodgate::{ban_action, operator_check, override_action};
 use floodgate_site::config::Config;
 
 /// The arguments of one command, as written.

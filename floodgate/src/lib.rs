@@ -2,8 +2,10 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, unnameable_types)]
 
+mod units;
+
 pub mod config;
-pub mod filter;
+mod filter;
 pub mod limiter;
 pub mod logging;
 pub mod metrics;
@@ -16,12 +18,12 @@ pub mod tower {
     pub use crate::filter::tower::{Guarded, GuardedBody};
 }
 
-pub use crate::config::{Config, ConfigError};
 pub use crate::filter::{
-    Denial, DenialResponder, Filter, FilterBuilder, Limit, SessionLookup, SetupError, Usage,
+    accepts, ban_action, operator_check, override_action, Denial, DenialPage, DenialResponder,
+    Filter, FilterBuilder, FilterService, JsonContentType, Limit, OperatorError, RuleState,
+    SessionLookup, SetupError, Unreadable, Usage, MAX_HEADER_BYTES,
 };
-pub use crate::limiter::Limiter;
-pub use crate::rule::{Key, KeyFn};
+pub use crate::rule::key::{Key, KeyFn};
 
 /// Items the benchmarks and tests reach; not part of the supported API.
 #[doc(hidden)]
@@ -29,7 +31,6 @@ pub mod __private {
     pub use crate::limiter::dispatch::single::{decide_batch, decide_batch_with_deadlines};
     pub use crate::limiter::local::LocalLimiter;
     pub use crate::limiter::wire::SCRIPT_SOURCE;
-    pub use crate::rule::{redis_key, redis_key_for};
 
     /// The function library the dispatchers call (`FUNCTION LOAD` takes the
     /// first), and the name of its batch function (for `FCALL`).

@@ -169,7 +169,9 @@ impl Repeats {
     }
 
     /// Writes the count held back, if any.
-    fn flush(&self) {
+    /// Writes the count of lines held back, if any, and starts counting
+    /// again.
+    pub fn flush(&self) {
         let held = self.held.swap(0, Ordering::AcqRel);
         if held == 0 {
             return;
@@ -202,33 +204,24 @@ macro_rules! repeated {
 pub(crate) use repeated;
 
 /// Redis failed a batch of decisions.
-pub static REDIS_FAILED: Repeats = Repeats::new("redis error", log::Level::Warn);
+pub(crate) static REDIS_FAILED: Repeats = Repeats::new("redis error", log::Level::Warn);
 /// The breaker opened.
-pub static BREAKER: Repeats = Repeats::new("breaker open", log::Level::Warn);
+pub(crate) static BREAKER: Repeats = Repeats::new("breaker open", log::Level::Warn);
 /// A request got no decision from Redis (error, timeout, breaker,
 /// overload) and its error policy applied.
-pub static NO_DECISION: Repeats = Repeats::new("no decision", log::Level::Warn);
+pub(crate) static NO_DECISION: Repeats = Repeats::new("no decision", log::Level::Warn);
 /// Units could not be given back.
-pub static GIVE_BACK_FAILED: Repeats = Repeats::new("could not give back units", log::Level::Warn);
-/// `/readyz` found Redis away.
-pub static READYZ: Repeats = Repeats::new("readyz", log::Level::Warn);
-/// The site answered an error.
-pub static SITE_ERROR: Repeats = Repeats::new("site error", log::Level::Error);
+pub(crate) static GIVE_BACK_FAILED: Repeats =
+    Repeats::new("could not give back units", log::Level::Warn);
 /// A key function chose a quota its rule cannot have.
-pub static BAD_QUOTA: Repeats = Repeats::new("unusable quota", log::Level::Warn);
-/// An admin API request was refused (address not allowed, no or wrong
-/// token): anyone can send these, so they are not one line each.
-pub static ADMIN_REFUSED: Repeats = Repeats::new("admin request refused", log::Level::Warn);
+pub(crate) static BAD_QUOTA: Repeats = Repeats::new("unusable quota", log::Level::Warn);
 
-const ALL: [&Repeats; 8] = [
+const ALL: [&Repeats; 5] = [
     &REDIS_FAILED,
     &BREAKER,
     &NO_DECISION,
     &GIVE_BACK_FAILED,
-    &READYZ,
-    &SITE_ERROR,
     &BAD_QUOTA,
-    &ADMIN_REFUSED,
 ];
 
 /// Writes the counts of repeated warnings held back so far: call it now and

@@ -7,7 +7,8 @@
 
 use std::path::Path;
 
-use floodgate_limiter::{Config, Filter};
+use floodgate_limiter::config::Config;
+use floodgate_limiter::Filter;
 
 const CLUSTER: &str = "[redis]\ncluster = [\"redis://127.0.0.1:7000/\"]\n";
 const SENTINEL: &str =
@@ -21,7 +22,7 @@ fn load(text: &str) -> Result<Config, String> {
 
 /// The error a filter built in code gets for `config`'s `[redis]`.
 #[allow(dead_code)]
-fn built(redis: floodgate_limiter::limiter::RedisConfig) -> String {
+fn built(redis: floodgate_limiter::config::RedisConfig) -> String {
     match Filter::builder().redis(redis).build() {
         Ok(_) => "built".into(),
         Err(e) => e.to_string(),

@@ -918,14 +918,14 @@ async fn the_decisions_of_one_tick_reach_the_dispatcher_threads_as_one_call() {
     use floodgate_limiter::limiter::{Dispatch, LimiterOptions};
     let redis = RedisServer::start();
     let mut config =
-        floodgate_limiter::Config::parse("", std::path::Path::new("test.toml")).unwrap();
+        floodgate_limiter::config::Config::parse("", std::path::Path::new("test.toml")).unwrap();
     config.redis.url = redis.url();
     config.redis.timeout = Duration::from_secs(5);
     let options = LimiterOptions {
         dispatch: Dispatch::Threads,
         ..LimiterOptions::default()
     };
-    let limiter = floodgate_limiter::Limiter::new(&config.redis, options).unwrap();
+    let limiter = floodgate_limiter::limiter::Limiter::new(&config.redis, options).unwrap();
     // The library is loaded by the first call.
     let warm = limiter.decide(vec![check("tick:warm", sliding(1, 60_000), 1)]);
     assert!(warm.await.unwrap().allowed);

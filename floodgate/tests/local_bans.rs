@@ -14,9 +14,11 @@ use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{test, web, App, HttpResponse};
-use floodgate_limiter::filter::operator_check;
+use floodgate_limiter::config::Config;
+use floodgate_limiter::limiter::Limiter;
 use floodgate_limiter::limiter::{Action, Dispatch, LimiterOptions};
-use floodgate_limiter::{Config, Filter, Limiter};
+use floodgate_limiter::operator_check;
+use floodgate_limiter::Filter;
 
 use common::{wait_until, RedisServer};
 

@@ -149,7 +149,10 @@ async fn a_peek_answers_what_a_decision_would_and_writes_nothing() {
         .arg(600_000)
         .query::<()>(&mut conn)
         .unwrap();
-    let long: Vec<u64> = vec![T0 + 10_000; 100_001];
+    // One unit each, pushed oldest first (entries are `TIME:TOTAL:UNITS`).
+    let long: Vec<String> = (0..100_001u64)
+        .map(|i| format!("{}:{}:1", T0 + 10_000, i + 1))
+        .collect();
     redis::cmd("LPUSH")
         .arg("too-long")
         .arg(&long)

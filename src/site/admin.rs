@@ -19,9 +19,9 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::Site;
-use floodgate::filter::{ban_action, override_action, Filter, OperatorError};
 use floodgate::limiter::{Action, Algorithm, Check};
 use floodgate::logging::Escaped;
+use floodgate::{ban_action, override_action, Filter, OperatorError};
 
 /// Where the admin API lives.
 pub const PATH: &str = "/admin";
@@ -54,13 +54,7 @@ fn json(status: StatusCode, body: String) -> HttpResponse {
 }
 
 fn error(status: StatusCode, what: &str) -> HttpResponse {
-    json(
-        status,
-        format!(
-            "{{\"error\":{}}}",
-            floodgate::limiter::operator::json_string(what)
-        ),
-    )
+    json(status, serde_json::json!({ "error": what }).to_string())
 }
 
 /// Whether `given` is `token`, in time that depends on neither.
@@ -102,7 +96,7 @@ async fn handle(site: web::Data<Site>, req: HttpRequest, payload: web::Payload) 
     // (the proxy's own is not the client's).
     let Some(client) = site.named_client(&req).filter(|c| allowed(&site, *c)) else {
         crate::repeated!(
-            &floodgate::logging::ADMIN_REFUSED,
+            &crate::log_kinds::ADMIN_REFUSED,
             "admin: {} from {}: refused (address not allowed)",
             Escaped(req.path()),
             site.filter.client_addr(&req)
@@ -171,7 +165,7 @@ fn allowed(site: &Site, client: IpAddr) -> bool {
 
 /// A request without the right token: 401, or 429 once its address has
 /// failed [`FAILURES`] times in [`FAILURE_WINDOW`]. Failures are counted in
-/// Redis through the library's [`Limiter`](floodgate::Limiter) (a sliding
+/// Redis through the library's [`Limiter`](floodgate::limiter::Limiter) (a sliding
 /// window keyed by the address), so every serving process shares one
 /// count and the process keeps nothing per address; a request with the
 /// right token never gets here, so it is never limited nor counted. When
@@ -209,7 +203,7 @@ async fn refuse_authentication(site: &Site, req: &HttpRequest, client: IpAddr) -
     };
     if let Some(retry) = over {
         crate::repeated!(
-            &floodgate::logging::ADMIN_REFUSED,
+            &crate::log_kinds::ADMIN_REFUSED,
             "admin: {} from {client}: refused (too many failed authentications)",
             Escaped(req.path())
         );
@@ -222,7 +216,7 @@ async fn refuse_authentication(site: &Site, req: &HttpRequest, client: IpAddr) -
         return res;
     }
     crate::repeated!(
-        &floodgate::logging::ADMIN_REFUSED,
+        &crate::log_kinds::ADMIN_REFUSED,
         "admin: {} from {client}: refused (no or wrong token)",
         Escaped(req.path())
     );

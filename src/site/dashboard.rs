@@ -397,7 +397,7 @@ pub async fn outbox(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
         return Ok(super::pages::not_found(req).await);
     }
     let messages = site.redis(move |conn| outbox.read(conn)).await?;
-    if floodgate::filter::accepts(&req, "application/json") {
+    if floodgate::accepts(&req, "application/json") {
         return Ok(HttpResponse::Ok()
             .insert_header((header::CACHE_CONTROL, "no-store"))
             .json(messages));

@@ -26,10 +26,10 @@ use actix_web::http::{header, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 
 use crate::config::Config;
-use floodgate::filter::Filter;
 use floodgate::limiter::RedisConn;
 use floodgate::metrics::Metrics;
 use floodgate::rule::Region;
+use floodgate::Filter;
 
 /// What every handler can reach (`web::Data<Site>`).
 pub struct Site {
@@ -144,7 +144,7 @@ impl ResponseError for SiteError {
 
     fn error_response(&self) -> HttpResponse {
         crate::repeated!(
-            &floodgate::logging::SITE_ERROR,
+            &crate::log_kinds::SITE_ERROR,
             "{}",
             floodgate::logging::Escaped(&self.to_string())
         );
@@ -234,7 +234,7 @@ impl Visitor {
         if let Some(c) = &self.set_cookie {
             if let Err(e) = res.add_cookie(c) {
                 crate::repeated!(
-                    &floodgate::logging::SITE_ERROR,
+                    &crate::log_kinds::SITE_ERROR,
                     "cannot set the session cookie: {}",
                     floodgate::logging::Escaped(&e.to_string())
                 );
@@ -292,7 +292,7 @@ async fn readyz(site: web::Data<Site>) -> HttpResponse {
             .body("ready\n"),
         Ok(Err(e)) => {
             crate::repeated!(
-                &floodgate::logging::READYZ,
+                &crate::log_kinds::READYZ,
                 "readyz: {}",
                 floodgate::logging::Escaped(&e.to_string())
             );
@@ -302,7 +302,7 @@ async fn readyz(site: web::Data<Site>) -> HttpResponse {
         }
         Err(e) => {
             crate::repeated!(
-                &floodgate::logging::READYZ,
+                &crate::log_kinds::READYZ,
                 "readyz: {}",
                 floodgate::logging::Escaped(&e.to_string())
             );

@@ -86,7 +86,7 @@ pub fn render(t: &impl Template, status: StatusCode) -> HttpResponse {
             .body(html),
         Err(e) => {
             crate::repeated!(
-                &floodgate::logging::SITE_ERROR,
+                &crate::log_kinds::SITE_ERROR,
                 "template failed: {}",
                 floodgate::logging::Escaped(&e.to_string())
             );
@@ -175,7 +175,7 @@ pub fn denial_html(site_title: &str, rule: &Rule, retry_after: u64) -> String {
     };
     page.render().unwrap_or_else(|e| {
         crate::repeated!(
-            &floodgate::logging::SITE_ERROR,
+            &crate::log_kinds::SITE_ERROR,
             "template failed: {}",
             floodgate::logging::Escaped(&e.to_string())
         );

@@ -28,10 +28,11 @@ use crate::site::session::{self, Secret};
 use crate::site::sms::{LogSender, Outbox, SmsSender};
 use crate::site::store::Store;
 use crate::site::{self, Site};
-use floodgate::filter::{Filter, FilterOptions};
-use floodgate::limiter::{Limiter, LimiterError, LimiterOptions};
+use floodgate::limiter::LimiterError;
 use floodgate::metrics::Metrics;
 use floodgate::rule::Region;
+use floodgate::Filter;
+use floodgate::SetupError;
 
 /// Why the application could not start.
 #[derive(Debug)]
@@ -84,43 +85,29 @@ impl Application {
         if let Some(warning) = outbox_warning(&config, local.ip()) {
             log::warn!("{warning}");
         }
-        let options = LimiterOptions {
-            deny_cache: config.filter.limiter.deny_cache,
-            breaker: config.filter.limiter.breaker,
-            ..LimiterOptions::default()
-        };
-        let limiter =
-            Arc::new(Limiter::new(&config.filter.redis, options).map_err(StartError::Limiter)?);
         let metrics = Arc::new(Metrics::default());
         let title = config.site.title.clone();
         let secret = Secret::new(&config.server.secret)
             .map_err(|e| StartError::Limiter(LimiterError::Other(format!("no randomness: {e}"))))?;
         let cookie_secret = secret.clone();
-        let filter = Filter::new(
-            config.filter.rules.clone(),
-            Arc::clone(&limiter),
-            Arc::clone(&metrics),
-            FilterOptions {
-                trusted_proxies: config.filter.server.trusted_proxies.clone(),
-                proxy_header: config.filter.server.proxy_header,
-                max_form: config.filter.server.max_form,
-                // The site's JSON API reads `application/json` only (and
-                // needs no other setting of `web::JsonConfig`'s).
-                json_content_type_required: true,
-                json_content_type: None,
-                key_prefix: config.filter.redis.key_prefix.clone(),
-                denial_page: Box::new(move |rule, retry| {
-                    site::pages::denial_html(&title, rule, retry)
-                }),
-                // `session` rules key by the account a valid cookie names.
-                session: Some(Box::new(move |req| {
-                    session::read_cookie(&cookie_secret, req).and_then(|c| c.account)
-                })),
-                responder: None,
-                // The operators' API is never rate limited nor counted.
-                unguarded: Some(site::admin::PATH.to_string()),
-            },
-        );
+        let filter = Filter::builder()
+            .config(&config.filter)
+            .metrics(Arc::clone(&metrics))
+            // The site's JSON API reads `application/json` only (and needs
+            // no other setting of `web::JsonConfig`'s).
+            .json_content_type_required(true)
+            .denial_page(move |rule, retry| site::pages::denial_html(&title, rule, retry))
+            // `session` rules key by the account a valid cookie names.
+            .session_lookup(move |req| {
+                session::read_cookie(&cookie_secret, req).and_then(|c| c.account)
+            })
+            // The operators' API is never rate limited nor counted.
+            .unguarded(site::admin::PATH)
+            .build()
+            .map_err(|e| match e {
+                SetupError::Limiter(e) => StartError::Limiter(e),
+                other => StartError::Limiter(LimiterError::Other(other.to_string())),
+            })?;
         let workers = config.server.workers;
         let max_form = config.filter.server.max_form;
         let body_timeout = BodyTimeout::new(config.server.body_timeout);
@@ -270,9 +257,7 @@ async fn api_answers_json(
     mut req: actix_web::dev::ServiceRequest,
     next: actix_web::middleware::Next<impl MessageBody>,
 ) -> Result<actix_web::dev::ServiceResponse<impl MessageBody>, Error> {
-    if req.path().starts_with("/api/sms/")
-        && !floodgate::filter::accepts(req.request(), "text/html")
-    {
+    if req.path().starts_with("/api/sms/") && !floodgate::accepts(req.request(), "text/html") {
         req.headers_mut().insert(
             actix_web::http::header::ACCEPT,
             actix_web::http::header::HeaderValue::from_static("application/json"),

@@ -200,7 +200,9 @@ fn unknown_on_missing_key() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("missing.toml");
     std::fs::write(&file, "[defaults]\non_missing_key = \"drop\"\n").unwrap();
-    let err = floodgate::Config::load_file(&file).unwrap_err().to_string();
+    let err = floodgate::config::Config::load_file(&file)
+        .unwrap_err()
+        .to_string();
     assert!(
         err.ends_with("line 2, column 18: unknown variant \"drop\", expected \"ip\" or \"reject\""),
         "{err}"

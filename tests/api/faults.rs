@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::helpers::pinned::{check, sliding};
+use floodgate::limiter::Limiter;
 use floodgate::limiter::LimiterError;
 use floodgate::limiter::LimiterOptions;
-use floodgate::Limiter;
 use floodgate_site::config::Config;
 
 use crate::helpers::{

@@ -10,8 +10,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use actix_web::http::StatusCode;
 use actix_web::{test as actix_test, web, App, HttpResponse};
+use floodgate::config::Config;
 use floodgate::rule::HeaderDialect;
-use floodgate::{Config, Filter, Limit};
+use floodgate::{Filter, Limit};
 
 use crate::helpers::{header, spawn_app, RedisServer};
 

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use floodgate::limiter::Algorithm;
 use floodgate::limiter::Check;
+use floodgate::limiter::Limiter;
 use floodgate::limiter::LimiterOptions;
-use floodgate::Limiter;
 use floodgate_site::config::Config;
 
 use crate::helpers::{header, metric, remaining, spawn_app, RedisServer};

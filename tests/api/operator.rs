@@ -9,8 +9,8 @@ use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use floodgate::limiter::Limiter;
 use floodgate::limiter::{Action, Algorithm, Check, LimiterOptions, Penalty};
-use floodgate::Limiter;
 use serde_json::Value;
 
 use crate::cluster_helpers::{Cluster, Sentinel, MASTER_NAME};
@@ -453,7 +453,7 @@ fn a_penalty_counts_only_its_own_identitys_denials() {
 #[actix_web::test]
 async fn a_penalty_is_exact_under_concurrent_denials() {
     let redis = RedisServer::start();
-    let config = floodgate::Config::parse("", std::path::Path::new("x.toml")).unwrap();
+    let config = floodgate::config::Config::parse("", std::path::Path::new("x.toml")).unwrap();
     let mut redis_config = config.redis.clone();
     redis_config.url = redis.url();
     let limiter = Arc::new(Limiter::new(&redis_config, LimiterOptions::default()).unwrap());

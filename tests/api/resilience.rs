@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use crate::helpers::pinned::{check, sliding};
 use floodgate::__private::decide_batch_with_deadlines;
+use floodgate::limiter::Limiter;
 use floodgate::limiter::LimiterError;
 use floodgate::limiter::LimiterOptions;
-use floodgate::Limiter;
 use floodgate_site::config::Config;
 
 use crate::faults::until_redis_decides;

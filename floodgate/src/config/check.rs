@@ -7,8 +7,6 @@
 use std::time::Duration;
 
 use super::raw::{AlgorithmName, NormalizeName, RawDefaults, RawKey, RawRule};
-pub(super) use super::units::duration_setting;
-use super::units::{invalid_duration, parse_duration_ms, DurationError};
 use super::ConfigError;
 use crate::limiter::algorithm::BUCKET;
 use crate::limiter::Algorithm;
@@ -19,6 +17,8 @@ use crate::rule::spec::{
 #[cfg(feature = "e164")]
 use crate::rule::Region;
 use crate::rule::{Key, KeyKind, Normalize, Rule};
+pub(super) use crate::units::duration_setting;
+use crate::units::{invalid_duration, parse_duration_ms, DurationError};
 
 /// Why `normalize = "e164"` or a `region` is refused by a build without the
 /// `e164` feature.

@@ -60,7 +60,6 @@ use std::time::Duration;
 mod check;
 mod operator;
 mod raw;
-mod units;
 
 pub(crate) use self::check::rules_from_raw;
 #[cfg(feature = "e164")]
@@ -68,16 +67,16 @@ use self::check::{check_defaults, Inherited};
 use self::check::{check_redis_url, check_topology, duration_setting};
 pub use self::operator::{operator_duration, AdminConfig};
 pub(crate) use self::raw::*;
-#[cfg(test)]
-use self::units::parse_duration;
-pub use self::units::{format_duration, human_duration, parse_size};
+pub use crate::limiter::redis_config::RedisConfig;
 use crate::limiter::LimiterOptions;
-pub use crate::limiter::RedisConfig;
 use crate::net::{Cidr, ProxyHeader};
-pub use crate::rule::spec::{MAX_ERROR_PAGE, MAX_LIMIT, MAX_RATE, MAX_WINDOW};
 #[cfg(feature = "e164")]
 use crate::rule::Region;
 use crate::rule::Rule;
+#[cfg(test)]
+use crate::units::parse_duration;
+pub use crate::units::{format_duration, human_duration, parse_size};
+pub use crate::units::{MAX_ERROR_PAGE, MAX_LARGE_LIMIT, MAX_LIMIT, MAX_RATE, MAX_WINDOW};
 
 /// Most connections in the pool (`[redis] pool_size`).
 pub const MAX_POOL_SIZE: u32 = 1024;
@@ -409,9 +408,9 @@ fn toml_error(file: &str, text: &str, e: &toml::de::Error) -> ConfigError {
 #[cfg(test)]
 mod tests {
     use super::check::duration_setting;
-    use super::units::SettingError;
     use super::*;
     use crate::rule::spec::check_error_page;
+    use crate::units::SettingError;
     use std::time::Duration;
 
     #[test]

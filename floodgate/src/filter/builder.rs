@@ -52,20 +52,7 @@ impl Filter {
 
     /// A filter for a checked [`Config`].
     pub fn from_config(config: &Config) -> Result<Filter, SetupError> {
-        let mut builder = Filter::builder()
-            .redis(config.redis.clone())
-            .max_form(config.server.max_form)
-            .limiter_options(LimiterOptions {
-                deny_cache: config.limiter.deny_cache,
-                breaker: config.limiter.breaker,
-                ..LimiterOptions::default()
-            });
-        for c in &config.server.trusted_proxies {
-            builder = builder.trusted_proxy(*c);
-        }
-        builder = builder.proxy_header(config.server.proxy_header);
-        builder.rules = config.rules.clone();
-        builder.build()
+        Filter::builder().config(config).build()
     }
 
     /// A builder, for a filter set up in code.
@@ -108,9 +95,38 @@ pub struct FilterBuilder {
     denial_page: Option<Box<super::DenialPage>>,
     metrics: Option<Arc<Metrics>>,
     limiter_options: LimiterOptions,
+    unguarded: Option<String>,
 }
 
 impl FilterBuilder {
+    /// Everything a checked configuration file sets: `[server]`
+    /// `trusted_proxies`, `proxy_header` and `max_form`, `[redis]`,
+    /// `[limiter]` and the rules (with `[defaults]` applied). What code sets
+    /// besides (a denial page, a session lookup, metrics) still applies.
+    pub fn config(mut self, config: &Config) -> Self {
+        self.redis = Some(config.redis.clone());
+        self.max_form = Some(config.server.max_form);
+        self.limiter_options = LimiterOptions {
+            deny_cache: config.limiter.deny_cache,
+            breaker: config.limiter.breaker,
+            ..LimiterOptions::default()
+        };
+        self.limiter_set = true;
+        self.trusted_proxies
+            .extend(config.server.trusted_proxies.iter().copied());
+        self.proxy_header = Some(config.server.proxy_header);
+        self.rules.extend(config.rules.iter().cloned());
+        self
+    }
+
+    /// A path prefix that no rule guards and under which no request is
+    /// counted (an operators' API, say): only what the router sends under
+    /// it (`/admin/x`, not `/admin%2Fx`).
+    pub fn unguarded(mut self, prefix: &str) -> Self {
+        self.unguarded = Some(prefix.to_string());
+        self
+    }
+
     /// Redis's URL (`redis://[:password@]host:port/db`); default
     /// `redis://127.0.0.1:6379/0`.
     pub fn redis_url(mut self, url: &str) -> Self {
@@ -422,7 +438,7 @@ impl FilterBuilder {
                 denial_page,
                 session: self.session,
                 responder: self.responder,
-                unguarded: None,
+                unguarded: self.unguarded,
             },
         ))
     }

@@ -125,7 +125,7 @@ enum NameOwner {
 }
 
 /// What the filter needs besides its rules.
-pub struct FilterOptions {
+pub(crate) struct FilterOptions {
     /// Proxies whose forwarding header is believed.
     pub trusted_proxies: Vec<Cidr>,
     /// The forwarding header those proxies write; the other is ignored.
@@ -159,7 +159,7 @@ pub struct FilterOptions {
 
 impl Filter {
     /// A filter over `rules`, deciding with `limiter`.
-    pub fn new(
+    pub(crate) fn new(
         rules: Vec<Rule>,
         limiter: Arc<Limiter>,
         metrics: Arc<Metrics>,

@@ -14,12 +14,20 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+use crate::units::{MAX_LARGE_LIMIT, MAX_LIMIT, MAX_RATE};
+
 /// `concat!` of the Lua every script starts with (the shared helpers and
 /// every algorithm's file, each registering itself in `ALGORITHMS`), then
 /// the given driver files. The one list of the algorithm files.
 macro_rules! lua_with_algorithms {
     ($($driver:literal),+) => {
         concat!(
+            // The bounds the Rust side checks rules against, written once.
+            "local MAX_LIMIT = ",
+            $crate::units::max_limit!(),
+            "\nlocal MAX_LARGE_LIMIT = ",
+            $crate::units::max_large_limit!(),
+            "\n",
             include_str!("lua/common.lua"),
             "\n",
             include_str!("lua/sliding_window.lua"),
@@ -97,19 +105,19 @@ type Windowed = (
 );
 
 const WINDOWED: &[Windowed] = &[
-    ("sliding_window", "sliding", 100_000, |limit, window| {
+    ("sliding_window", "sliding", MAX_LIMIT, |limit, window| {
         Algorithm::SlidingWindow { limit, window }
     }),
-    ("fixed_window", "fixed", 100_000, |limit, window| {
+    ("fixed_window", "fixed", MAX_LIMIT, |limit, window| {
         Algorithm::FixedWindow { limit, window }
     }),
-    ("gcra", "gcra", 1_000_000_000, |limit, window| {
+    ("gcra", "gcra", MAX_LARGE_LIMIT, |limit, window| {
         Algorithm::Gcra { limit, window }
     }),
     (
         "sliding_counter",
         "counter",
-        1_000_000_000,
+        MAX_LARGE_LIMIT,
         |limit, window| Algorithm::SlidingCounter { limit, window },
     ),
 ];
@@ -181,7 +189,7 @@ impl Algorithm {
     /// The largest quota this algorithm may have (a rule's limit or burst,
     /// an override's limit).
     pub fn max_quota(&self) -> u32 {
-        Algorithm::max_limit(self.name()).unwrap_or(100_000)
+        Algorithm::max_limit(self.name()).unwrap_or(MAX_LIMIT)
     }
 
     /// The largest `limit` the algorithm named `name` takes (`None`: not
@@ -243,11 +251,11 @@ impl Algorithm {
     ) -> Result<(), String> {
         if let (Some(w), Algorithm::TokenBucket { .. }) = (window, self) {
             // The refill rate it makes: at most what a rule may have.
-            if f64::from(limit) / w.as_secs_f64() > crate::config::MAX_RATE {
+            if f64::from(limit) / w.as_secs_f64() > MAX_RATE {
                 return Err(format!(
                     "a bucket of {limit} refilled in {} refills faster than {} per second",
-                    crate::rule::human_duration(w),
-                    crate::config::MAX_RATE
+                    crate::units::human_duration(w),
+                    MAX_RATE
                 ));
             }
         }

@@ -155,12 +155,16 @@ impl Limiter {
         })
     }
 
-    /// The denial cache, when `deny_cache` is on.
+    /// The denial cache, when `deny_cache` is on. For the tests: not part
+    /// of the API.
+    #[doc(hidden)]
     pub fn deny_cache(&self) -> Option<&DenyCache> {
         self.shared.deny_cache.as_ref()
     }
 
-    /// The in-process limiter for `on_redis_error = "local"`.
+    /// The in-process limiter for `on_redis_error = "local"`. For the
+    /// tests: not part of the API.
+    #[doc(hidden)]
     pub fn local(&self) -> &LocalLimiter {
         &self.local
     }

@@ -19,7 +19,7 @@ mod error;
 pub(crate) mod give_back;
 mod lane;
 pub(crate) mod local;
-pub mod operator;
+pub(crate) mod operator;
 mod peek;
 pub(crate) mod program;
 pub(crate) mod redis_config;
@@ -34,7 +34,8 @@ pub use self::decide::Limiter;
 pub use self::deny_cache::{DenyCache, Remembered};
 pub use self::error::LimiterError;
 pub use self::operator::{Action, Inspection, OverrideState, Penalty};
-pub use self::redis_config::{without_password, RedisConfig};
+pub use self::redis_config::without_password;
+pub(crate) use self::redis_config::RedisConfig;
 pub use self::topology::RedisConn;
 
 /// How the limiter behaves besides talking to Redis.

@@ -32,7 +32,7 @@ impl Limiter {
     /// use std::time::Duration;
     /// use floodgate_limiter::config::RedisConfig;
     /// use floodgate_limiter::limiter::{Algorithm, Check, LimiterError, LimiterOptions};
-    /// use floodgate_limiter::Limiter;
+    /// use floodgate_limiter::limiter::Limiter;
     ///
     /// # async fn show(config: &RedisConfig) -> Result<(), LimiterError> {
     /// let limiter = Limiter::new(config, LimiterOptions::default())?;

@@ -41,7 +41,7 @@ macro_rules! on_either {
 impl RedisConn {
     /// Writes a packed command without reading its reply (one server only:
     /// the limiter's single-server dispatcher uses it).
-    pub fn send_packed_command(&mut self, cmd: &[u8]) -> RedisResult<()> {
+    pub(crate) fn send_packed_command(&mut self, cmd: &[u8]) -> RedisResult<()> {
         self.single()?.send_packed_command(cmd)
     }
 

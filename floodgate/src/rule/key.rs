@@ -452,7 +452,7 @@ pub fn redis_key_for(hash_tag: bool, prefix: &str, rule: &str, kind: &str, id: &
 
 /// An ID that is not to be read in Redis (an API key, say): `~` and 40
 /// hex digits of its SHA-256, whatever its length.
-pub fn hashed_id(id: &str) -> String {
+pub(crate) fn hashed_id(id: &str) -> String {
     let digest = Sha256::digest(id.as_bytes());
     let hex: String = digest[..20].iter().map(|b| format!("{b:02x}")).collect();
     format!("~{hex}")
@@ -461,7 +461,7 @@ pub fn hashed_id(id: &str) -> String {
 /// Joins the parts of a composite key: KIND is the kinds joined by `+`, ID
 /// the IDs joined by `|`, each with `%` and `|` percent-escaped so that no
 /// two different combinations make the same ID.
-pub fn compose(parts: &[(&str, String)]) -> (String, String) {
+pub(crate) fn compose(parts: &[(&str, String)]) -> (String, String) {
     let kind = parts.iter().map(|(k, _)| *k).collect::<Vec<_>>().join("+");
     let id = parts
         .iter()

@@ -3,23 +3,23 @@
 //! Configuration builds these; the filter applies them.
 
 mod identity;
-mod key;
+pub(crate) mod key;
 #[cfg(feature = "e164")]
 mod normalize;
 mod options;
 mod path;
 pub(crate) mod spec;
 
-use std::time::Duration;
-
 pub use self::identity::identity_key;
-pub use self::key::{compose, hashed_id, redis_key, redis_key_for, CustomKey, Key, KeyFn, KeyKind};
+pub(crate) use self::key::{compose, hashed_id, Key};
+pub use self::key::{redis_key, redis_key_for, CustomKey, KeyKind};
 #[cfg(feature = "e164")]
 pub use self::normalize::{e164, Region};
 pub use self::options::{Identity, LookupFn, LookupFuture, OnMissingKey, Skip};
 pub use self::path::PathPattern;
 use crate::limiter::Algorithm;
 use crate::net::Cidr;
+use crate::units::human_duration;
 
 /// How a header/query/form value is normalized before it becomes a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,43 +230,12 @@ pub(crate) fn describe(algorithm: &Algorithm, cost: u32, key: &Key) -> String {
     algorithm.describe(per, human_duration, &whose)
 }
 
-/// "10 seconds", "minute", "10 minutes", "hour", "1500 ms".
-pub fn human_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    for (one, many, size) in [
-        ("day", "days", 86_400_000),
-        ("hour", "hours", 3_600_000),
-        ("minute", "minutes", 60_000),
-        ("second", "seconds", 1000),
-    ] {
-        if ms >= size && ms.is_multiple_of(size) {
-            let n = ms / size;
-            return if n == 1 {
-                one.to_string()
-            } else {
-                format!("{n} {many}")
-            };
-        }
-    }
-    format!("{ms} ms")
-}
-
 /// A float for a message: plain when readable that way, else `1e-15`.
 pub(crate) fn number(x: f64) -> String {
     if x == 0.0 || (1e-4..1e7).contains(&x.abs()) {
         format!("{x}")
     } else {
         format!("{x:e}")
-    }
-}
-
-/// "366 days", "1 minute", "10 minutes", "1500 ms".
-pub(crate) fn amount_of_time(d: Duration) -> String {
-    let words = human_duration(d);
-    if words.starts_with(|c: char| c.is_ascii_digit()) {
-        words
-    } else {
-        format!("1 {words}")
     }
 }
 

@@ -7,25 +7,13 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use super::{
-    amount_of_time, number, Count, Deny, HeaderDialect, Key, KeyKind, Mode, Normalize,
-    OnMissingKey, OnRedisError, PathPattern, Rule, Skip,
+    number, Count, Deny, HeaderDialect, Key, KeyKind, Mode, Normalize, OnMissingKey, OnRedisError,
+    PathPattern, Rule, Skip,
 };
 use crate::limiter::{Algorithm, Penalty};
 use crate::net::Cidr;
 
-/// Largest `limit` a sliding-window log or fixed window may have (and a
-/// token bucket's burst); gcra and the sliding counter take up to 10^9
-/// (see [`Algorithm::max_limit`]).
-pub const MAX_LIMIT: u32 = 100_000;
-
-/// Longest window, and longest time a token bucket may take to refill from empty.
-pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 86_400);
-
-/// Largest token bucket `rate`, in tokens per second.
-pub const MAX_RATE: f64 = 1_000_000.0;
-
-/// Longest `error_page`.
-pub const MAX_ERROR_PAGE: usize = 256;
+pub(crate) use crate::units::{amount_of_time, MAX_ERROR_PAGE, MAX_LIMIT, MAX_RATE, MAX_WINDOW};
 
 /// What a rule has when its author sets nothing else: one set, for a
 /// file's `[[rule]]` (under which `[defaults]` may set its own) and for a

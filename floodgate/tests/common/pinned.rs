@@ -5,8 +5,9 @@ use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::Duration;
 
+use floodgate_limiter::config::Config;
+use floodgate_limiter::limiter::Limiter;
 use floodgate_limiter::limiter::{Algorithm, Check, LimiterOptions};
-use floodgate_limiter::{Config, Limiter};
 
 use super::RedisServer;
 

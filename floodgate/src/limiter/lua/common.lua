@@ -19,11 +19,11 @@ local ERR_PARAMS = 2 -- the check's parameters are out of range
 local ERR_STATE = 3 -- the key's state is not made of numbers
 local ERR_OTHER = 4 -- anything else (the message goes to the Redis log)
 
--- The largest limit a sliding-window log or fixed window may have (and a
--- bucket's burst); no log grows past it.
-local MAX_LIMIT = 100000
--- The largest limit of the algorithms whose state does not grow with it.
-local MAX_LARGE_LIMIT = 1000000000
+-- MAX_LIMIT, the largest limit a sliding-window log or fixed window may
+-- have (and a bucket's burst; no log grows past it), and MAX_LARGE_LIMIT,
+-- the largest of the algorithms whose state does not grow with it, are
+-- defined before this file by the Rust side (units.rs), which checks rules
+-- against the same numbers.
 
 local function fail(code)
   error({ floodgate = code }, 0)

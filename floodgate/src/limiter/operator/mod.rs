@@ -42,7 +42,7 @@ use crate::logging::Escaped;
 
 /// The Lua of an operator's action: the shared helpers, the algorithm
 /// files, then the action's driver.
-pub const OPERATOR_SOURCE: &str = wire::OPERATOR_SOURCE;
+pub(crate) const OPERATOR_SOURCE: &str = wire::OPERATOR_SOURCE;
 
 fn script() -> &'static redis::Script {
     static SCRIPT: OnceLock<redis::Script> = OnceLock::new();
@@ -54,7 +54,7 @@ fn script() -> &'static redis::Script {
 /// field `bc`), 0 for any later one, or when no operator ban is in force.
 /// Writes nothing but that field of a record that exists (and keeps its
 /// TTL).
-pub const CLAIM_SOURCE: &str = r#"
+pub(crate) const CLAIM_SOURCE: &str = r#"
 local ban = redis.call('HGET', KEYS[1], 'ban')
 if not ban or redis.call('HGET', KEYS[1], 'by') ~= 'operator' then
   return 0
@@ -207,7 +207,7 @@ impl Inspection {
 }
 
 /// `text` as a JSON string.
-pub fn json_string(text: &str) -> String {
+pub(crate) fn json_string(text: &str) -> String {
     use std::fmt::Write as _;
     let mut out = String::with_capacity(text.len() + 2);
     out.push('"');
@@ -230,12 +230,12 @@ pub fn json_string(text: &str) -> String {
 
 /// The operator record beside a state key (the decision script derives
 /// the same name).
-pub fn record_key(state_key: &str) -> String {
+pub(crate) fn record_key(state_key: &str) -> String {
     format!("!{state_key}")
 }
 
 /// The channel operator changes are published on.
-pub fn channel(key_prefix: &str) -> String {
+pub(crate) fn channel(key_prefix: &str) -> String {
     format!("{key_prefix}:operator")
 }
 

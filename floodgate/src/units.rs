@@ -1,15 +1,80 @@
-//! Units as the file writes them: durations (`250ms`, `10s`, `1m`, `1h`,
-//! `1d`), sizes (`16KiB`), and the words messages use for them.
+//! The leaf every layer reads: the bounds of what a rule can say (the Lua
+//! scripts read the same numbers, from here), and units as the file writes
+//! them: durations (`250ms`, `10s`, `1m`, `1h`, `1d`), sizes (`16KiB`), and
+//! the words messages use for them.
 
 use std::time::Duration;
 
-pub(super) use crate::rule::amount_of_time;
-pub use crate::rule::human_duration;
+/// Largest `limit` of a sliding-window log or fixed window (and a token
+/// bucket's burst), as a literal: the Lua scripts are given it too.
+macro_rules! max_limit {
+    () => {
+        100000
+    };
+}
+pub(crate) use max_limit;
+
+/// Largest `limit` of the algorithms whose state does not grow with it
+/// (gcra, sliding counter), as a literal for the Lua scripts too.
+macro_rules! max_large_limit {
+    () => {
+        1000000000
+    };
+}
+pub(crate) use max_large_limit;
+
+/// Largest `limit` a sliding-window log or fixed window may have (and a
+/// token bucket's burst); gcra and the sliding counter take up to
+/// [`MAX_LARGE_LIMIT`].
+pub const MAX_LIMIT: u32 = max_limit!();
+
+/// Largest `limit` of gcra and the sliding counter.
+pub const MAX_LARGE_LIMIT: u32 = max_large_limit!();
+
+/// Longest window, and longest time a token bucket may take to refill from empty.
+pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 86_400);
+
+/// Largest token bucket `rate`, in tokens per second.
+pub const MAX_RATE: f64 = 1_000_000.0;
+
+/// Longest `error_page`.
+pub const MAX_ERROR_PAGE: usize = 256;
+
+/// "10 seconds", "minute", "10 minutes", "hour", "1500 ms".
+pub fn human_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (one, many, size) in [
+        ("day", "days", 86_400_000),
+        ("hour", "hours", 3_600_000),
+        ("minute", "minutes", 60_000),
+        ("second", "seconds", 1000),
+    ] {
+        if ms >= size && ms.is_multiple_of(size) {
+            let n = ms / size;
+            return if n == 1 {
+                one.to_string()
+            } else {
+                format!("{n} {many}")
+            };
+        }
+    }
+    format!("{ms} ms")
+}
+
+/// "366 days", "1 minute", "10 minutes", "1500 ms".
+pub(crate) fn amount_of_time(d: Duration) -> String {
+    let words = human_duration(d);
+    if words.starts_with(|c: char| c.is_ascii_digit()) {
+        words
+    } else {
+        format!("1 {words}")
+    }
+}
 
 /// Parses `"250ms"`, `"10s"`, `"1m"`, `"10m"`, `"1h"`, `"1d"`. A number too
 /// large to count in milliseconds is refused, never wrapped.
 #[cfg(test)]
-pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     match parse_duration_ms(text) {
         Ok(ms) => Ok(Duration::from_millis(ms)),
         Err(DurationError::Invalid) => Err(invalid_duration(text)),
@@ -19,20 +84,20 @@ pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// Why a duration did not parse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum DurationError {
+pub(crate) enum DurationError {
     /// Not a whole number and a unit.
     Invalid,
     /// More milliseconds than a u64 holds.
     TooLong,
 }
 
-pub(super) fn invalid_duration(text: &str) -> String {
+pub(crate) fn invalid_duration(text: &str) -> String {
     format!(
         "invalid duration {text:?}: expected a whole number followed by ms, s, m, h or d, like \"250ms\" or \"10s\""
     )
 }
 
-pub(super) fn parse_duration_ms(text: &str) -> Result<u64, DurationError> {
+pub(crate) fn parse_duration_ms(text: &str) -> Result<u64, DurationError> {
     let t = text.trim();
     let split = t
         .find(|c: char| !c.is_ascii_digit())
@@ -56,7 +121,7 @@ pub(super) fn parse_duration_ms(text: &str) -> Result<u64, DurationError> {
 
 /// Why a duration setting was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum SettingError {
+pub(crate) enum SettingError {
     /// Not a duration at all: the parse error.
     Invalid(String),
     /// A duration outside the setting's range: "must be ...".
@@ -65,7 +130,7 @@ pub(super) enum SettingError {
 
 impl SettingError {
     /// The message alone (the setting is named by the place).
-    pub(super) fn text(self) -> String {
+    pub(crate) fn text(self) -> String {
         match self {
             SettingError::Invalid(w) | SettingError::Range(w) => w,
         }
@@ -73,7 +138,7 @@ impl SettingError {
 }
 
 /// A duration setting: greater than 0 and at most `max`.
-pub(super) fn duration_setting(text: &str, max: Duration) -> Result<Duration, SettingError> {
+pub(crate) fn duration_setting(text: &str, max: Duration) -> Result<Duration, SettingError> {
     let too_long = || {
         SettingError::Range(format!(
             "must be at most {}, got {text:?}",
