@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::limiter::{Check, Decision, Limiter, LimiterError, Quota};
+use crate::limiter::{Check, Decision, Limiter, LimiterError, Outcome, Quota};
 use crate::metrics::{DecisionKind as Counted, Metrics};
 use crate::rule::{Count, Mode, OnRedisError, Rule};
 
@@ -161,4 +161,14 @@ fn fallback(
         decision,
         at,
     }
+}
+
+/// Each rule's name and whether it was over, for the log.
+pub(super) fn summary(rules: &[&Rule], outcomes: &[Outcome]) -> String {
+    rules
+        .iter()
+        .zip(outcomes)
+        .map(|(r, o)| format!("{}={}", r.name, if o.allowed { "ok" } else { "over" }))
+        .collect::<Vec<_>>()
+        .join(" ")
 }

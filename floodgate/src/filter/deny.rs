@@ -9,7 +9,7 @@ use actix_web::http::StatusCode as ActixStatus;
 use actix_web::{HttpRequest, HttpResponse};
 use http::StatusCode;
 
-use super::request::summary;
+use super::decision::summary;
 use super::{fields, values, Denial, Filter, Usage};
 use crate::limiter::{Decision, LimiterError, Outcome};
 use crate::logging::{self, Escaped};

@@ -12,7 +12,7 @@ use actix_web::{Error, HttpMessage, HttpRequest};
 use http::StatusCode;
 
 use super::body::read_bodies;
-use super::decision::{self, Verdict};
+use super::decision::{self, summary, Verdict};
 use super::deny::{deny, denying, refuse, DecidedBy, Denied, Refused};
 use super::head::Head;
 use super::{fields, json, usage, values, Filter, Usage, MAX_HEADER_BYTES};
@@ -550,16 +550,6 @@ pub(super) fn count_allowed(metrics: &Metrics, matched: &[&Rule], decision: &Dec
         };
         metrics.decision(&r.name, outcome);
     }
-}
-
-/// Each rule's name and whether it was over, for the log.
-pub(super) fn summary(rules: &[&Rule], outcomes: &[Outcome]) -> String {
-    rules
-        .iter()
-        .zip(outcomes)
-        .map(|(r, o)| format!("{}={}", r.name, if o.allowed { "ok" } else { "over" }))
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// Whether `path` is `prefix` or below it.

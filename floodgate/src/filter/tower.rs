@@ -249,7 +249,7 @@ where
                 "{} {}: allowed ({})",
                 method,
                 Escaped(&path),
-                super::request::summary(&matched, &decision.outcomes)
+                super::decision::summary(&matched, &decision.outcomes)
             );
             let usage = Usage::default();
             let taken = usage.add(filter.limiter(), &matched, checks, &decision, started);

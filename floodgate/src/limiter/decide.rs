@@ -22,33 +22,18 @@ use super::clock::{deadline_margin, RedisClock};
 use super::conn::{manager, pool_of, spoils, Manager, Pool};
 use super::deny_cache::DenyCache;
 #[cfg(feature = "cluster")]
-use super::dispatch::cluster::masters::MasterHealths;
+use super::dispatch::cluster::health::MasterHealths;
 use super::dispatch::single::Single;
-use super::dispatch::Job;
 use super::local::LocalLimiter;
 use super::program::Program;
+use super::shared::{Job, Shared};
 use super::topology::RedisConn;
+use super::DISPATCHERS;
 use super::{Check, Decision, Dispatch, LimiterError, LimiterOptions, RedisConfig};
 
-/// Dispatcher threads; two let one gather a batch while the other waits on Redis.
-pub(crate) const DISPATCHERS: usize = 2;
 /// Messages (one job, or the jobs of one worker's tick) that may wait for a
 /// dispatcher before new ones are refused.
 const QUEUE: usize = 16_384;
-
-/// What the limiter and its dispatcher threads share.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) errors: AtomicU64,
-    /// Jobs the script skipped because their deadline had passed.
-    pub(crate) late: AtomicU64,
-    pub(crate) clock: RedisClock,
-    pub(crate) breaker: Breaker,
-    pub(crate) deny_cache: Option<DenyCache>,
-    /// Redis Cluster: each master's breaker and clock, by address.
-    #[cfg(feature = "cluster")]
-    pub(crate) masters: MasterHealths,
-}
 
 /// Decides checks against Redis. Cheap to share (`Arc`); dropping the last
 /// handle stops the dispatcher threads.

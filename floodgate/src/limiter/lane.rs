@@ -27,10 +27,16 @@ use tokio::sync::oneshot;
 
 use super::clock::deadline_margin;
 use super::conn::Conn;
-use super::dispatch::single::{LaneLink, Single};
+use super::conn::{no_longer_named, reply, wait_briefly, wait_until, write, Brief, SendError};
+use super::dispatch::single::{results, Single};
+use super::dispatch::{conclude, Transport};
 use super::dispatch::{process, Job, MAX_BATCH};
+use super::shared::Shared;
 use super::tick::Gather;
 use super::Limiter;
+use super::{wire, Decision, LimiterError};
+use std::sync::mpsc::Sender;
+use std::time::Instant;
 
 /// The longest a worker waits for Redis's reply before it hands the call
 /// to its lane's helper thread (or `redis.timeout`, if shorter). A healthy
@@ -57,7 +63,63 @@ pub(crate) struct Lane {
     /// The callers awaiting the next flush (see
     /// [`Limiter::lane_answer`]), woken once it has answered what it could.
     waiting: RefCell<Vec<Waker>>,
-    sender: RefCell<Single>,
+    sender: RefCell<LaneSender>,
+}
+
+/// What makes a [`Single`] a worker lane's transport, which never keeps
+/// its worker waiting for a Redis that does not answer: the worker waits
+/// `budget` at most for Redis's first reply, and what would wait longer
+/// goes to the lane's helper thread (see `lane.rs`).
+struct LaneLink {
+    /// How long the worker waits for Redis's first reply.
+    budget: Duration,
+    /// The lane's helper thread.
+    helper: Sender<Handoff>,
+    /// Where the helper leaves a connection for the lane.
+    home: Arc<Mutex<Option<Conn>>>,
+}
+
+/// Written just before a worker lane's script call: the reply the worker
+/// waits for within its budget, and the one the connection skips when the
+/// worker stops waiting (so the script's reply is the next one read, on
+/// the helper thread). Redis answers it with the script's reply, in one
+/// write: its time includes the script's. It is a script (`EVAL "return
+/// 0" 0`, which writes nothing), not a PING, so that whatever holds the
+/// script call holds it too: `CLIENT PAUSE WRITE` (what `FAILOVER` does)
+/// answers a PING at once and keeps every script waiting.
+const MARKER: &[u8] = b"*3\r\n$4\r\nEVAL\r\n$8\r\nreturn 0\r\n$1\r\n0\r\n";
+
+/// A worker lane's transport: a [`Single`] whose calls never keep the
+/// worker waiting for a Redis that does not answer ([`LaneLink`]); without
+/// a helper thread (it could not start), a plain [`Single`].
+pub(crate) struct LaneSender {
+    single: Single,
+    link: Option<LaneLink>,
+}
+
+impl Transport for LaneSender {
+    fn shared(&self) -> &Shared {
+        self.single.shared()
+    }
+
+    fn holds(&self, job: &Job) -> bool {
+        self.single.holds(job)
+    }
+
+    fn send(
+        &mut self,
+        batch: &mut Vec<Job>,
+    ) -> Result<Vec<Result<Decision, LimiterError>>, LimiterError> {
+        let Some(link) = &self.link else {
+            return self.single.send(batch);
+        };
+        match self.single.call_lane(link, batch) {
+            Ok(Some(reply)) => Ok(results(batch, &reply)),
+            // The helper thread has the batch now.
+            Ok(None) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 /// What a lane gives its helper thread.
@@ -194,7 +256,7 @@ impl Limiter {
 
     /// A lane's transport, and its helper thread. Should the thread not
     /// start, the lane waits for Redis on the worker, as a dispatcher does.
-    fn lane_sender(&self) -> Single {
+    fn lane_sender(&self) -> LaneSender {
         let single = || {
             Single::new(
                 self.manager.clone(),
@@ -212,15 +274,162 @@ impl Limiter {
                 .spawn(move || help(&handoffs, single, &home))
         };
         match started {
-            Ok(_) => single().for_lane(LaneLink {
-                budget: WORKER_WAIT.min(self.timeout),
-                helper,
-                home,
-            }),
+            Ok(_) => LaneSender {
+                single: single(),
+                link: Some(LaneLink {
+                    budget: WORKER_WAIT.min(self.timeout),
+                    helper,
+                    home,
+                }),
+            },
             Err(e) => {
                 log::warn!("cannot start a worker lane's helper thread ({e}); this worker waits on Redis itself");
-                single()
+                LaneSender {
+                    single: single(),
+                    link: None,
+                }
             }
+        }
+    }
+}
+
+/// The lane's side of [`Single`]: its calls never keep the worker waiting.
+impl Single {
+    /// A worker lane's call: never waits more than the budget on the
+    /// worker. Without a connection that answered a moment ago or answers a
+    /// `TIME` within the budget, the batch goes to the helper thread
+    /// unsent; a batch whose first reply does not come within the budget
+    /// goes there with its connection, and the helper waits for the reply
+    /// (until the batch's deadline) and answers the jobs. `Ok(None)`: the
+    /// helper has the batch (it is left empty).
+    fn call_lane(
+        &mut self,
+        link: &LaneLink,
+        batch: &mut Vec<Job>,
+    ) -> Result<Option<wire::Replied>, LimiterError> {
+        let budget = link.budget;
+        if !self.ready_within(link, budget) {
+            hand_over(link, Handoff::Jobs(std::mem::take(batch)));
+            return Ok(None);
+        }
+        let expected = self.build(batch);
+        let timeout = self.manager.timeout();
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(LimiterError::Stopped);
+        };
+        self.packed.clear();
+        self.packed.extend_from_slice(MARKER);
+        self.cmd.write_packed_command(&mut self.packed);
+        if let Err(e) = write(conn, &self.packed) {
+            // Redis never received the call: the helper sends it on a new
+            // connection.
+            log::info!(
+                "redis connection broken before the call was sent ({}); the lane's helper sends it again",
+                e.error()
+            );
+            self.conn = None;
+            hand_over(link, Handoff::Jobs(std::mem::take(batch)));
+            return Ok(None);
+        }
+        match wait_briefly(conn, budget, timeout) {
+            Ok(Brief::Answered) => {}
+            Ok(Brief::Waiting) => {
+                if let Some(conn) = self.conn.take() {
+                    let batch = std::mem::take(batch);
+                    hand_over(
+                        link,
+                        Handoff::Stalled {
+                            conn,
+                            batch,
+                            expected,
+                        },
+                    );
+                }
+                return Ok(None);
+            }
+            // Written whole: it may have run, and is not sent again.
+            Err(e) => {
+                self.conn = None;
+                return Err(LimiterError::from(e.error().clone()));
+            }
+        }
+        let first = reply(conn);
+        self.finish(first, expected, batch)
+            .map(Some)
+            .map_err(|(SendError::Unsent(e) | SendError::Failed(e))| e)
+    }
+
+    /// Whether the lane holds a connection Redis answers on, checked
+    /// within `budget` (the lane's own, or one the helper left for it):
+    /// as [`Single::connect`] does, without opening one and without waiting
+    /// longer. A connection whose `TIME` did not come in time is dropped
+    /// (nothing that counts was sent on it).
+    fn ready_within(&mut self, link: &LaneLink, budget: Duration) -> bool {
+        if self.conn.is_none() {
+            self.conn = link.home.try_lock().ok().and_then(|mut home| home.take());
+        }
+        let timeout = self.manager.timeout();
+        let Some(conn) = self.conn.as_mut() else {
+            return false;
+        };
+        if !self.manager.still_named(conn) {
+            log::info!(
+                "{}: the lane's helper opens a connection to the master the Sentinels name now",
+                no_longer_named(conn)
+            );
+            self.conn = None;
+            return false;
+        }
+        if conn.recently_answered() {
+            return true;
+        }
+        let checked = conn
+            .set_read_timeout(Some(budget))
+            .and_then(|()| conn.time(&self.shared.clock))
+            .and_then(|()| conn.set_read_timeout(Some(timeout)));
+        match checked {
+            Ok(()) => true,
+            Err(e) => {
+                log::debug!("redis connection slow or broken ({e}); the lane's helper takes over");
+                self.conn = None;
+                false
+            }
+        }
+    }
+
+    /// The helper's side of a stalled call: `batch` was written on `conn`
+    /// and its reply had not come within the worker's budget. Waits for it
+    /// until the batch's deadline and answers the jobs, as the dispatch
+    /// loop does. Blocking.
+    fn finish_stalled(&mut self, mut conn: Conn, batch: Vec<Job>, expected: usize) {
+        let deadline = batch
+            .iter()
+            .map(|j| j.deadline)
+            .max()
+            .unwrap_or_else(Instant::now);
+        let first = wait_until(&mut conn, deadline).and_then(|()| reply(&mut conn));
+        if let Err(e) = conn.set_read_timeout(Some(self.manager.timeout())) {
+            log::debug!("redis connection: cannot set its read timeout ({e})");
+            conn.spoil();
+        }
+        self.conn = Some(conn);
+        let results = self
+            .finish(first, expected, &batch)
+            .map(|reply| results(&batch, &reply))
+            .map_err(|(SendError::Unsent(e) | SendError::Failed(e))| e);
+        conclude(self, batch, results);
+    }
+}
+
+/// Gives the helper thread `handoff`. Without a helper (it is gone, the
+/// limiter with it), the jobs are answered [`LimiterError::Stopped`].
+fn hand_over(link: &LaneLink, handoff: Handoff) {
+    if let Err(std::sync::mpsc::SendError(handoff)) = link.helper.send(handoff) {
+        let batch = match handoff {
+            Handoff::Jobs(batch) | Handoff::Stalled { batch, .. } => batch,
+        };
+        for job in batch {
+            let _ = job.reply.send(Err(LimiterError::Stopped));
         }
     }
 }

@@ -23,6 +23,10 @@ pub(crate) mod operator;
 mod peek;
 pub(crate) mod program;
 pub(crate) mod redis_config;
+mod shared;
+
+/// Dispatcher threads; two let one gather a batch while the other waits on Redis.
+pub(crate) const DISPATCHERS: usize = 2;
 pub(crate) mod tick;
 pub(crate) mod topology;
 pub(crate) mod wire;

@@ -15,8 +15,8 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Arc;
 
-use super::decide::Shared;
 use super::dispatch::Job;
+use super::shared::Shared;
 use super::LimiterError;
 
 thread_local! {

@@ -464,7 +464,7 @@ pub(crate) fn check_penalty_ban(p: &Penalty, ban: &str, max: &str) -> Result<(),
 /// it is not whole milliseconds.
 pub(crate) fn written_duration(d: Duration) -> String {
     if d.subsec_nanos().is_multiple_of(1_000_000) && d.as_millis() > 0 {
-        crate::config::format_duration(d)
+        crate::units::format_duration(d)
     } else {
         format!("{d:?}")
     }

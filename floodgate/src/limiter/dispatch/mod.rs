@@ -11,12 +11,10 @@
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use tokio::sync::oneshot;
-
-use super::clock::RedisClock;
-use super::decide::Shared;
+pub(crate) use super::shared::Job;
+use super::shared::Shared;
 use super::{Check, Decision, LimiterError};
 
 #[cfg(feature = "cluster")]
@@ -25,36 +23,6 @@ pub(crate) mod single;
 
 /// Most jobs sent in one script call.
 pub(crate) const MAX_BATCH: usize = 256;
-
-/// One request's checks on their way to Redis, and where its caller awaits
-/// the answer.
-pub(crate) struct Job {
-    pub(crate) checks: Vec<Check>,
-    /// Pinned clock in ms (tests); `None` = Redis `TIME`.
-    pub(crate) now_ms: Option<u64>,
-    /// When the caller stops waiting.
-    pub(crate) deadline: Instant,
-    /// Whether this job probes Redis for the open breaker.
-    pub(crate) probe: bool,
-    pub(crate) reply: oneshot::Sender<Result<Decision, LimiterError>>,
-}
-
-impl Job {
-    /// Whether its caller still waits for the answer at `now`. A job whose
-    /// caller gave up is never sent: it would take quota for a request
-    /// that was answered without it.
-    pub(crate) fn waiting(&self, now: Instant) -> bool {
-        self.deadline > now && !self.reply.is_closed()
-    }
-
-    /// The deadline it is sent with, in ms on the Redis clock `clock`
-    /// estimates: its caller's, less `margin` for the reply's way back
-    /// (see `deadline_margin`). The script skips the job at or after it, so
-    /// a late call takes nothing. `None` until the clock is known.
-    pub(crate) fn redis_deadline(&self, clock: &RedisClock, margin: Duration) -> Option<i64> {
-        clock.redis_ms(self.deadline - margin)
-    }
-}
 
 /// How batches reach Redis: one server ([`single::Single`]) or the masters
 /// of a cluster (`cluster::Cluster`). What every transport shares, the

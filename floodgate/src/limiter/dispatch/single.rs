@@ -10,18 +10,13 @@
 //! `SCRIPT FLUSH`) the dispatcher loads it and sends the same call again:
 //! the first call did not run, so nothing is counted twice.
 
-use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{conclude, retain_waiting, Job, Transport};
-use crate::limiter::conn::{
-    call, no_longer_named, reply, wait_briefly, wait_until, write, Brief, CallError, Conn, Manager,
-    SendError,
-};
-use crate::limiter::decide::Shared;
-use crate::limiter::lane::Handoff;
+use super::{retain_waiting, Job, Transport};
+use crate::limiter::conn::{call, no_longer_named, CallError, Conn, Manager, SendError};
 use crate::limiter::program::{self, Missing, Program, Shipping};
+use crate::limiter::shared::Shared;
 use crate::limiter::wire;
 use crate::limiter::{Check, Decision, LimiterError};
 
@@ -30,44 +25,19 @@ pub(crate) struct Single {
     /// Opens the transport's own connection (not from the pool: a pool
     /// that failed to connect waits out its back-off before it tries again,
     /// and a decision must not wait for that once Redis is back).
-    manager: Manager,
+    pub(crate) manager: Manager,
     program: &'static Program,
     /// How the batch goes: the library's function until Redis refuses it.
     shipping: Shipping,
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     /// See `deadline_margin`.
     margin: Duration,
-    conn: Option<Conn>,
+    pub(crate) conn: Option<Conn>,
     /// The command being sent, kept to reuse its buffers.
-    cmd: redis::Cmd,
+    pub(crate) cmd: redis::Cmd,
     /// The command as it goes on the wire, reused likewise.
-    packed: Vec<u8>,
-    /// A worker lane's transport: what never waits on the worker.
-    lane: Option<LaneLink>,
+    pub(crate) packed: Vec<u8>,
 }
-
-/// What makes a [`Single`] a worker lane's transport, which never keeps
-/// its worker waiting for a Redis that does not answer: the worker waits
-/// `budget` at most for Redis's first reply, and what would wait longer
-/// goes to the lane's helper thread (see `lane.rs`).
-pub(crate) struct LaneLink {
-    /// How long the worker waits for Redis's first reply.
-    pub(crate) budget: Duration,
-    /// The lane's helper thread.
-    pub(crate) helper: Sender<Handoff>,
-    /// Where the helper leaves a connection for the lane.
-    pub(crate) home: Arc<Mutex<Option<Conn>>>,
-}
-
-/// Written just before a worker lane's script call: the reply the worker
-/// waits for within its budget, and the one the connection skips when the
-/// worker stops waiting (so the script's reply is the next one read, on
-/// the helper thread). Redis answers it with the script's reply, in one
-/// write: its time includes the script's. It is a script (`EVAL "return
-/// 0" 0`, which writes nothing), not a PING, so that whatever holds the
-/// script call holds it too: `CLIENT PAUSE WRITE` (what `FAILOVER` does)
-/// answers a PING at once and keeps every script waiting.
-const MARKER: &[u8] = b"*3\r\n$4\r\nEVAL\r\n$8\r\nreturn 0\r\n$1\r\n0\r\n";
 
 impl Transport for Single {
     fn shared(&self) -> &Shared {
@@ -82,14 +52,6 @@ impl Transport for Single {
         &mut self,
         batch: &mut Vec<Job>,
     ) -> Result<Vec<Result<Decision, LimiterError>>, LimiterError> {
-        if self.lane.is_some() {
-            return match self.call_lane(batch) {
-                Ok(Some(reply)) => Ok(results(batch, &reply)),
-                // The helper thread has the batch now.
-                Ok(None) => Ok(Vec::new()),
-                Err(e) => Err(e),
-            };
-        }
         let mut result = self.call(batch);
         if let Err(SendError::Unsent(e)) = &result {
             // Redis never received the call: send it once more, on a new
@@ -107,7 +69,7 @@ impl Transport for Single {
 }
 
 /// Each job's decision in a batch's reply, in order.
-fn results(batch: &[Job], reply: &wire::Replied) -> Vec<Result<Decision, LimiterError>> {
+pub(crate) fn results(batch: &[Job], reply: &wire::Replied) -> Vec<Result<Decision, LimiterError>> {
     let mut at = 0;
     batch
         .iter()
@@ -132,157 +94,13 @@ impl Single {
             conn: None,
             cmd: redis::Cmd::new(),
             packed: Vec::new(),
-            lane: None,
         }
-    }
-
-    /// Makes this a worker lane's transport (see [`LaneLink`]).
-    pub(crate) fn for_lane(mut self, lane: LaneLink) -> Single {
-        self.lane = Some(lane);
-        self
     }
 
     /// Gives up the connection it holds, if any (it is usable: one that is
     /// not is never kept).
     pub(crate) fn take_conn(&mut self) -> Option<Conn> {
         self.conn.take()
-    }
-
-    /// A worker lane's call: never waits more than the budget on the
-    /// worker. Without a connection that answered a moment ago or answers a
-    /// `TIME` within the budget, the batch goes to the helper thread
-    /// unsent; a batch whose first reply does not come within the budget
-    /// goes there with its connection, and the helper waits for the reply
-    /// (until the batch's deadline) and answers the jobs. `Ok(None)`: the
-    /// helper has the batch (it is left empty).
-    fn call_lane(&mut self, batch: &mut Vec<Job>) -> Result<Option<wire::Replied>, LimiterError> {
-        let Some(budget) = self.lane.as_ref().map(|lane| lane.budget) else {
-            return Err(LimiterError::Stopped);
-        };
-        if !self.ready_within(budget) {
-            self.hand_over(Handoff::Jobs(std::mem::take(batch)));
-            return Ok(None);
-        }
-        let expected = self.build(batch);
-        let timeout = self.manager.timeout();
-        let Some(conn) = self.conn.as_mut() else {
-            return Err(LimiterError::Stopped);
-        };
-        self.packed.clear();
-        self.packed.extend_from_slice(MARKER);
-        self.cmd.write_packed_command(&mut self.packed);
-        if let Err(e) = write(conn, &self.packed) {
-            // Redis never received the call: the helper sends it on a new
-            // connection.
-            log::info!(
-                "redis connection broken before the call was sent ({}); the lane's helper sends it again",
-                e.error()
-            );
-            self.conn = None;
-            self.hand_over(Handoff::Jobs(std::mem::take(batch)));
-            return Ok(None);
-        }
-        match wait_briefly(conn, budget, timeout) {
-            Ok(Brief::Answered) => {}
-            Ok(Brief::Waiting) => {
-                if let Some(conn) = self.conn.take() {
-                    let batch = std::mem::take(batch);
-                    self.hand_over(Handoff::Stalled {
-                        conn,
-                        batch,
-                        expected,
-                    });
-                }
-                return Ok(None);
-            }
-            // Written whole: it may have run, and is not sent again.
-            Err(e) => {
-                self.conn = None;
-                return Err(LimiterError::from(e.error().clone()));
-            }
-        }
-        let first = reply(conn);
-        self.finish(first, expected, batch)
-            .map(Some)
-            .map_err(|(SendError::Unsent(e) | SendError::Failed(e))| e)
-    }
-
-    /// Whether the lane holds a connection Redis answers on, checked
-    /// within `budget` (the lane's own, or one the helper left for it):
-    /// as [`Single::connect`] does, without opening one and without waiting
-    /// longer. A connection whose `TIME` did not come in time is dropped
-    /// (nothing that counts was sent on it).
-    fn ready_within(&mut self, budget: Duration) -> bool {
-        if self.conn.is_none() {
-            self.conn = self
-                .lane
-                .as_ref()
-                .and_then(|lane| lane.home.try_lock().ok().and_then(|mut home| home.take()));
-        }
-        let timeout = self.manager.timeout();
-        let Some(conn) = self.conn.as_mut() else {
-            return false;
-        };
-        if !self.manager.still_named(conn) {
-            log::info!(
-                "{}: the lane's helper opens a connection to the master the Sentinels name now",
-                no_longer_named(conn)
-            );
-            self.conn = None;
-            return false;
-        }
-        if conn.recently_answered() {
-            return true;
-        }
-        let checked = conn
-            .set_read_timeout(Some(budget))
-            .and_then(|()| conn.time(&self.shared.clock))
-            .and_then(|()| conn.set_read_timeout(Some(timeout)));
-        match checked {
-            Ok(()) => true,
-            Err(e) => {
-                log::debug!("redis connection slow or broken ({e}); the lane's helper takes over");
-                self.conn = None;
-                false
-            }
-        }
-    }
-
-    /// Gives the helper thread `handoff`. Without a helper (it is gone, the
-    /// limiter with it), the jobs are answered [`LimiterError::Stopped`].
-    fn hand_over(&mut self, handoff: Handoff) {
-        let Some(lane) = &self.lane else { return };
-        if let Err(std::sync::mpsc::SendError(handoff)) = lane.helper.send(handoff) {
-            let batch = match handoff {
-                Handoff::Jobs(batch) | Handoff::Stalled { batch, .. } => batch,
-            };
-            for job in batch {
-                let _ = job.reply.send(Err(LimiterError::Stopped));
-            }
-        }
-    }
-
-    /// The helper's side of a stalled call: `batch` was written on `conn`
-    /// and its reply had not come within the worker's budget. Waits for it
-    /// until the batch's deadline and answers the jobs, as the dispatch
-    /// loop does. Blocking.
-    pub(crate) fn finish_stalled(&mut self, mut conn: Conn, batch: Vec<Job>, expected: usize) {
-        let deadline = batch
-            .iter()
-            .map(|j| j.deadline)
-            .max()
-            .unwrap_or_else(Instant::now);
-        let first = wait_until(&mut conn, deadline).and_then(|()| reply(&mut conn));
-        if let Err(e) = conn.set_read_timeout(Some(self.manager.timeout())) {
-            log::debug!("redis connection: cannot set its read timeout ({e})");
-            conn.spoil();
-        }
-        self.conn = Some(conn);
-        let results = self
-            .finish(first, expected, &batch)
-            .map(|reply| results(&batch, &reply))
-            .map_err(|(SendError::Unsent(e) | SendError::Failed(e))| e);
-        conclude(self, batch, results);
     }
 
     /// What an error answered to the batch says is missing for the way
@@ -297,7 +115,7 @@ impl Single {
 
     /// Writes `batch` as one script call into the reused command; returns
     /// the number of values its reply must hold.
-    fn build(&mut self, batch: &[Job]) -> usize {
+    pub(crate) fn build(&mut self, batch: &[Job]) -> usize {
         let (clock, margin) = (&self.shared.clock, self.margin);
         let jobs = batch.iter().map(|job| wire::JobArgs {
             now_ms: job.now_ms,
@@ -399,7 +217,7 @@ impl Single {
     /// loaded and the same call sent again (the first did not run), and
     /// when it refuses the library, `batch` is sent as a script from now
     /// on; a connection left unusable is let go.
-    fn finish(
+    pub(crate) fn finish(
         &mut self,
         first: Result<Vec<i64>, CallError>,
         mut expected: usize,

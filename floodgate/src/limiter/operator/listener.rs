@@ -9,8 +9,8 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::{channel, claim, Action};
-use crate::limiter::decide::Shared;
 use crate::limiter::local::Bans;
+use crate::limiter::shared::Shared;
 use crate::limiter::topology::{Master, RedisConn, Source};
 use crate::limiter::RedisConfig;
 use crate::logging::Escaped;

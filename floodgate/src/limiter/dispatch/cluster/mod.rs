@@ -62,14 +62,15 @@ use self::slot::key_slot;
 use super::{Job, Transport};
 use crate::limiter::breaker::{Breaker, Gate};
 use crate::limiter::conn::spoils;
-use crate::limiter::decide::Shared;
 use crate::limiter::program::{self, Missing, Program, Shipping};
+use crate::limiter::shared::Shared;
 use crate::limiter::topology::cluster_client;
 use crate::limiter::wire;
 use crate::limiter::{Check, Decision, LimiterError, Outcome, RedisConfig};
 
 mod give_back;
 mod groups;
+pub(crate) mod health;
 pub(crate) mod masters;
 mod slot;
 
