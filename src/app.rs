@@ -19,4 +19,5 @@ macro_rules! repeated {
 pub(crate) use repeated;
 
 pub mod config;
+pub mod rls;
 pub mod site;
