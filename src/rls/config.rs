@@ -162,6 +162,19 @@ pub struct RlsConfig {
 impl RlsConfig {
     /// Reads and checks `path`, then applies `FLOODGATE_REDIS_URL`.
     pub fn load(path: &Path) -> Result<RlsConfig, ConfigError> {
+        // Refused before the library reads `[server]` (which would name
+        // its own keys, as if they applied here).
+        if let Some(table) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| t.parse::<toml::Table>().ok())
+        {
+            let raw = RawApp {
+                server: table.get("server").cloned(),
+                rule: table.get("rule").cloned(),
+                ..RawApp::default()
+            };
+            Settings::check(raw, &path.display().to_string())?;
+        }
         let (mut filter, rls) = floodgate::Config::load_file_with::<Settings>(path)?;
         filter.apply_env(|name| std::env::var(name).ok())?;
         Ok(RlsConfig { filter, rls })

@@ -106,7 +106,9 @@ pub fn unit_of(window: Duration) -> Unit {
         Unit::Second,
     ] {
         if let Some(len) = unit_length(unit) {
-            if window.as_millis() >= len.as_millis() && window.as_millis() % len.as_millis() == 0 {
+            if window.as_millis() >= len.as_millis()
+                && window.as_millis().is_multiple_of(len.as_millis())
+            {
                 return unit;
             }
         }

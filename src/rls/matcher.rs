@@ -152,6 +152,10 @@ pub struct Matcher {
     limits: Vec<Limit>,
 }
 
+/// A descriptor key whose value names an identity, with the pattern the
+/// value must match (a wildcard) or `None` (any value).
+pub type Slot<'a> = (String, Option<&'a Pattern>);
+
 /// What one request descriptor matched.
 #[derive(Debug, Clone)]
 pub struct Matched<'a> {
@@ -300,7 +304,7 @@ impl Matcher {
 
     /// The keys whose values name an identity under the limit named
     /// `rule`, in order, each with the pattern its value must match.
-    pub fn slots(&self, rule: &str) -> Option<(&Limit, Vec<(String, Option<&Pattern>)>)> {
+    pub fn slots(&self, rule: &str) -> Option<(&Limit, Vec<Slot<'_>>)> {
         let index = self.limits.iter().position(|l| l.name == rule)?;
         let mut node = self.node_of(index);
         let mut slots = Vec::new();

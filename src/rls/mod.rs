@@ -142,12 +142,27 @@ pub fn serve(path: &Path) -> Result<(), ServeError> {
         tokio::spawn(watch_files(Arc::clone(&rls)));
         tokio::spawn(reload_on_sighup(Arc::clone(&rls)));
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
-        let result = tonic::transport::Server::builder()
+        let stopping = Arc::new(tokio::sync::Notify::new());
+        let told = Arc::clone(&stopping);
+        let serve = tonic::transport::Server::builder()
             .add_service(health)
             .add_service(RateLimitServer::new(Arc::clone(&rls)))
-            .serve_with_incoming_shutdown(incoming, stop_signal())
-            .await;
-        log::info!("rls: stopping");
+            .serve_with_incoming_shutdown(incoming, async move {
+                stop_signal().await;
+                log::info!("rls: stopping: no new calls; finishing the calls in flight");
+                told.notify_one();
+            });
+        // A stop waits for the calls in flight, which end within the Redis
+        // timeout; a client that keeps its idle connection open (Envoy
+        // does) does not hold the process past that.
+        let grace = config.filter.redis.timeout + Duration::from_secs(1);
+        let result = tokio::select! {
+            r = serve => r,
+            () = async {
+                stopping.notified().await;
+                tokio::time::sleep(grace).await;
+            } => Ok(()),
+        };
         http.stop().await;
         result.map_err(|e| ServeError::Other(format!("grpc: {e}")))
     })

@@ -102,6 +102,12 @@ struct Applied {
 }
 
 impl Applied {
+    /// Whether no amount of waiting lets this limit take the hits
+    /// (`requests_per_unit: 0`, or more hits than the limit holds).
+    fn never(&self) -> bool {
+        !self.unlimited && self.algorithm.is_none_or(|a| self.hits > a.quota())
+    }
+
     fn current(&self) -> RateLimit {
         RateLimit {
             name: self.name.clone(),
@@ -300,7 +306,7 @@ impl Rls {
         let mut of_check = Vec::new();
         for (i, a) in applied.iter().enumerate() {
             if let Some(a) = a {
-                if let (Some(algorithm), false) = (a.algorithm, a.unlimited) {
+                if let (Some(algorithm), false) = (a.algorithm, a.unlimited || a.never()) {
                     checks.push(Check {
                         key: a.key.clone(),
                         algorithm,
@@ -315,7 +321,7 @@ impl Rls {
         let enforced_zero = applied
             .iter()
             .flatten()
-            .any(|a| !a.unlimited && a.algorithm.is_none() && !a.shadow);
+            .any(|a| !a.unlimited && a.never() && !a.shadow);
         let mut statuses: Vec<DescriptorStatus> = applied
             .iter()
             .map(|a| match a {
@@ -326,8 +332,8 @@ impl Rls {
                     limit_remaining: u32::MAX,
                     duration_until_reset: None,
                 },
-                Some(a) if a.algorithm.is_none() => {
-                    // requests_per_unit 0: always over.
+                Some(a) if a.never() => {
+                    // requests_per_unit 0, or more hits than the limit: over.
                     let code = if a.shadow { Code::Ok } else { Code::OverLimit };
                     let kind = if a.shadow {
                         DecisionKind::ShadowDenied
@@ -389,11 +395,21 @@ impl Rls {
                     s.duration_until_reset = Some(denial.wait.into());
                     statuses[of_check[n]] = s;
                 }
-                for (m, &i) in of_check.iter().enumerate() {
-                    if m != n {
-                        if let Some(a) = &applied[i] {
-                            statuses[i] = bare_status(a, Code::Ok);
-                        }
+                // The others show what they hold now (nothing is charged).
+                let others: Vec<usize> = (0..checks.len()).filter(|&m| m != n).collect();
+                if !others.is_empty() {
+                    let peeked = self
+                        .limiter
+                        .peek(others.iter().map(|&m| checks[m].clone()).collect())
+                        .await;
+                    for (k, &m) in others.iter().enumerate() {
+                        let Some(a) = &applied[of_check[m]] else {
+                            continue;
+                        };
+                        statuses[of_check[m]] = match peeked.as_ref().ok().and_then(|o| o.get(k)) {
+                            Some(o) => self.status(a, o, false),
+                            None => bare_status(a, Code::Ok),
+                        };
                     }
                 }
                 return Ok(self.response(applied, statuses));
