@@ -228,6 +228,27 @@ pub fn http_request(port: u16, request: &str) -> (u16, String) {
     (status, body)
 }
 
+/// One raw HTTP/1.1 exchange: status and the head's fields (names lower-case).
+pub fn http_head(port: u16, request: &str) -> (u16, Vec<(String, String)>) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let head = out.split_once("\r\n\r\n").map_or(out.as_str(), |(h, _)| h);
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let fields = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    (status, fields)
+}
+
 /// A call: `domain`, one descriptor per list of (key, value), `hits`.
 pub fn call(domain: &str, descriptors: &[&[(&str, &str)]], hits: u32) -> RateLimitRequest {
     RateLimitRequest {
