@@ -687,3 +687,79 @@ impl Handler for Arc<Rls> {
             .map(tonic::Response::new)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rls::descriptors::add_file;
+    use proptest::prelude::*;
+    use prost::Message;
+
+    const TREE: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: w\n    value: 'a*b*'\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// Whatever bytes arrive: decoded or refused, checked, matched,
+        /// keyed, never a panic.
+        #[test]
+        fn any_bytes_are_decoded_or_refused_without_a_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let mut m = Matcher::default();
+            add_file(&mut m, TREE, "t.yaml", "sliding_window").unwrap();
+            if let Ok(req) = RateLimitRequest::decode(bytes.as_slice()) {
+                let _ = invalid(&req);
+                for d in &req.descriptors {
+                    if let Some(hit) = m.find(&req.domain, &d.entries) {
+                        let _ = state_key(false, "p", &hit.limit.name, &hit.values);
+                        let _ = label(&hit.metric);
+                    }
+                    let _ = descriptor_key(&req.domain, d);
+                }
+            }
+        }
+
+        /// Any descriptor entries, printable or not, walk the tree safely.
+        #[test]
+        fn any_entries_walk_the_tree(entries in proptest::collection::vec((".{0,6}", ".{0,6}"), 0..5)) {
+            let mut m = Matcher::default();
+            add_file(&mut m, TREE, "t.yaml", "sliding_window").unwrap();
+            let entries: Vec<crate::rls::proto::Entry> = entries
+                .into_iter()
+                .map(|(key, value)| crate::rls::proto::Entry { key, value })
+                .collect();
+            let _ = m.find("d", &entries);
+        }
+    }
+
+    #[test]
+    fn bad_calls_say_why() {
+        let ok = RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![crate::rls::proto::Entry {
+                    key: "k".into(),
+                    value: String::new(),
+                }],
+                limit: None,
+                hits_addend: None,
+            }],
+            hits_addend: 0,
+        };
+        assert_eq!(invalid(&ok), None);
+        let mut r = ok.clone();
+        r.domain.clear();
+        assert!(invalid(&r).unwrap().contains("domain"));
+        let mut r = ok.clone();
+        r.descriptors.clear();
+        assert!(invalid(&r).unwrap().contains("no descriptors"));
+        let mut r = ok.clone();
+        r.descriptors[0].entries[0].key.clear();
+        assert!(invalid(&r).unwrap().contains("key must not be empty"));
+        let mut r = ok.clone();
+        r.hits_addend = 1_000_000_001;
+        assert!(invalid(&r).unwrap().contains("hits_addend"));
+        let mut r = ok;
+        r.descriptors[0].hits_addend = Some(crate::rls::proto::UInt64Value { value: 1 << 40 });
+        assert!(invalid(&r).unwrap().contains("descriptor 0: hits_addend"));
+    }
+}
