@@ -277,7 +277,25 @@ impl Rls {
         let domain = if known { req.domain.as_str() } else { "" };
         let applied = self.apply(&req);
         let result = self.decide(&applied, started).await;
-        self.metrics.observe(started.elapsed());
+        let took = started.elapsed();
+        self.metrics.observe(took);
+        if log::log_enabled!(log::Level::Debug) {
+            let answer = match &result {
+                Ok(r) if r.overall_code == Code::OverLimit as i32 => "OVER_LIMIT".to_string(),
+                Ok(_) => "OK".to_string(),
+                Err(status) => format!("{:?}", status.code()),
+            };
+            let limits: Vec<&str> = applied
+                .iter()
+                .flatten()
+                .map(|a| a.metric.as_str())
+                .collect();
+            log::debug!(
+                "rls: domain {} limits [{}]: {answer} in {took:?}",
+                floodgate::logging::Escaped(&req.domain),
+                floodgate::logging::Escaped(&limits.join(", "))
+            );
+        }
         match result {
             Ok(response) => {
                 let code = if response.overall_code == Code::OverLimit as i32 {
