@@ -178,6 +178,15 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2}
   - key: rolling
     rate_limit: {window: 90s, algorithm: fixed_window, requests_per_unit: 3}
+  - key: tenant
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: region
+    value_to_metric: true
+    descriptors:
+      - key: app
+        value: web
+        rate_limit: {unit: minute, requests_per_unit: 10}
 "#;
 
 #[tokio::test]
@@ -258,6 +267,26 @@ async fn replaces_unlimited_zero_shadow_and_wildcards() {
     assert_eq!(
         (l.requests_per_unit, l.unit, r.statuses[0].limit_remaining),
         (3, Unit::Second as i32, 2)
+    );
+
+    // detailed_metric: decisions per descriptor value; value_to_metric: the
+    // node's value in the path.
+    c.should_rate_limit(call("t", &[&[("tenant", "acme")]], 1))
+        .await
+        .unwrap();
+    c.should_rate_limit(call("t", &[&[("region", "eu"), ("app", "web")]], 1))
+        .await
+        .unwrap();
+    let m = svc.metrics();
+    assert!(
+        m.contains("floodgate_decisions_total{rule=\"t.tenant_acme\",decision=\"allowed\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains(
+            "floodgate_decisions_total{rule=\"t.region_eu.app_web\",decision=\"allowed\"} 1"
+        ),
+        "{m}"
     );
 }
 
