@@ -3,13 +3,21 @@
 //! (`grpc`), to Python's grpcio with Envoy's generated protos (`python`),
 //! and to Envoy itself (`envoy`).
 
+#[allow(dead_code)]
+#[path = "../api/cluster_helpers.rs"]
+mod cluster_helpers;
 #[path = "../../floodgate/tests/common/mod.rs"]
 mod common;
+/// What cluster_helpers reads from its sibling module.
+mod helpers {
+    pub use crate::common::{free_port, wait_until};
+}
 
 mod envoy;
 mod grpc;
 mod operators;
 mod python;
+mod topology;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -64,10 +72,23 @@ pub fn write_config(
     rls_extra: &str,
     extra: &str,
 ) -> PathBuf {
+    let redis = format!("url = \"{}\"", redis.url());
+    write_config_on(dir, &redis, grpc, http, rls_extra, extra)
+}
+
+/// As [`write_config`], with `[redis]` lines of the caller's (a Cluster's
+/// seeds, a Sentinel).
+pub fn write_config_on(
+    dir: &Path,
+    redis: &str,
+    grpc: u16,
+    http: u16,
+    rls_extra: &str,
+    extra: &str,
+) -> PathBuf {
     let toml = format!(
-        "[rls]\nbind = \"127.0.0.1:{grpc}\"\nhttp_bind = \"127.0.0.1:{http}\"\ndescriptors = \"{}\"\n{rls_extra}\n\n[redis]\nurl = \"{}\"\ntimeout = \"500ms\"\n\n[limiter]\nbreaker = \"200ms\"\n{extra}\n",
+        "[rls]\nbind = \"127.0.0.1:{grpc}\"\nhttp_bind = \"127.0.0.1:{http}\"\ndescriptors = \"{}\"\n{rls_extra}\n\n[redis]\n{redis}\ntimeout = \"500ms\"\n\n[limiter]\nbreaker = \"200ms\"\n{extra}\n",
         dir.join("descriptors").display(),
-        redis.url()
     );
     let path = dir.join("rls.toml");
     std::fs::write(&path, toml).unwrap();
@@ -83,12 +104,22 @@ impl Service {
         rls_extra: &str,
         extra: &str,
     ) -> Service {
+        Service::start_on(
+            &format!("url = \"{}\"", redis.url()),
+            files,
+            rls_extra,
+            extra,
+        )
+    }
+
+    /// As [`Service::start`], with `[redis]` lines of the caller's.
+    pub fn start_on(redis: &str, files: &[(&str, &str)], rls_extra: &str, extra: &str) -> Service {
         let dir = fresh_dir("svc");
         for (name, text) in files {
             std::fs::write(dir.join("descriptors").join(name), text).unwrap();
         }
         let (grpc, http) = (free_port(), free_port());
-        let config = write_config(&dir, redis, grpc, http, rls_extra, extra);
+        let config = write_config_on(&dir, redis, grpc, http, rls_extra, extra);
         let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
             .args(["rls", "--config"])
             .arg(&config)
