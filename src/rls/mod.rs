@@ -58,17 +58,35 @@ pub fn load(path: &Path) -> Result<(RlsConfig, Matcher), floodgate::ConfigError>
     Ok((config, matcher))
 }
 
+/// Each descriptor file's path, length, modification time and inode (a
+/// file replaced by a rename is a new inode).
+type Signature = Vec<(PathBuf, u64, Option<SystemTime>, u64)>;
+
+/// The inode of a file (0 where there is none).
+fn inode(meta: &std::fs::Metadata) -> u64 {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::MetadataExt::ino(meta)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        0
+    }
+}
+
 /// What the descriptor files look like on disk now: each file's path,
 /// length and modification time (a change to any is a reload).
-fn signature(path: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
+fn signature(path: &Path) -> Signature {
     descriptors::files_of(path)
         .unwrap_or_default()
         .into_iter()
         .map(|f| {
             let meta = std::fs::metadata(&f).ok();
             let len = meta.as_ref().map_or(0, std::fs::Metadata::len);
+            let ino = meta.as_ref().map_or(0, inode);
             let modified = meta.and_then(|m| m.modified().ok());
-            (f, len, modified)
+            (f, len, modified, ino)
         })
         .collect()
 }
@@ -92,7 +110,12 @@ fn reload(rls: &Rls, why: &str) {
 
 /// Serves until SIGTERM or Ctrl-C.
 pub fn serve(path: &Path) -> Result<(), ServeError> {
-    let (config, matcher) = load(path).map_err(ServeError::Config)?;
+    let config = RlsConfig::load(path).map_err(ServeError::Config)?;
+    // Taken before the files are read: a change made while they are read,
+    // or before the watcher starts, is a change it sees.
+    let seen = signature(&config.rls.descriptors);
+    let matcher = descriptors::load(&config.rls.descriptors, &config.rls.algorithm)
+        .map_err(ServeError::Config)?;
     let options = LimiterOptions {
         deny_cache: config.filter.limiter.deny_cache,
         breaker: config.filter.limiter.breaker,
@@ -139,7 +162,7 @@ pub fn serve(path: &Path) -> Result<(), ServeError> {
         );
         let (reporter, health) = tonic_health::server::health_reporter();
         tokio::spawn(watch_health(Arc::clone(&rls), reporter));
-        tokio::spawn(watch_files(Arc::clone(&rls)));
+        tokio::spawn(watch_files(Arc::clone(&rls), seen));
         tokio::spawn(reload_on_sighup(Arc::clone(&rls)));
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
         let stopping = Arc::new(tokio::sync::Notify::new());
@@ -210,9 +233,8 @@ async fn reload_on_sighup(rls: Arc<Rls>) {
 }
 
 /// Reloads the descriptor files when they change on disk.
-async fn watch_files(rls: Arc<Rls>) {
+async fn watch_files(rls: Arc<Rls>, mut seen: Signature) {
     let path = rls.settings.descriptors.clone();
-    let mut seen = signature(&path);
     loop {
         tokio::time::sleep(WATCH_EVERY).await;
         let p = path.clone();
