@@ -41,4 +41,5 @@ pub mod log_kinds {
 }
 
 pub mod config;
+pub mod rls;
 pub mod site;

@@ -1,5 +1,5 @@
 //! The `floodgate` command: `serve [--config FILE]` | `check-config [FILE]`
-//! | the operator commands (`inspect`, `reset`, `ban`, `unban`, `override`).
+//! | `rls [--config FILE]` (Envoy's rate-limit service) | the operator commands (`inspect`, `reset`, `ban`, `unban`, `override`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,7 +12,7 @@ use site::Application;
 
 mod operator;
 
-const USAGE: &str = "usage: floodgate [serve [--config FILE]] | check-config [FILE]
+const USAGE: &str = "usage: floodgate [serve [--config FILE]] | check-config [FILE] | rls [--config FILE]
        floodgate inspect|reset|unban [--config FILE] RULE [VALUE...]
        floodgate ban [--config FILE] RULE [VALUE...] --for DURATION
        floodgate override [--config FILE] RULE [VALUE...] (--limit N [--window D] | --clear) [--for D]";
@@ -25,6 +25,11 @@ fn main() -> ExitCode {
         ["serve", "--config", file] => serve(PathBuf::from(file)),
         ["serve", flag] if flag.starts_with("--config=") => {
             serve(PathBuf::from(&flag["--config=".len()..]))
+        }
+        ["rls"] => rls(default_path()),
+        ["rls", "--config", file] => rls(PathBuf::from(file)),
+        ["rls", flag] if flag.starts_with("--config=") => {
+            rls(PathBuf::from(&flag["--config=".len()..]))
         }
         ["check-config"] => check_config(default_path()),
         ["check-config", file] => check_config(PathBuf::from(file)),
@@ -58,6 +63,9 @@ fn unusable(e: &ConfigError) -> ExitCode {
 }
 
 fn check_config(path: PathBuf) -> ExitCode {
+    if floodgate_site::rls::is_rls_file(&path) {
+        return check_rls(&path);
+    }
     let config = match Config::load_file(&path) {
         Ok(c) => c,
         Err(e) => return unusable(&e),
@@ -99,6 +107,61 @@ fn check_config(path: PathBuf) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+/// `check-config` on a `floodgate rls` file: one line per limit, its rule
+/// name first.
+fn check_rls(path: &std::path::Path) -> ExitCode {
+    let (config, matcher) = match floodgate_site::rls::load(path) {
+        Ok(c) => c,
+        Err(e) => return unusable(&e),
+    };
+    for l in matcher.limits() {
+        let what = if l.unlimited {
+            "unlimited".to_string()
+        } else {
+            match &l.algorithm {
+                Some(a) => format!("{} {}", a.name(), a.fields(format_duration)),
+                None => format!(
+                    "always over (requests_per_unit 0) window={}",
+                    format_duration(l.window)
+                ),
+            }
+        };
+        let mut extra = String::new();
+        if l.shadow {
+            extra.push_str(" shadow");
+        }
+        if !l.replaces.is_empty() {
+            extra.push_str(&format!(" replaces={}", l.replaces.join(",")));
+        }
+        println!(
+            "{}: domain={} path={} {what} unit={}{extra}",
+            l.name,
+            l.domain,
+            l.path,
+            l.unit.name()
+        );
+    }
+    let _ = config;
+    ExitCode::SUCCESS
+}
+
+fn rls(path: PathBuf) -> ExitCode {
+    init_logger();
+    let result = floodgate_site::rls::serve(&path);
+    floodgate::logging::flush();
+    match result {
+        Ok(()) => {
+            log::info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(floodgate_site::rls::ServeError::Config(e)) => unusable(&e),
+        Err(e) => {
+            eprintln!("floodgate rls: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// The log: one line per record, its message escaped (a control character

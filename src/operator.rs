@@ -106,6 +106,64 @@ fn action(command: &str, args: &Args<'_>) -> Result<Action, String> {
     }
 }
 
+/// Runs an operator command on a `floodgate rls` file's limits: RULE is a
+/// limit's rule name, VALUE... the values of its descriptor entries that
+/// count apart.
+fn run_rls(command: &str, args: &Args<'_>, path: &std::path::Path) -> ExitCode {
+    let bad = |what: &str| {
+        eprintln!("floodgate {command}: {what}");
+        ExitCode::from(2)
+    };
+    let (config, matcher) = match floodgate_site::rls::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let Some((rule, values)) = args.positional.split_first() else {
+        return bad("name a rule (and its descriptor values)");
+    };
+    let action = match action(command, args) {
+        Ok(a) => a,
+        Err(e) => return bad(&e),
+    };
+    let redis = &config.filter.redis;
+    let check = match floodgate_site::rls::operator::check_for(
+        &matcher,
+        &redis.key_prefix,
+        !redis.cluster.is_empty(),
+        rule,
+        values,
+        &action,
+    ) {
+        Ok(c) => c,
+        Err(e) => return bad(&e),
+    };
+    let options = LimiterOptions {
+        deny_cache: false,
+        dispatch: Dispatch::Threads,
+        ..LimiterOptions::default()
+    };
+    let limiter = match Limiter::new(redis, options) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("floodgate {command}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match limiter.operate_blocking(&check, action) {
+        Ok(seen) => {
+            println!("{}", seen.to_json(rule));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("floodgate {command}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs an operator command.
 pub fn run(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
     let bad = |what: &str| {
@@ -117,6 +175,9 @@ pub fn run(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
         Err(e) => return bad(&e),
     };
     let path = args.config.map_or(default, PathBuf::from);
+    if floodgate_site::rls::is_rls_file(&path) {
+        return run_rls(command, &args, &path);
+    }
     // The same file as `serve` (the site's own sections included).
     let config = match Config::load(&path) {
         Ok(c) => c.filter,

@@ -94,25 +94,25 @@ impl Metrics {
     /// From then on the limiter's process counts the operator bans it
     /// claims (one process of those sharing the Redis counts each: see
     /// [`Limiter::operate`]), and they are shown here.
-    pub(crate) fn watch(&self, limiter: &Arc<Limiter>) {
+    pub fn watch(&self, limiter: &Arc<Limiter>) {
         if self.limiter.set(Arc::clone(limiter)).is_ok() {
             limiter.local().bans().count_here();
         }
     }
 
     /// Counts one rule's outcome for one request.
-    pub(crate) fn decision(&self, rule: &str, outcome: DecisionKind) {
+    pub fn decision(&self, rule: &str, outcome: DecisionKind) {
         self.add(rule, outcome as usize);
     }
 
     /// Counts one request denied from the denial cache under `rule`.
-    pub(crate) fn deny_cache_hit(&self, rule: &str) {
+    pub fn deny_cache_hit(&self, rule: &str) {
         self.add(rule, CACHE_HITS);
     }
 
     /// Counts one ban started under `rule` by `source` (`operator` or
     /// `penalty`).
-    pub(crate) fn ban(&self, rule: &str, source: &str) {
+    pub fn ban(&self, rule: &str, source: &str) {
         if let Some((slot, _)) = BANS.iter().find(|(_, s)| *s == source) {
             self.add(rule, *slot);
         }
@@ -137,7 +137,7 @@ impl Metrics {
     }
 
     /// Records how long one decision took.
-    pub(crate) fn observe(&self, took: Duration) {
+    pub fn observe(&self, took: Duration) {
         // One add in the first bucket that holds it; render sums them up.
         let secs = took.as_secs_f64();
         if let Some(i) = BUCKETS.iter().position(|bound| secs <= *bound) {

@@ -300,7 +300,19 @@ pub async fn limits(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
             let (secs, micros): (u64, u64) = redis::cmd("TIME").query(conn)?;
             let mut all = Vec::with_capacity(drawn.len());
             for (key, n) in drawn {
-                let stamps: Vec<u64> = conn.lrange(&key, 0, n - 1)?;
+                // Each entry is one admission, `TIME:TOTAL:UNITS`: one
+                // tick per unit, newest first, `n` at most.
+                let entries: Vec<String> = conn.lrange(&key, 0, n - 1)?;
+                let mut stamps = Vec::new();
+                for entry in &entries {
+                    let mut parts = entry.split(':');
+                    let time = parts.next().and_then(|t| t.parse::<u64>().ok());
+                    let units = parts.nth(1).and_then(|w| w.parse::<usize>().ok());
+                    if let Some(time) = time {
+                        let room = (n as usize).saturating_sub(stamps.len());
+                        stamps.extend(std::iter::repeat_n(time, units.unwrap_or(1).min(room)));
+                    }
+                }
                 all.push((key, stamps));
             }
             Ok((secs * 1000 + micros / 1000, all))

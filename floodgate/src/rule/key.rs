@@ -461,7 +461,7 @@ pub(crate) fn hashed_id(id: &str) -> String {
 /// Joins the parts of a composite key: KIND is the kinds joined by `+`, ID
 /// the IDs joined by `|`, each with `%` and `|` percent-escaped so that no
 /// two different combinations make the same ID.
-pub(crate) fn compose(parts: &[(&str, String)]) -> (String, String) {
+pub fn compose(parts: &[(&str, String)]) -> (String, String) {
     let kind = parts.iter().map(|(k, _)| *k).collect::<Vec<_>>().join("+");
     let id = parts
         .iter()

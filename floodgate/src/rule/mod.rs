@@ -11,8 +11,8 @@ mod path;
 pub(crate) mod spec;
 
 pub use self::identity::identity_key;
-pub(crate) use self::key::{compose, hashed_id, Key};
-pub use self::key::{redis_key, redis_key_for, CustomKey, KeyKind};
+pub use self::key::{compose, redis_key, redis_key_for, CustomKey, KeyKind};
+pub(crate) use self::key::{hashed_id, Key};
 #[cfg(feature = "e164")]
 pub use self::normalize::{e164, Region};
 pub use self::options::{Identity, LookupFn, LookupFuture, OnMissingKey, Skip};

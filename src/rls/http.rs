@@ -1,0 +1,255 @@
+//! The service's HTTP listener (`[rls] http_bind`): `/healthz`, `/readyz`,
+//! `/metrics` and, with `[admin] token` set, the operators' API
+//! (`POST /admin/{inspect,reset,ban,unban,override}`) on the service's
+//! identities. It runs on its own actix system thread, apart from gRPC.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use actix_web::dev::ServerHandle;
+use actix_web::http::{header, StatusCode};
+use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use floodgate::limiter::Action;
+use floodgate::logging::Escaped;
+use floodgate::{ban_action, override_action};
+
+use super::config::RlsConfig;
+use super::service::Rls;
+
+/// The running listener.
+pub struct Http {
+    /// Its port.
+    pub port: u16,
+    handle: ServerHandle,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Http {
+    /// Stops it, finishing requests in flight.
+    pub async fn stop(self) {
+        self.handle.stop(true).await;
+        let _ = tokio::task::spawn_blocking(move || self.thread.join()).await;
+    }
+}
+
+/// What the handlers share.
+struct State {
+    rls: Arc<Rls>,
+    token: Option<String>,
+    allow: Vec<floodgate::net::Cidr>,
+}
+
+/// Binds `[rls] http_bind` and serves it on a thread of its own.
+pub fn start(rls: Arc<Rls>, config: &RlsConfig) -> std::io::Result<Http> {
+    let listener = std::net::TcpListener::bind(&config.rls.http_bind)?;
+    let port = listener.local_addr()?.port();
+    let state = web::Data::new(State {
+        rls,
+        token: config.filter.admin.token.clone(),
+        allow: config.filter.admin.allow.clone(),
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name("floodgate-rls-http".into())
+        .spawn(move || {
+            actix_web::rt::System::new().block_on(async move {
+                let server = HttpServer::new(move || {
+                    App::new()
+                        .app_data(state.clone())
+                        .route("/healthz", web::get().to(healthz))
+                        .route("/readyz", web::get().to(readyz))
+                        .route("/metrics", web::get().to(metrics))
+                        .service(web::scope("/admin").default_service(web::to(admin)))
+                })
+                .workers(1)
+                .disable_signals()
+                .listen(listener);
+                match server {
+                    Ok(s) => {
+                        let s = s.run();
+                        let _ = tx.send(Ok(s.handle()));
+                        let _ = s.await;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                    }
+                }
+            });
+        })?;
+    let handle = rx
+        .recv()
+        .map_err(|_| std::io::Error::other("the HTTP thread stopped"))??;
+    Ok(Http {
+        port,
+        handle,
+        thread,
+    })
+}
+
+fn text(status: StatusCode, body: &'static str) -> HttpResponse {
+    HttpResponse::build(status)
+        .content_type("text/plain; charset=utf-8")
+        .body(body)
+}
+
+async fn healthz() -> HttpResponse {
+    text(StatusCode::OK, "ok\n")
+}
+
+/// 200 when Redis answers PING within the timeout, else 503.
+async fn readyz(state: web::Data<State>) -> HttpResponse {
+    let limiter = Arc::clone(&state.rls.limiter);
+    match web::block(move || limiter.ping()).await {
+        Ok(Ok(())) => text(StatusCode::OK, "ready\n"),
+        _ => text(StatusCode::SERVICE_UNAVAILABLE, "redis unavailable\n"),
+    }
+}
+
+async fn metrics(state: web::Data<State>) -> HttpResponse {
+    let rls = &state.rls;
+    let mut body = rls.metrics.render(rls.limiter.error_count());
+    body.push_str(&rls.calls.render());
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(body)
+}
+
+fn json(status: StatusCode, body: String) -> HttpResponse {
+    HttpResponse::build(status)
+        .content_type("application/json")
+        .insert_header((header::CACHE_CONTROL, "no-store"))
+        .body(body)
+}
+
+fn error(status: StatusCode, what: &str) -> HttpResponse {
+    json(status, serde_json::json!({ "error": what }).to_string())
+}
+
+/// Whether `given` is `token`, in time that depends on neither.
+fn token_matches(given: &[u8], token: &str) -> bool {
+    let a = Sha256::digest(given);
+    let b = Sha256::digest(token.as_bytes());
+    bool::from(a.ct_eq(&b))
+}
+
+fn bearer(req: &HttpRequest) -> Option<&[u8]> {
+    let value = req.headers().get(header::AUTHORIZATION)?.as_bytes();
+    let scheme = value.get(..7)?;
+    scheme.eq_ignore_ascii_case(b"bearer ").then(|| &value[7..])
+}
+
+/// A request's body, as the API reads it.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Body {
+    rule: String,
+    #[serde(default)]
+    values: Vec<String>,
+    #[serde(default, rename = "for")]
+    lasts: Option<String>,
+    #[serde(default)]
+    limit: Option<i64>,
+    #[serde(default)]
+    window: Option<String>,
+    #[serde(default)]
+    clear: bool,
+}
+
+fn action_of(what: &str, body: &Body) -> Result<Action, String> {
+    match what {
+        "inspect" => Ok(Action::Inspect),
+        "reset" => Ok(Action::Reset),
+        "unban" => Ok(Action::Unban),
+        "ban" => ban_action(
+            body.lasts
+                .as_deref()
+                .ok_or("ban needs \"for\", like \"10m\"")?,
+        ),
+        _ if body.clear => {
+            if body.limit.is_some() || body.window.is_some() {
+                return Err("\"clear\" takes no limit or window".into());
+            }
+            Ok(Action::Clear)
+        }
+        _ => override_action(
+            body.limit
+                .ok_or("override needs \"limit\", or \"clear\": true")?,
+            body.window.as_deref(),
+            body.lasts.as_deref(),
+        ),
+    }
+}
+
+async fn admin(state: web::Data<State>, req: HttpRequest, body: web::Bytes) -> HttpResponse {
+    let Some(token) = state.token.as_deref() else {
+        return text(StatusCode::NOT_FOUND, "not found\n");
+    };
+    let client: Option<IpAddr> = req.peer_addr().map(|a| a.ip());
+    let allowed = client.is_some_and(|ip| {
+        let ip = floodgate::net::canonical_ip(ip);
+        state.allow.iter().any(|c| c.contains(ip))
+    });
+    if !allowed {
+        return error(StatusCode::FORBIDDEN, "forbidden");
+    }
+    if !bearer(&req).is_some_and(|given| token_matches(given, token)) {
+        let mut res = error(StatusCode::UNAUTHORIZED, "unauthorized");
+        res.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+        return res;
+    }
+    let what = req.path().strip_prefix("/admin/").unwrap_or_default();
+    if !["inspect", "reset", "ban", "unban", "override"].contains(&what) {
+        return error(StatusCode::NOT_FOUND, "no such admin action");
+    }
+    if req.method() != actix_web::http::Method::POST {
+        return error(StatusCode::METHOD_NOT_ALLOWED, "use POST");
+    }
+    let body: Body = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("bad JSON body: {e}")),
+    };
+    let action = match action_of(what, &body) {
+        Ok(a) => a,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let rls = &state.rls;
+    let values: Vec<&str> = body.values.iter().map(String::as_str).collect();
+    let matcher = match rls.matcher.read() {
+        Ok(m) => Arc::clone(&m),
+        Err(p) => Arc::clone(&p.into_inner()),
+    };
+    let check = match super::operator::check_for(
+        &matcher,
+        &rls.prefix,
+        rls.limiter.hash_tags(),
+        &body.rule,
+        &values,
+        &action,
+    ) {
+        Ok(c) => c,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let shown = format!(
+        "admin {} rule={} values={:?} from {}",
+        action.name(),
+        body.rule,
+        body.values,
+        client.map_or_else(|| "?".to_string(), |c| c.to_string())
+    );
+    match rls.limiter.operate(check, action).await {
+        Ok(seen) => {
+            log::info!("{}: ok", Escaped(&shown));
+            json(StatusCode::OK, seen.to_json(&body.rule))
+        }
+        Err(e) => {
+            log::info!("{}: failed ({})", Escaped(&shown), Escaped(&e.to_string()));
+            error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! `floodgate rls`: Envoy's rate-limit service (gRPC
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`) over the
+//! library's [`floodgate::limiter::Limiter`], reading envoyproxy/ratelimit's YAML
+//! descriptor files. Beside the gRPC listener (with `grpc.health.v1`), an
+//! HTTP listener answers `/healthz`, `/readyz`, `/metrics` and the admin API.
+//! SIGHUP, or a change to the descriptor files, reloads them; SIGTERM stops
+//! accepting and finishes the calls in flight.
+
+pub mod config;
+pub mod descriptors;
+pub mod http;
+pub mod matcher;
+pub mod operator;
+pub mod proto;
+pub mod service;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use floodgate::limiter::Limiter;
+use floodgate::limiter::{Dispatch, LimiterOptions};
+use floodgate::metrics::Metrics;
+
+pub use self::config::{is_rls_file, RlsConfig};
+use self::matcher::Matcher;
+use self::proto::RateLimitServer;
+use self::service::{CallCounts, Rls};
+
+/// How often the descriptor files are looked at for changes.
+const WATCH_EVERY: Duration = Duration::from_millis(500);
+
+/// How often Redis's health is asked for the gRPC health service.
+const HEALTH_EVERY: Duration = Duration::from_secs(1);
+
+/// Why the service could not start or stopped badly.
+#[derive(Debug)]
+pub enum ServeError {
+    /// The file or the descriptor files cannot be used (exit 2).
+    Config(floodgate::config::ConfigError),
+    /// Anything else (exit 1).
+    Other(String),
+}
+
+impl std::fmt::Display for ServeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServeError::Config(e) => write!(f, "{e}"),
+            ServeError::Other(e) => f.write_str(e),
+        }
+    }
+}
+
+/// Loads the configuration at `path` and its descriptor files.
+pub fn load(path: &Path) -> Result<(RlsConfig, Matcher), floodgate::config::ConfigError> {
+    let config = RlsConfig::load(path)?;
+    let matcher = descriptors::load(&config.rls.descriptors, &config.rls.algorithm)?;
+    Ok((config, matcher))
+}
+
+/// Each descriptor file's path, length, modification time and inode (a
+/// file replaced by a rename is a new inode).
+type Signature = Vec<(PathBuf, u64, Option<SystemTime>, u64)>;
+
+/// The inode of a file (0 where there is none).
+fn inode(meta: &std::fs::Metadata) -> u64 {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::MetadataExt::ino(meta)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        0
+    }
+}
+
+/// What the descriptor files look like on disk now: each file's path,
+/// length and modification time (a change to any is a reload).
+fn signature(path: &Path) -> Signature {
+    descriptors::files_of(path)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|f| {
+            let meta = std::fs::metadata(&f).ok();
+            let len = meta.as_ref().map_or(0, std::fs::Metadata::len);
+            let ino = meta.as_ref().map_or(0, inode);
+            let modified = meta.and_then(|m| m.modified().ok());
+            (f, len, modified, ino)
+        })
+        .collect()
+}
+
+/// Reloads the descriptor files into `rls`; a set that fails to load
+/// leaves the old one in force, logged with the reason.
+fn reload(rls: &Rls, why: &str) {
+    match descriptors::load(&rls.settings.descriptors, &rls.settings.algorithm) {
+        Ok(m) => {
+            let n = m.limits().len();
+            match rls.matcher.write() {
+                Ok(mut g) => *g = Arc::new(m),
+                Err(p) => *p.into_inner() = Arc::new(m),
+            }
+            rls.limiter.forget_keys();
+            log::info!("rls: descriptors reloaded ({why}): {n} limits");
+        }
+        Err(e) => log::error!("rls: descriptors not reloaded ({why}), the old ones stay: {e}"),
+    }
+}
+
+/// Serves until SIGTERM or Ctrl-C.
+pub fn serve(path: &Path) -> Result<(), ServeError> {
+    let config = RlsConfig::load(path).map_err(ServeError::Config)?;
+    // Taken before the files are read: a change made while they are read,
+    // or before the watcher starts, is a change it sees.
+    let seen = signature(&config.rls.descriptors);
+    let matcher = descriptors::load(&config.rls.descriptors, &config.rls.algorithm)
+        .map_err(ServeError::Config)?;
+    let options = LimiterOptions {
+        deny_cache: config.filter.limiter.deny_cache,
+        breaker: config.filter.limiter.breaker,
+        dispatch: Dispatch::Threads,
+    };
+    let limiter = Arc::new(
+        Limiter::new(&config.filter.redis, options)
+            .map_err(|e| ServeError::Other(format!("redis: {e}")))?,
+    );
+    let metrics = Arc::new(Metrics::default());
+    metrics.watch(&limiter);
+    let limits = matcher.limits().len();
+    let domains = matcher.domains().len();
+    let rls = Arc::new(Rls {
+        limiter,
+        metrics,
+        calls: CallCounts::default(),
+        matcher: RwLock::new(Arc::new(matcher)),
+        settings: config.rls.clone(),
+        prefix: config.filter.redis.key_prefix.clone(),
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("floodgate-rls")
+        .build()
+        .map_err(|e| ServeError::Other(format!("cannot start the runtime: {e}")))?;
+    let target = floodgate::limiter::without_password(&config.filter.redis.url);
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&config.rls.bind)
+            .await
+            .map_err(|e| ServeError::Other(format!("cannot listen on {}: {e}", config.rls.bind)))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| ServeError::Other(e.to_string()))?;
+        let http = http::start(Arc::clone(&rls), &config)
+            .map_err(|e| ServeError::Other(format!("cannot listen on {}: {e}", config.rls.http_bind)))?;
+        log::info!(
+            "floodgate rls serving {} on {} (port {}), http on {} (port {}), redis {target}, {domains} domains, {limits} limits",
+            path.display(),
+            config.rls.bind,
+            local.port(),
+            config.rls.http_bind,
+            http.port
+        );
+        let (reporter, health) = tonic_health::server::health_reporter();
+        tokio::spawn(watch_health(Arc::clone(&rls), reporter));
+        tokio::spawn(watch_files(Arc::clone(&rls), seen));
+        tokio::spawn(reload_on_sighup(Arc::clone(&rls)));
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let stopping = Arc::new(tokio::sync::Notify::new());
+        let told = Arc::clone(&stopping);
+        let serve = tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(RateLimitServer::new(Arc::clone(&rls)))
+            .serve_with_incoming_shutdown(incoming, async move {
+                stop_signal().await;
+                log::info!("rls: stopping: no new calls; finishing the calls in flight");
+                told.notify_one();
+            });
+        // A stop waits for the calls in flight, which end within the Redis
+        // timeout; a client that keeps its idle connection open (Envoy
+        // does) does not hold the process past that.
+        let grace = config.filter.redis.timeout + Duration::from_secs(1);
+        let result = tokio::select! {
+            r = serve => r,
+            () = async {
+                stopping.notified().await;
+                tokio::time::sleep(grace).await;
+            } => Ok(()),
+        };
+        http.stop().await;
+        result.map_err(|e| ServeError::Other(format!("grpc: {e}")))
+    })
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Reloads the descriptor files on each SIGHUP.
+async fn reload_on_sighup(rls: Arc<Rls>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            log::warn!("rls: cannot listen for SIGHUP; file changes still reload");
+            return;
+        };
+        while hup.recv().await.is_some() {
+            let rls = Arc::clone(&rls);
+            let _ = tokio::task::spawn_blocking(move || reload(&rls, "SIGHUP")).await;
+        }
+    }
+    #[cfg(not(unix))]
+    drop(rls);
+}
+
+/// Reloads the descriptor files when they change on disk.
+async fn watch_files(rls: Arc<Rls>, mut seen: Signature) {
+    let path = rls.settings.descriptors.clone();
+    loop {
+        tokio::time::sleep(WATCH_EVERY).await;
+        let p = path.clone();
+        let now = match tokio::task::spawn_blocking(move || signature(&p)).await {
+            Ok(s) => s,
+            Err(_) => continue,
+        };
+        if now != seen {
+            seen = now;
+            let rls = Arc::clone(&rls);
+            let _ = tokio::task::spawn_blocking(move || reload(&rls, "the files changed")).await;
+        }
+    }
+}
+
+/// Keeps `grpc.health.v1` in step with Redis: `SERVING` while it answers.
+async fn watch_health(rls: Arc<Rls>, reporter: tonic_health::server::HealthReporter) {
+    let mut last = None;
+    loop {
+        let limiter = Arc::clone(&rls.limiter);
+        let ready = matches!(
+            tokio::task::spawn_blocking(move || limiter.ping()).await,
+            Ok(Ok(()))
+        );
+        if last != Some(ready) {
+            let status = if ready {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            reporter.set_service_status("", status).await;
+            reporter.set_service_status(proto::SERVICE, status).await;
+            last = Some(ready);
+        }
+        tokio::time::sleep(HEALTH_EVERY).await;
+    }
+}

@@ -1,0 +1,783 @@
+//! `ShouldRateLimit` over the library's [`Limiter`]: a call's descriptors
+//! become one check per matched limit, decided in one atomic Redis call
+//! (all charged, or none), batched with other calls' by the limiter. The
+//! answer follows envoyproxy/ratelimit's: statuses in order, each with the
+//! limit it matched, what is left and when it resets.
+
+use std::collections::{BTreeMap, HashSet};
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use floodgate::limiter::Limiter;
+use floodgate::limiter::{Algorithm, Check, Decision, LimiterError, Outcome};
+use floodgate::metrics::{DecisionKind, Metrics};
+use floodgate::rule::HeaderDialect;
+
+use super::config::{OnError, Settings};
+use super::descriptors::{algorithm_for, unit_length, unit_of};
+use super::matcher::{state_key, Matcher};
+use super::proto::{
+    Code, DescriptorStatus, Handler, HeaderValue, RateLimit, RateLimitDescriptor, RateLimitRequest,
+    RateLimitResponse, Unit,
+};
+
+/// Most hits one call may ask for, per descriptor.
+pub const MAX_HITS: u64 = 1_000_000_000;
+
+/// Calls answered, by domain and code, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct CallCounts(Mutex<BTreeMap<(String, &'static str), u64>>);
+
+impl CallCounts {
+    fn count(&self, domain: &str, code: &'static str) {
+        let mut map = match self.0.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        *map.entry((label(domain), code)).or_default() += 1;
+    }
+
+    /// `floodgate_rls_calls_total{domain,code}` in Prometheus text.
+    pub fn render(&self) -> String {
+        let map = match self.0.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        let mut out = String::from(
+            "# HELP floodgate_rls_calls_total ShouldRateLimit calls by domain and answer.\n\
+             # TYPE floodgate_rls_calls_total counter\n",
+        );
+        for ((domain, code), n) in map.iter() {
+            out.push_str(&format!(
+                "floodgate_rls_calls_total{{domain=\"{domain}\",code=\"{code}\"}} {n}\n"
+            ));
+        }
+        out
+    }
+}
+
+/// A label value Prometheus can read: no quote, backslash or line break.
+pub fn label(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '"' | '\\' => '_',
+            c if c.is_control() => '_',
+            c => c,
+        })
+        .collect()
+}
+
+/// The service: the limiter, the compiled descriptor files (swapped on
+/// reload) and the settings.
+#[derive(Debug)]
+pub struct Rls {
+    /// Decides the checks.
+    pub limiter: Arc<Limiter>,
+    /// Decisions per limit.
+    pub metrics: Arc<Metrics>,
+    /// Calls per domain and code.
+    pub calls: CallCounts,
+    /// The descriptor files in force.
+    pub matcher: RwLock<Arc<Matcher>>,
+    /// `[rls]`.
+    pub settings: Settings,
+    /// `[redis] key_prefix`.
+    pub prefix: String,
+}
+
+/// One limit as it applies to one descriptor of a call.
+struct Applied {
+    name: String,
+    metric: String,
+    key: String,
+    requests_per_unit: u32,
+    unit: Unit,
+    window: Duration,
+    algorithm: Option<Algorithm>,
+    unlimited: bool,
+    shadow: bool,
+    replaces: Vec<String>,
+    hits: u32,
+}
+
+impl Applied {
+    /// Whether no amount of waiting lets this limit take the hits
+    /// (`requests_per_unit: 0`, or more hits than the limit holds).
+    fn never(&self) -> bool {
+        !self.unlimited && self.algorithm.is_none_or(|a| self.hits > a.quota())
+    }
+
+    fn current(&self) -> RateLimit {
+        RateLimit {
+            name: self.name.clone(),
+            requests_per_unit: self.requests_per_unit,
+            unit: self.unit as i32,
+        }
+    }
+}
+
+/// `DOMAIN.KEY_VALUE.KEY...` of a request descriptor.
+fn descriptor_key(domain: &str, d: &RateLimitDescriptor) -> String {
+    let mut key = String::from(domain);
+    for e in &d.entries {
+        key.push('.');
+        key.push_str(&e.key);
+        if !e.value.is_empty() {
+            key.push('_');
+            key.push_str(&e.value);
+        }
+    }
+    key
+}
+
+/// Why a call is refused, or `None`.
+fn invalid(req: &RateLimitRequest) -> Option<String> {
+    if req.domain.is_empty() {
+        return Some("the domain must not be empty".into());
+    }
+    if req.descriptors.is_empty() {
+        return Some("the call has no descriptors".into());
+    }
+    if u64::from(req.hits_addend) > MAX_HITS {
+        return Some(format!(
+            "hits_addend {} is above {MAX_HITS}",
+            req.hits_addend
+        ));
+    }
+    for (i, d) in req.descriptors.iter().enumerate() {
+        if let Some((j, _)) = d.entries.iter().enumerate().find(|(_, e)| e.key.is_empty()) {
+            return Some(format!(
+                "descriptor {i}, entry {j}: the key must not be empty"
+            ));
+        }
+        if let Some(h) = d.hits_addend {
+            if h.value > MAX_HITS {
+                return Some(format!(
+                    "descriptor {i}: hits_addend {} is above {MAX_HITS}",
+                    h.value
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// An answer given without Redis's word.
+fn bare_status(a: &Applied, code: Code) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code as i32,
+        current_limit: Some(a.current()),
+        limit_remaining: 0,
+        duration_until_reset: None,
+    }
+}
+
+fn no_limit() -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok as i32,
+        current_limit: None,
+        limit_remaining: 0,
+        duration_until_reset: None,
+    }
+}
+
+impl Rls {
+    /// The limits a call's descriptors get, one slot per descriptor.
+    fn apply(&self, req: &RateLimitRequest) -> Vec<Option<Applied>> {
+        let matcher = match self.matcher.read() {
+            Ok(m) => Arc::clone(&m),
+            Err(p) => Arc::clone(&p.into_inner()),
+        };
+        let hash_tags = self.limiter.hash_tags();
+        let request_hits = req.hits_addend.max(1);
+        let mut applied: Vec<Option<Applied>> = req
+            .descriptors
+            .iter()
+            .map(|d| {
+                let hits = match d.hits_addend {
+                    Some(h) => u32::try_from(h.value.max(1)).unwrap_or(u32::MAX),
+                    None => request_hits,
+                };
+                let matched = matcher.find(&req.domain, &d.entries);
+                let own = d.limit.and_then(|l| {
+                    let unit = Unit::try_from(l.unit).ok()?;
+                    Some((l.requests_per_unit, unit, unit_length(unit)?))
+                });
+                if let Some((rpu, unit, window)) = own {
+                    // The descriptor's own limit replaces the configured one.
+                    let (name, metric, values) = match &matched {
+                        Some(m) => (m.limit.name.clone(), m.metric.clone(), m.values.clone()),
+                        None => {
+                            let k = descriptor_key(&req.domain, d);
+                            (k.clone(), k, Vec::new())
+                        }
+                    };
+                    let algorithm = NonZeroU32::new(rpu.min(MAX_HITS as u32)).and_then(|n| {
+                        algorithm_for(None, &self.settings.algorithm, n, window).ok()
+                    });
+                    return Some(Applied {
+                        key: state_key(hash_tags, &self.prefix, &name, &values),
+                        name,
+                        metric: label(&metric),
+                        requests_per_unit: rpu,
+                        unit,
+                        window,
+                        algorithm,
+                        unlimited: false,
+                        shadow: false,
+                        replaces: Vec::new(),
+                        hits,
+                    });
+                }
+                let m = matched?;
+                let l = m.limit;
+                Some(Applied {
+                    key: state_key(hash_tags, &self.prefix, &l.name, &m.values),
+                    name: l.name.clone(),
+                    metric: label(&m.metric),
+                    requests_per_unit: l.requests_per_unit,
+                    unit: l.unit,
+                    window: l.window,
+                    algorithm: l.algorithm,
+                    unlimited: l.unlimited,
+                    shadow: l.shadow || self.settings.shadow,
+                    replaces: l.replaces.clone(),
+                    hits,
+                })
+            })
+            .collect();
+        let replaced: HashSet<String> = applied
+            .iter()
+            .flatten()
+            .flat_map(|a| a.replaces.iter().cloned())
+            .collect();
+        if !replaced.is_empty() {
+            for slot in &mut applied {
+                if slot.as_ref().is_some_and(|a| replaced.contains(&a.name)) {
+                    *slot = None;
+                }
+            }
+        }
+        applied
+    }
+
+    /// Answers one call.
+    pub async fn answer(&self, req: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+        let started = Instant::now();
+        if let Some(why) = invalid(&req) {
+            self.calls.count("", "INVALID_ARGUMENT");
+            return Err(tonic::Status::invalid_argument(why));
+        }
+        let known = self
+            .matcher
+            .read()
+            .map(|m| m.has_domain(&req.domain))
+            .unwrap_or(false);
+        let domain = if known { req.domain.as_str() } else { "" };
+        let applied = self.apply(&req);
+        let result = self.decide(&applied, started).await;
+        let took = started.elapsed();
+        self.metrics.observe(took);
+        if log::log_enabled!(log::Level::Debug) {
+            let answer = match &result {
+                Ok(r) if r.overall_code == Code::OverLimit as i32 => "OVER_LIMIT".to_string(),
+                Ok(_) => "OK".to_string(),
+                Err(status) => format!("{:?}", status.code()),
+            };
+            let limits: Vec<&str> = applied
+                .iter()
+                .flatten()
+                .map(|a| a.metric.as_str())
+                .collect();
+            log::debug!(
+                "rls: domain {} limits [{}]: {answer} in {took:?}",
+                floodgate::logging::Escaped(&req.domain),
+                floodgate::logging::Escaped(&limits.join(", "))
+            );
+        }
+        match result {
+            Ok(response) => {
+                let code = if response.overall_code == Code::OverLimit as i32 {
+                    "OVER_LIMIT"
+                } else {
+                    "OK"
+                };
+                self.calls.count(domain, code);
+                Ok(response)
+            }
+            Err(status) => {
+                self.calls.count(domain, "UNAVAILABLE");
+                Err(status)
+            }
+        }
+    }
+
+    async fn decide(
+        &self,
+        applied: &[Option<Applied>],
+        started: Instant,
+    ) -> Result<RateLimitResponse, tonic::Status> {
+        // The limits that take Redis work: every matched one but
+        // `unlimited` and `requests_per_unit: 0`.
+        let mut checks = Vec::new();
+        let mut of_check = Vec::new();
+        for (i, a) in applied.iter().enumerate() {
+            if let Some(a) = a {
+                if let (Some(algorithm), false) = (a.algorithm, a.unlimited || a.never()) {
+                    checks.push(Check {
+                        key: a.key.clone(),
+                        algorithm,
+                        cost: a.hits,
+                        enforce: !a.shadow,
+                        penalty: None,
+                    });
+                    of_check.push(i);
+                }
+            }
+        }
+        let enforced_zero = applied
+            .iter()
+            .flatten()
+            .any(|a| !a.unlimited && a.never() && !a.shadow);
+        let mut statuses: Vec<DescriptorStatus> = applied
+            .iter()
+            .map(|a| match a {
+                None => no_limit(),
+                Some(a) if a.unlimited => DescriptorStatus {
+                    code: Code::Ok as i32,
+                    current_limit: None,
+                    limit_remaining: u32::MAX,
+                    duration_until_reset: None,
+                },
+                Some(a) if a.never() => {
+                    // requests_per_unit 0, or more hits than the limit: over.
+                    let code = if a.shadow { Code::Ok } else { Code::OverLimit };
+                    let kind = if a.shadow {
+                        DecisionKind::ShadowDenied
+                    } else {
+                        DecisionKind::Denied
+                    };
+                    self.metrics.decision(&a.metric, kind);
+                    DescriptorStatus {
+                        code: code as i32,
+                        current_limit: Some(a.current()),
+                        limit_remaining: 0,
+                        duration_until_reset: Some(a.window.into()),
+                    }
+                }
+                Some(_) => no_limit(),
+            })
+            .collect();
+        if checks.is_empty() {
+            return Ok(self.response(applied, statuses));
+        }
+        // A limit that is always over denies the call: nothing is charged,
+        // and the others show what they hold now.
+        if enforced_zero {
+            let now = self.limiter.peek(checks.clone()).await;
+            for (n, &i) in of_check.iter().enumerate() {
+                let Some(a) = &applied[i] else { continue };
+                statuses[i] = match now.as_ref().ok().and_then(|o| o.get(n)) {
+                    Some(o) => self.status(a, o, false),
+                    None => bare_status(a, Code::Ok),
+                };
+            }
+            return Ok(self.response(applied, statuses));
+        }
+        // A remembered denial answers without Redis.
+        if let Some(cache) = self.limiter.deny_cache() {
+            let hit = checks
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.enforce)
+                .filter_map(|(n, c)| cache.denial(&c.key, c.cost, started).map(|d| (n, d)))
+                .max_by_key(|(_, d)| d.wait);
+            if let Some((n, denial)) = hit {
+                if let Some(a) = &applied[of_check[n]] {
+                    self.metrics.deny_cache_hit(&a.metric);
+                    let kind = if denial.banned {
+                        DecisionKind::Banned
+                    } else {
+                        DecisionKind::Denied
+                    };
+                    self.metrics.decision(&a.metric, kind);
+                    let mut s = bare_status(a, Code::OverLimit);
+                    if let Some(q) = denial.quota {
+                        s.current_limit = Some(RateLimit {
+                            requests_per_unit: q.limit,
+                            unit: unit_of(q.window) as i32,
+                            ..a.current()
+                        });
+                    }
+                    s.duration_until_reset = Some(denial.wait.into());
+                    statuses[of_check[n]] = s;
+                }
+                // The others show what they hold now (nothing is charged).
+                let others: Vec<usize> = (0..checks.len()).filter(|&m| m != n).collect();
+                if !others.is_empty() {
+                    let peeked = self
+                        .limiter
+                        .peek(others.iter().map(|&m| checks[m].clone()).collect())
+                        .await;
+                    for (k, &m) in others.iter().enumerate() {
+                        let Some(a) = &applied[of_check[m]] else {
+                            continue;
+                        };
+                        statuses[of_check[m]] = match peeked.as_ref().ok().and_then(|o| o.get(k)) {
+                            Some(o) => self.status(a, o, false),
+                            None => bare_status(a, Code::Ok),
+                        };
+                    }
+                }
+                return Ok(self.response(applied, statuses));
+            }
+        }
+        match self.limiter.decide(checks.clone()).await {
+            Ok(decision) => {
+                self.remember(&checks, &decision, started);
+                for ((&i, o), c) in of_check.iter().zip(&decision.outcomes).zip(&checks) {
+                    let Some(a) = &applied[i] else { continue };
+                    let kind = match (o.allowed, o.banned, c.enforce) {
+                        (true, _, _) => DecisionKind::Allowed,
+                        (false, true, true) => DecisionKind::Banned,
+                        (false, _, true) => DecisionKind::Denied,
+                        (false, _, false) => DecisionKind::ShadowDenied,
+                    };
+                    self.metrics.decision(&a.metric, kind);
+                    statuses[i] = self.status(a, o, decision.allowed);
+                }
+                Ok(self.response(applied, statuses))
+            }
+            Err(e) => self.without_redis(applied, statuses, &of_check, &checks, e),
+        }
+    }
+
+    /// Remembers the call's denials in the denial cache.
+    fn remember(&self, checks: &[Check], decision: &Decision, started: Instant) {
+        let Some(cache) = self.limiter.deny_cache() else {
+            return;
+        };
+        let answered = Instant::now();
+        for (c, o) in checks.iter().zip(&decision.outcomes) {
+            if o.allowed || !c.enforce {
+                continue;
+            }
+            if o.banned {
+                cache.remember_ban(&c.key, o.wait, started, answered);
+            } else {
+                cache.remember(&c.key, c.cost, o.wait, o.quota, started, answered);
+            }
+        }
+    }
+
+    /// `on_redis_error`: Redis did not decide.
+    fn without_redis(
+        &self,
+        applied: &[Option<Applied>],
+        mut statuses: Vec<DescriptorStatus>,
+        of_check: &[usize],
+        checks: &[Check],
+        error: LimiterError,
+    ) -> Result<RateLimitResponse, tonic::Status> {
+        floodgate::logging::flush();
+        log::debug!("rls: redis did not decide: {error}");
+        let each = |kind: DecisionKind| {
+            for &i in of_check {
+                if let Some(a) = &applied[i] {
+                    self.metrics.decision(&a.metric, kind);
+                }
+            }
+        };
+        match self.settings.on_redis_error {
+            OnError::Error => {
+                each(DecisionKind::ErrorDenied);
+                Err(tonic::Status::unavailable(format!(
+                    "redis did not decide: {error}"
+                )))
+            }
+            OnError::Allow => {
+                each(DecisionKind::ErrorAllowed);
+                for &i in of_check {
+                    if let Some(a) = &applied[i] {
+                        statuses[i] = bare_status(a, Code::Ok);
+                    }
+                }
+                Ok(self.response(applied, statuses))
+            }
+            OnError::Deny => {
+                each(DecisionKind::ErrorDenied);
+                for &i in of_check {
+                    if let Some(a) = &applied[i] {
+                        let code = if a.shadow { Code::Ok } else { Code::OverLimit };
+                        statuses[i] = bare_status(a, code);
+                        statuses[i].duration_until_reset = Some(Duration::from_secs(1).into());
+                    }
+                }
+                Ok(self.response(applied, statuses))
+            }
+            OnError::Local => {
+                let (decision, _) = self.limiter.local().decide_stamped(checks);
+                for ((&i, o), c) in of_check.iter().zip(&decision.outcomes).zip(checks) {
+                    let Some(a) = &applied[i] else { continue };
+                    let kind = match (o.allowed, o.banned, c.enforce) {
+                        (true, _, _) => DecisionKind::LocalAllowed,
+                        (false, true, true) => DecisionKind::Banned,
+                        (false, _, true) => DecisionKind::LocalDenied,
+                        (false, _, false) => DecisionKind::ShadowDenied,
+                    };
+                    self.metrics.decision(&a.metric, kind);
+                    statuses[i] = self.status(a, o, decision.allowed);
+                }
+                Ok(self.response(applied, statuses))
+            }
+        }
+    }
+
+    /// One descriptor's status from its outcome; `charged`: the call was
+    /// allowed (so its allowed outcomes were recorded).
+    fn status(&self, a: &Applied, o: &Outcome, charged: bool) -> DescriptorStatus {
+        let (limit, unit) = match o.quota {
+            Some(q) => (q.limit, unit_of(q.window)),
+            None => (a.requests_per_unit, a.unit),
+        };
+        let over = !o.allowed && !a.shadow;
+        let remaining = if o.allowed && !charged {
+            // Nothing was taken: what is left now.
+            (o.remaining + u64::from(a.hits)).min(u64::from(limit))
+        } else if o.allowed {
+            o.remaining
+        } else {
+            0
+        };
+        DescriptorStatus {
+            code: if over { Code::OverLimit } else { Code::Ok } as i32,
+            current_limit: Some(RateLimit {
+                name: a.name.clone(),
+                requests_per_unit: limit,
+                unit: unit as i32,
+            }),
+            limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+            duration_until_reset: Some(o.wait.into()),
+        }
+    }
+
+    /// The answer: overall code, statuses, and the RateLimit fields.
+    fn response(
+        &self,
+        applied: &[Option<Applied>],
+        statuses: Vec<DescriptorStatus>,
+    ) -> RateLimitResponse {
+        let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
+        let overall = if over { Code::OverLimit } else { Code::Ok };
+        let headers = fields(self.settings.headers, applied, &statuses, over);
+        RateLimitResponse {
+            overall_code: overall as i32,
+            statuses,
+            response_headers_to_add: headers,
+            request_headers_to_add: Vec::new(),
+        }
+    }
+}
+
+/// Whole seconds, rounded up.
+fn secs_up(d: &super::proto::Duration) -> u64 {
+    let s = u64::try_from(d.seconds).unwrap_or(0);
+    if d.nanos > 0 {
+        s + 1
+    } else {
+        s
+    }
+}
+
+/// The RateLimit fields of `dialect` for the limits with a status, and
+/// `Retry-After` when the call is over.
+fn fields(
+    dialect: HeaderDialect,
+    applied: &[Option<Applied>],
+    statuses: &[DescriptorStatus],
+    over: bool,
+) -> Vec<HeaderValue> {
+    let mut rows: Vec<(&str, u32, u64, u32, u64)> = Vec::new();
+    for (a, s) in applied.iter().zip(statuses) {
+        let (Some(a), Some(limit)) = (a, &s.current_limit) else {
+            continue;
+        };
+        let reset = s.duration_until_reset.as_ref().map_or(0, secs_up);
+        let window = unit_length(Unit::try_from(limit.unit).unwrap_or(Unit::Unknown))
+            .unwrap_or(a.window)
+            .as_secs()
+            .max(1);
+        rows.push((
+            &a.name,
+            limit.requests_per_unit,
+            window,
+            s.limit_remaining,
+            reset,
+        ));
+    }
+    let h = |k: &str, v: String| HeaderValue {
+        key: k.to_string(),
+        value: v,
+    };
+    let mut out = Vec::new();
+    if over {
+        let retry = statuses
+            .iter()
+            .filter(|s| s.code == Code::OverLimit as i32)
+            .filter_map(|s| s.duration_until_reset.as_ref().map(secs_up))
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        if dialect != HeaderDialect::None {
+            out.push(h("retry-after", retry.to_string()));
+        }
+    }
+    if rows.is_empty() {
+        return out;
+    }
+    let least = rows
+        .iter()
+        .min_by_key(|r| (r.3, r.4))
+        .copied()
+        .unwrap_or(rows[0]);
+    match dialect {
+        HeaderDialect::None => {}
+        HeaderDialect::Ietf => {
+            let policy: Vec<String> = rows
+                .iter()
+                .map(|r| format!("\"{}\";q={};w={}", r.0.replace('"', "'"), r.1, r.2))
+                .collect();
+            let state: Vec<String> = rows
+                .iter()
+                .map(|r| format!("\"{}\";r={};t={}", r.0.replace('"', "'"), r.3, r.4))
+                .collect();
+            out.push(h("ratelimit-policy", policy.join(", ")));
+            out.push(h("ratelimit", state.join(", ")));
+        }
+        HeaderDialect::Draft6 => {
+            out.push(h("ratelimit-limit", least.1.to_string()));
+            out.push(h("ratelimit-remaining", least.3.to_string()));
+            out.push(h("ratelimit-reset", least.4.to_string()));
+            out.push(h("ratelimit-policy", format!("{};w={}", least.1, least.2)));
+        }
+        HeaderDialect::Draft7 => {
+            out.push(h(
+                "ratelimit",
+                format!(
+                    "limit={}, remaining={}, reset={}",
+                    least.1, least.3, least.4
+                ),
+            ));
+            out.push(h("ratelimit-policy", format!("{};w={}", least.1, least.2)));
+        }
+        HeaderDialect::XRateLimit => {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            out.push(h("x-ratelimit-limit", least.1.to_string()));
+            out.push(h("x-ratelimit-remaining", least.3.to_string()));
+            out.push(h("x-ratelimit-reset", (now + least.4).to_string()));
+        }
+        _ => {}
+    }
+    out
+}
+
+impl Handler for Rls {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        self.answer(request.into_inner())
+            .await
+            .map(tonic::Response::new)
+    }
+}
+
+impl Handler for Arc<Rls> {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        self.answer(request.into_inner())
+            .await
+            .map(tonic::Response::new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rls::descriptors::add_file;
+    use proptest::prelude::*;
+    use prost::Message;
+
+    const TREE: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: w\n    value: 'a*b*'\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// Whatever bytes arrive: decoded or refused, checked, matched,
+        /// keyed, never a panic.
+        #[test]
+        fn any_bytes_are_decoded_or_refused_without_a_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let mut m = Matcher::default();
+            add_file(&mut m, TREE, "t.yaml", "sliding_window").unwrap();
+            if let Ok(req) = RateLimitRequest::decode(bytes.as_slice()) {
+                let _ = invalid(&req);
+                for d in &req.descriptors {
+                    if let Some(hit) = m.find(&req.domain, &d.entries) {
+                        let _ = state_key(false, "p", &hit.limit.name, &hit.values);
+                        let _ = label(&hit.metric);
+                    }
+                    let _ = descriptor_key(&req.domain, d);
+                }
+            }
+        }
+
+        /// Any descriptor entries, printable or not, walk the tree safely.
+        #[test]
+        fn any_entries_walk_the_tree(entries in proptest::collection::vec((".{0,6}", ".{0,6}"), 0..5)) {
+            let mut m = Matcher::default();
+            add_file(&mut m, TREE, "t.yaml", "sliding_window").unwrap();
+            let entries: Vec<crate::rls::proto::Entry> = entries
+                .into_iter()
+                .map(|(key, value)| crate::rls::proto::Entry { key, value })
+                .collect();
+            let _ = m.find("d", &entries);
+        }
+    }
+
+    #[test]
+    fn bad_calls_say_why() {
+        let ok = RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![crate::rls::proto::Entry {
+                    key: "k".into(),
+                    value: String::new(),
+                }],
+                limit: None,
+                hits_addend: None,
+            }],
+            hits_addend: 0,
+        };
+        assert_eq!(invalid(&ok), None);
+        let mut r = ok.clone();
+        r.domain.clear();
+        assert!(invalid(&r).unwrap().contains("domain"));
+        let mut r = ok.clone();
+        r.descriptors.clear();
+        assert!(invalid(&r).unwrap().contains("no descriptors"));
+        let mut r = ok.clone();
+        r.descriptors[0].entries[0].key.clear();
+        assert!(invalid(&r).unwrap().contains("key must not be empty"));
+        let mut r = ok.clone();
+        r.hits_addend = 1_000_000_001;
+        assert!(invalid(&r).unwrap().contains("hits_addend"));
+        let mut r = ok;
+        r.descriptors[0].hits_addend = Some(crate::rls::proto::UInt64Value { value: 1 << 40 });
+        assert!(invalid(&r).unwrap().contains("descriptor 0: hits_addend"));
+    }
+}

@@ -1,0 +1,583 @@
+//! The service through its own gRPC client: envoyproxy/ratelimit's
+//! integration sequences, all-or-nothing, bad calls, replaces, unlimited,
+//! `requests_per_unit: 0`, a descriptor's own limit, shadow, hits, the
+//! RateLimit fields, health, metrics, reloads, Redis going away, SIGTERM.
+
+use std::time::{Duration, Instant};
+
+use floodgate_site::rls::proto::{RateLimitOverride, UInt64Value, Unit};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+use crate::{call, codes, unique, wait_until, RedisServer, Service, PATIENCE};
+
+/// envoyproxy/ratelimit's integration-test descriptor files.
+pub const BASIC: &str = "domain: basic\ndescriptors:\n  - key: key1\n    rate_limit:\n      unit: second\n      requests_per_unit: 50\n";
+/// As above: 20 per minute, 10 per hour, 20 per day.
+pub const ANOTHER: &str = "domain: another\ndescriptors:\n  - key: key2\n    rate_limit:\n      unit: minute\n      requests_per_unit: 20\n  - key: key3\n    rate_limit:\n      unit: hour\n      requests_per_unit: 10\n  - key: key4\n    rate_limit:\n      unit: day\n      requests_per_unit: 20\n";
+
+#[tokio::test]
+async fn one_descriptor_up_to_twenty_a_minute_and_past_it() {
+    let redis = RedisServer::start();
+    let svc = Service::start(
+        &redis,
+        &[("basic.yaml", BASIC), ("another.yaml", ANOTHER)],
+        "",
+        "",
+    );
+    let mut c = svc.client().await;
+
+    // An unknown domain: OK, no limit.
+    let r = c
+        .should_rate_limit(call("foo", &[&[("hello", "world")]], 1))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, 1);
+    assert_eq!(codes(&r), [("OK", 0)]);
+    assert!(r.statuses[0].current_limit.is_none());
+
+    let r = c
+        .should_rate_limit(call("basic", &[&[("key1", "foo")]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r), [("OK", 49)]);
+    let limit = r.statuses[0].current_limit.clone().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (50, Unit::Second as i32)
+    );
+    assert_eq!(limit.name, "basic.key1");
+
+    let v = unique();
+    for i in 0..25u32 {
+        let r = c
+            .should_rate_limit(call("another", &[&[("key2", &v)]], 1))
+            .await
+            .unwrap();
+        let (code, left) = if i < 20 {
+            ("OK", 19 - i)
+        } else {
+            ("OVER_LIMIT", 0)
+        };
+        assert_eq!(codes(&r), [(code, left)], "call {i}");
+        assert_eq!(r.overall_code, if i < 20 { 1 } else { 2 });
+        let s = &r.statuses[0];
+        let limit = s.current_limit.clone().unwrap();
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit),
+            (20, Unit::Minute as i32)
+        );
+        let reset = s.duration_until_reset.unwrap();
+        assert!(
+            reset.seconds <= 60 && (reset.seconds > 0 || reset.nanos > 0),
+            "{reset:?}"
+        );
+    }
+    // The over-limit calls took nothing: the log holds 20 entries.
+    assert_eq!(redis.llen(&format!("floodgate:another.key2:rls:{v}")), 20);
+}
+
+#[tokio::test]
+async fn two_descriptors_and_the_first_frozen_once_the_second_is_over() {
+    let redis = RedisServer::start();
+    let svc = Service::start(&redis, &[("another.yaml", ANOTHER)], "", "");
+    let mut c = svc.client().await;
+    let v = unique();
+    for i in 0..15u32 {
+        let r = c
+            .should_rate_limit(call("another", &[&[("key2", &v)], &[("key3", &v)]], 1))
+            .await
+            .unwrap();
+        if i < 10 {
+            assert_eq!(codes(&r), [("OK", 19 - i), ("OK", 9 - i)], "call {i}");
+            assert_eq!(r.overall_code, 1);
+        } else {
+            // Nothing charged: the first stays at 10 left.
+            assert_eq!(codes(&r), [("OK", 10), ("OVER_LIMIT", 0)], "call {i}");
+            assert_eq!(r.overall_code, 2);
+        }
+        let second = r.statuses[1].current_limit.clone().unwrap();
+        assert_eq!(
+            (second.requests_per_unit, second.unit),
+            (10, Unit::Hour as i32)
+        );
+    }
+}
+
+#[tokio::test]
+async fn bad_calls_are_refused_and_charge_nothing() {
+    let redis = RedisServer::start();
+    let svc = Service::start(&redis, &[("another.yaml", ANOTHER)], "", "");
+    let mut c = svc.client().await;
+    let v = unique();
+    let mut bad = vec![
+        call("", &[&[("key2", &v)]], 1),
+        call("another", &[], 1),
+        call("another", &[&[("key2", &v), ("", "x")]], 1),
+        call("another", &[&[("key2", &v)]], 1_000_000_001),
+    ];
+    let mut big = call("another", &[&[("key2", &v)]], 1);
+    big.descriptors[0].hits_addend = Some(UInt64Value { value: u64::MAX });
+    bad.push(big);
+    for b in bad {
+        let e = c.should_rate_limit(b.clone()).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{b:?}");
+        assert!(!e.message().is_empty());
+    }
+    let r = c
+        .should_rate_limit(call("another", &[&[("key2", &v)]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r), [("OK", 19)]);
+    // Garbage on the wire: a gRPC error, and the service still answers.
+    let raw = tonic::transport::Endpoint::new(svc.endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(raw);
+    grpc.ready().await.unwrap();
+    let codec = tonic_prost::ProstCodec::<UInt64Value, UInt64Value>::default();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        floodgate_site::rls::proto::SHOULD_RATE_LIMIT,
+    );
+    // A UInt64Value's field 1 is a varint where a domain (string) is read.
+    let e = grpc
+        .unary(tonic::Request::new(UInt64Value { value: 7 }), path, codec)
+        .await
+        .unwrap_err();
+    assert_ne!(e.code(), tonic::Code::Ok);
+    let r = c
+        .should_rate_limit(call("another", &[&[("key2", &v)]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r), [("OK", 18)]);
+}
+
+const TREE: &str = r#"
+domain: t
+descriptors:
+  - key: user
+    rate_limit: {name: per-user, unit: minute, requests_per_unit: 5}
+  - key: org
+    rate_limit: {name: per-org, unit: minute, requests_per_unit: 100, replaces: [{name: per-user}]}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: never
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: watched
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: path
+    value: "/api/*"
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: "/files/*"
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: rolling
+    rate_limit: {window: 90s, algorithm: fixed_window, requests_per_unit: 3}
+  - key: tenant
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: region
+    value_to_metric: true
+    descriptors:
+      - key: app
+        value: web
+        rate_limit: {unit: minute, requests_per_unit: 10}
+"#;
+
+#[tokio::test]
+async fn replaces_unlimited_zero_shadow_and_wildcards() {
+    let redis = RedisServer::start();
+    let svc = Service::start(&redis, &[("t.yaml", TREE)], "", "");
+    let mut c = svc.client().await;
+    let (u, o) = (unique(), unique());
+
+    // per-org replaces per-user: the user limit is neither checked nor charged.
+    let r = c
+        .should_rate_limit(call("t", &[&[("user", &u)], &[("org", &o)]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r), [("OK", 0), ("OK", 99)]);
+    assert!(r.statuses[0].current_limit.is_none());
+    let r = c
+        .should_rate_limit(call("t", &[&[("user", &u)]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r), [("OK", 4)]);
+
+    // unlimited: OK, no Redis work.
+    let r = c
+        .should_rate_limit(call("t", &[&[("free", "x")]], 1000))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, 1);
+    assert!(redis.keys("floodgate:t.free*").is_empty());
+
+    // requests_per_unit 0: over, and the other descriptor is not charged.
+    let r = c
+        .should_rate_limit(call("t", &[&[("user", &u)], &[("never", "x")]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r), [("OK", 4), ("OVER_LIMIT", 0)]);
+    assert_eq!(r.overall_code, 2);
+
+    // shadow_mode: OK though over, counted as shadow_denied.
+    let w = unique();
+    for _ in 0..3 {
+        let r = c
+            .should_rate_limit(call("t", &[&[("watched", &w)]], 1))
+            .await
+            .unwrap();
+        assert_eq!(r.overall_code, 1);
+    }
+    assert!(
+        svc.metrics()
+            .contains("floodgate_decisions_total{rule=\"t.watched\",decision=\"shadow_denied\"} 2"),
+        "{}",
+        svc.metrics()
+    );
+
+    // share_threshold: every /api/ path shares one count.
+    for (i, p) in ["/api/a", "/api/b", "/api/c"].iter().enumerate() {
+        let r = c
+            .should_rate_limit(call("t", &[&[("path", p)]], 1))
+            .await
+            .unwrap();
+        assert_eq!(code_of(&r), if i < 2 { "OK" } else { "OVER_LIMIT" }, "{p}");
+    }
+    // A wildcard without it counts each value apart.
+    for p in ["/files/a", "/files/b", "/files/c"] {
+        let r = c
+            .should_rate_limit(call("t", &[&[("path", p)]], 1))
+            .await
+            .unwrap();
+        assert_eq!(codes(&r), [("OK", 1)], "{p}");
+    }
+
+    // A window no unit... 90 s: the largest unit dividing it is the second.
+    let r = c
+        .should_rate_limit(call("t", &[&[("rolling", &unique())]], 1))
+        .await
+        .unwrap();
+    let l = r.statuses[0].current_limit.clone().unwrap();
+    assert_eq!(
+        (l.requests_per_unit, l.unit, r.statuses[0].limit_remaining),
+        (3, Unit::Second as i32, 2)
+    );
+
+    // detailed_metric: decisions per descriptor value; value_to_metric: the
+    // node's value in the path.
+    c.should_rate_limit(call("t", &[&[("tenant", "acme")]], 1))
+        .await
+        .unwrap();
+    c.should_rate_limit(call("t", &[&[("region", "eu"), ("app", "web")]], 1))
+        .await
+        .unwrap();
+    let m = svc.metrics();
+    assert!(
+        m.contains("floodgate_decisions_total{rule=\"t.tenant_acme\",decision=\"allowed\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains(
+            "floodgate_decisions_total{rule=\"t.region_eu.app_web\",decision=\"allowed\"} 1"
+        ),
+        "{m}"
+    );
+}
+
+fn code_of(r: &floodgate_site::rls::proto::RateLimitResponse) -> &'static str {
+    crate::code_name(r.overall_code)
+}
+
+#[tokio::test]
+async fn hits_and_a_descriptors_own_limit() {
+    let redis = RedisServer::start();
+    let svc = Service::start(&redis, &[("another.yaml", ANOTHER)], "", "");
+    let mut c = svc.client().await;
+    let v = unique();
+    // The request's hits_addend, then a descriptor's own.
+    let r = c
+        .should_rate_limit(call("another", &[&[("key2", &v)]], 5))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r), [("OK", 15)]);
+    let mut one = call("another", &[&[("key2", &v)]], 5);
+    one.descriptors[0].hits_addend = Some(UInt64Value { value: 2 });
+    let r = c.should_rate_limit(one).await.unwrap();
+    assert_eq!(codes(&r), [("OK", 13)]);
+    // More hits than are left: over, nothing taken.
+    let r = c
+        .should_rate_limit(call("another", &[&[("key2", &v)]], 14))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, 2);
+    let r = c
+        .should_rate_limit(call("another", &[&[("key2", &v)]], 13))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r), [("OK", 0)]);
+
+    // The descriptor's own limit replaces the configured one.
+    let w = unique();
+    let mut own = call("another", &[&[("key2", &w)]], 1);
+    own.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 2,
+        unit: Unit::Hour as i32,
+    });
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let r = c.should_rate_limit(own.clone()).await.unwrap();
+        let l = r.statuses[0].current_limit.clone().unwrap();
+        assert_eq!((l.requests_per_unit, l.unit), (2, Unit::Hour as i32));
+        seen.push(codes(&r)[0]);
+    }
+    assert_eq!(seen, [("OK", 1), ("OK", 0), ("OVER_LIMIT", 0)]);
+    // Even for a descriptor that matches no configured limit.
+    let mut loose = call("nowhere", &[&[("k", &w)]], 1);
+    loose.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: Unit::Minute as i32,
+    });
+    let r = c.should_rate_limit(loose.clone()).await.unwrap();
+    assert_eq!(codes(&r), [("OK", 0)]);
+    let r = c.should_rate_limit(loose).await.unwrap();
+    assert_eq!(codes(&r), [("OVER_LIMIT", 0)]);
+}
+
+#[tokio::test]
+async fn response_headers_in_the_chosen_dialect() {
+    let redis = RedisServer::start();
+    let svc = Service::start(
+        &redis,
+        &[("another.yaml", ANOTHER)],
+        "headers = \"draft-7\"",
+        "",
+    );
+    let mut c = svc.client().await;
+    let v = unique();
+    let r = c
+        .should_rate_limit(call("another", &[&[("key2", &v)], &[("key3", &v)]], 1))
+        .await
+        .unwrap();
+    let h: Vec<(String, String)> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect();
+    // The most restrictive: key3, 10 per hour, 9 left.
+    assert_eq!(h[0].0, "ratelimit");
+    assert!(h[0].1.starts_with("limit=10, remaining=9, reset="), "{h:?}");
+    assert_eq!(h[1], ("ratelimit-policy".into(), "10;w=3600".into()));
+    let r = c
+        .should_rate_limit(call("another", &[&[("key3", &v)]], 20))
+        .await
+        .unwrap();
+    assert!(
+        r.response_headers_to_add
+            .iter()
+            .any(|h| h.key == "retry-after"),
+        "{r:?}"
+    );
+}
+
+async fn health(svc: &Service) -> i32 {
+    let Ok(channel) = tonic::transport::Endpoint::new(svc.endpoint())
+        .unwrap()
+        .connect()
+        .await
+    else {
+        return -1;
+    };
+    let mut h = HealthClient::new(channel);
+    h.check(HealthCheckRequest {
+        service: String::new(),
+    })
+    .await
+    .map(|r| r.into_inner().status)
+    .unwrap_or(-1)
+}
+
+async fn wait_health(svc: &Service, want: ServingStatus) {
+    let deadline = Instant::now() + PATIENCE;
+    while health(svc).await != want as i32 {
+        assert!(Instant::now() < deadline, "health never became {want:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn health_metrics_and_redis_going_away() {
+    let mut redis = RedisServer::start();
+    let svc = Service::start(&redis, &[("another.yaml", ANOTHER)], "", "");
+    let mut c = svc.client().await;
+    wait_health(&svc, ServingStatus::Serving).await;
+    assert_eq!(svc.get("/healthz").0, 200);
+    assert_eq!(svc.get("/readyz").0, 200);
+    let v = unique();
+    c.should_rate_limit(call("another", &[&[("key2", &v)]], 1))
+        .await
+        .unwrap();
+    c.should_rate_limit(call("unknown-domain", &[&[("key2", &v)]], 1))
+        .await
+        .unwrap();
+    let m = svc.metrics();
+    assert!(
+        m.contains("floodgate_rls_calls_total{domain=\"another\",code=\"OK\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("floodgate_rls_calls_total{domain=\"\",code=\"OK\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("floodgate_decisions_total{rule=\"another.key2\",decision=\"allowed\"} 1"),
+        "{m}"
+    );
+
+    // Redis gone: the default answers UNAVAILABLE, health says so.
+    redis.stop();
+    let e = c
+        .should_rate_limit(call("another", &[&[("key2", &v)]], 1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable);
+    wait_health(&svc, ServingStatus::NotServing).await;
+    assert_eq!(svc.get("/readyz").0, 503);
+    // A call that names no limit needs no Redis.
+    let r = c
+        .should_rate_limit(call("another", &[&[("nope", "x")]], 1))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, 1);
+    // Back: decided by Redis again, with no restart.
+    redis.restart();
+    wait_health(&svc, ServingStatus::Serving).await;
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match c
+            .should_rate_limit(call("another", &[&[("key2", &v)]], 1))
+            .await
+        {
+            Ok(r) => {
+                // A fresh Redis: the earlier unit is gone.
+                assert_eq!(codes(&r), [("OK", 19)]);
+                break;
+            }
+            Err(_) => assert!(Instant::now() < deadline),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn without_redis_allow_deny_and_local() {
+    for (policy, want) in [("allow", "OK"), ("deny", "OVER_LIMIT"), ("local", "local")] {
+        let mut redis = RedisServer::start();
+        let svc = Service::start(
+            &redis,
+            &[("another.yaml", ANOTHER)],
+            &format!("on_redis_error = \"{policy}\""),
+            "",
+        );
+        let mut c = svc.client().await;
+        redis.stop();
+        let v = unique();
+        if want == "local" {
+            // This process alone, with the same limit: 10 per hour.
+            let mut seen = Vec::new();
+            for _ in 0..11 {
+                let r = c
+                    .should_rate_limit(call("another", &[&[("key3", &v)]], 1))
+                    .await
+                    .unwrap();
+                seen.push(crate::code_name(r.overall_code));
+            }
+            assert_eq!(seen[..10], ["OK"; 10]);
+            assert_eq!(seen[10], "OVER_LIMIT");
+        } else {
+            let r = c
+                .should_rate_limit(call("another", &[&[("key3", &v)]], 1))
+                .await
+                .unwrap();
+            assert_eq!(crate::code_name(r.overall_code), want, "{policy}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn reloads_on_a_file_change_and_sighup_and_keeps_the_old_set_on_error() {
+    let redis = RedisServer::start();
+    let svc = Service::start(&redis, &[("another.yaml", ANOTHER)], "", "");
+    let mut c = svc.client().await;
+    // A new file: picked up without a signal, within 2 s (waited for with
+    // a longer deadline, for a loaded machine).
+    svc.write_file("new.yaml", "domain: new\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 7}\n");
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let r = c
+            .should_rate_limit(call("new", &[&[("k", "a")]], 1))
+            .await
+            .unwrap();
+        if r.statuses[0].current_limit.is_some() {
+            assert_eq!(codes(&r), [("OK", 6)]);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the new file was not picked up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A broken file: logged, and the old set stays in force.
+    svc.write_file("new.yaml", "domain: new\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n");
+    wait_until(PATIENCE, "the refusal in the log", || {
+        svc.log_has("not reloaded")
+    });
+    assert!(
+        svc.log_has("invalid rate limit unit \"fortnight\""),
+        "{:?}",
+        svc.log()
+    );
+    let r = c
+        .should_rate_limit(call("new", &[&[("k", "a")]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r), [("OK", 5)]);
+    // Fixed, then SIGHUP: reloaded.
+    svc.write_file("new.yaml", "domain: new\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 9}\n");
+    svc.signal("HUP");
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let r = c
+            .should_rate_limit(call("new", &[&[("k", "b")]], 1))
+            .await
+            .unwrap();
+        if r.statuses[0]
+            .current_limit
+            .as_ref()
+            .is_some_and(|l| l.requests_per_unit == 9)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the fixed file was not picked up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn sigterm_stops_cleanly() {
+    let redis = RedisServer::start();
+    let mut svc = Service::start(&redis, &[("another.yaml", ANOTHER)], "", "");
+    let mut c = svc.client().await;
+    c.should_rate_limit(call("another", &[&[("key2", "x")]], 1))
+        .await
+        .unwrap();
+    svc.signal("TERM");
+    let status = svc.wait();
+    assert!(status.success(), "{status} {:?}", svc.log());
+}

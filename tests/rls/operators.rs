@@ -1,0 +1,149 @@
+//! Operators on the service's limits: `floodgate check-config` lists the
+//! rule names; `floodgate ban/inspect/override/reset` and the admin API act
+//! on an identity by rule name and descriptor values, and the next call
+//! honours it.
+
+use std::process::Command;
+
+use crate::{call, codes, fresh_dir, http_request, unique, write_config, RedisServer, Service};
+
+const TREE: &str = r#"
+domain: ops
+descriptors:
+  - key: tenant
+    descriptors:
+      - key: user
+        rate_limit: {name: per-user, unit: minute, requests_per_unit: 5}
+  - key: plan
+    value: gold
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+"#;
+
+fn floodgate(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .args(args)
+        .env_remove("FLOODGATE_CONFIG")
+        .env_remove("FLOODGATE_REDIS_URL")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_config_lists_rule_names_and_refuses_bad_files() {
+    let redis = RedisServer::start();
+    let dir = fresh_dir("check");
+    std::fs::write(dir.join("descriptors/ops.yaml"), TREE).unwrap();
+    let config = write_config(&dir, &redis, 1, 2, "", "");
+    let (code, out, err) = floodgate(&["check-config", config.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let names: Vec<&str> = out.lines().filter_map(|l| l.split(':').next()).collect();
+    assert_eq!(names, ["per-user", "ops.plan_gold"], "{out}");
+
+    std::fs::write(dir.join("descriptors/zz.yaml"), "domain: ops\n").unwrap();
+    let (code, _, err) = floodgate(&["check-config", config.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(
+        err.trim().ends_with(
+            "zz.yaml: domain \"ops\": duplicate domain: another descriptor file already has it"
+        ),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+
+    // [server] and [[rule]] do not apply to the service: refused.
+    std::fs::remove_file(dir.join("descriptors/zz.yaml")).unwrap();
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{text}\n[server]\nbind = \"127.0.0.1:1\"\n"),
+    )
+    .unwrap();
+    let (code, _, err) = floodgate(&["check-config", config.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains(": [server]: floodgate rls does not use [server]"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn ban_inspect_override_reset_by_rule_name_and_values() {
+    let redis = RedisServer::start();
+    let svc = Service::start(
+        &redis,
+        &[("ops.yaml", TREE)],
+        "",
+        "[admin]\ntoken = \"sesame-sesame-sesame\"\nallow = [\"127.0.0.1/32\"]\n",
+    );
+    let config = svc.dir.join("rls.toml");
+    let config = config.to_str().unwrap();
+    let mut c = svc.client().await;
+    let user = unique();
+    let one = || call("ops", &[&[("tenant", "acme"), ("user", &user)]], 1);
+    let r = c.should_rate_limit(one()).await.unwrap();
+    assert_eq!(codes(&r), [("OK", 4)]);
+
+    // The rule takes the user (the tenant key has no limit of its own but
+    // counts apart too): two values.
+    let (code, _, err) = floodgate(&["inspect", "--config", config, "per-user", &user]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("takes 2 values (tenant, user)"), "{err}");
+    let (code, out, err) = floodgate(&["inspect", "--config", config, "per-user", "acme", &user]);
+    assert_eq!(code, 0, "{err}");
+    let seen: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(seen["used"], 1, "{out}");
+    assert_eq!(seen["limit"], 5, "{out}");
+    assert_eq!(
+        seen["key"],
+        format!("floodgate:per-user:rls:acme|{user}"),
+        "{out}"
+    );
+
+    let (code, _, err) = floodgate(&[
+        "ban", "--config", config, "per-user", "acme", &user, "--for", "10m",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let r = c.should_rate_limit(one()).await.unwrap();
+    assert_eq!(codes(&r), [("OVER_LIMIT", 0)]);
+    let wait = r.statuses[0].duration_until_reset.unwrap().seconds;
+    assert!((500..=600).contains(&wait), "{wait}");
+
+    let (code, _, err) = floodgate(&["unban", "--config", config, "per-user", "acme", &user]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = floodgate(&[
+        "override", "--config", config, "per-user", "acme", &user, "--limit", "50",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let r = c.should_rate_limit(one()).await.unwrap();
+    assert_eq!(codes(&r), [("OK", 48)]);
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .clone()
+            .unwrap()
+            .requests_per_unit,
+        50
+    );
+
+    // The admin API on http_bind does the same.
+    let body = format!("{{\"rule\":\"per-user\",\"values\":[\"acme\",\"{user}\"]}}");
+    let request = |path: &str, auth: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {auth}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let (status, _) = http_request(svc.http, &request("/admin/reset", "wrong"));
+    assert_eq!(status, 401);
+    let (status, text) = http_request(svc.http, &request("/admin/reset", "sesame-sesame-sesame"));
+    assert_eq!(status, 200, "{text}");
+    let seen: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(seen["used"], 0, "{text}");
+    let r = c.should_rate_limit(one()).await.unwrap();
+    assert_eq!(codes(&r)[0].0, "OK");
+}
