@@ -103,7 +103,7 @@ pub fn ban_action(length: &str) -> Result<Action, String> {
 impl Filter {
     /// Runs an operator's `action` on the identity `values` under the
     /// filter's rule `rule`, and answers what the rule holds for it
-    /// afterwards (see [`Limiter::operate`](crate::Limiter::operate)).
+    /// afterwards (see [`Limiter::operate`](crate::limiter::Limiter::operate)).
     pub async fn operate(
         &self,
         rule: &str,

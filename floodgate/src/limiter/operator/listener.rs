@@ -3,7 +3,7 @@
 //! keys' remembered denials, keeps the bans the local fallback enforces,
 //! and claims operator bans to count them (see the module above).
 //!
-//! [`Limiter`]: crate::Limiter
+//! [`Limiter`]: crate::limiter::Limiter
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
