@@ -3,6 +3,10 @@
 //! `browser-tests` feature, so that `cargo test` needs only redis-server;
 //! `scripts/test` runs them with `--features browser-tests`.
 
+// The library's own test helpers (floodgate/tests/common, through the API
+// tests' helpers) name it by its package's crate name.
+extern crate floodgate as floodgate_limiter;
+
 mod browser;
 #[allow(dead_code)]
 #[path = "../api/helpers.rs"]
