@@ -190,6 +190,8 @@ async fn a_longer_sliding_window_keeps_the_log_for_the_new_window() {
 fn dump(conn: &mut redis::Connection, key: &str) -> (String, i64) {
     let kind: String = redis::cmd("TYPE").arg(key).query(conn).unwrap();
     let contents = match kind.as_str() {
+        // A log as its units' times: one call merges the requests it
+        // admits at one moment into one entry (`TIME:TOTAL:UNITS`).
         "list" => format!(
             "{:?}",
             redis::cmd("LRANGE")
@@ -198,6 +200,12 @@ fn dump(conn: &mut redis::Connection, key: &str) -> (String, i64) {
                 .arg(-1)
                 .query::<Vec<String>>(conn)
                 .unwrap()
+                .iter()
+                .flat_map(|e| {
+                    let p: Vec<u64> = e.split(':').map(|x| x.parse().unwrap()).collect();
+                    std::iter::repeat_n(p[0], p[2] as usize)
+                })
+                .collect::<Vec<u64>>()
         ),
         "hash" => {
             let mut fields: Vec<(String, String)> =

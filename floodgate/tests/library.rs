@@ -956,6 +956,6 @@ async fn the_decisions_of_one_tick_reach_the_dispatcher_threads_as_one_call() {
         "one call for the tick's 200 decisions"
     );
     for key in 0..4 {
-        assert_eq!(redis.llen(&format!("tick:{key}")), 30);
+        assert_eq!(redis.units(&format!("tick:{key}")), 30);
     }
 }

@@ -173,6 +173,21 @@ impl RedisServer {
     }
 
     /// `LLEN key` (the sliding-window log's length).
+    /// The units a sliding-window log holds: the sum of its entries'
+    /// weights (entries are `TIME:TOTAL:UNITS`).
+    pub fn units(&self, key: &str) -> u64 {
+        let entries: Vec<String> = redis::cmd("LRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .query(&mut self.connection())
+            .unwrap();
+        entries
+            .iter()
+            .map(|e| e.rsplit(':').next().unwrap().parse::<u64>().unwrap())
+            .sum()
+    }
+
     pub fn llen(&self, key: &str) -> u64 {
         redis::cmd("LLEN")
             .arg(key)

@@ -1,6 +1,7 @@
 -- Sliding-window log.
 -- KEY   a list of admissions, newest at the head, one entry per admitted
---       request: "T:C:W", admitted at T ms with a weight of W units, C the
+--       request (the requests one call admits at one moment share one):
+--       "T:C:W", admitted at T ms with a weight of W units, C the
 --       running total of units up to and including it. The units in the
 --       window are C of the newest entry minus (C - W) of the oldest live
 --       one, so a request's cost costs Redis one entry and O(log n) reads,
@@ -328,11 +329,19 @@ define(1, 'list', nil, function()
         tail[i] = tail[i + gone]
       end
     end
-    local e = { t, (s.live > 0 and s.newest[2] or 0) + cost, cost }
-    s.np = s.np + 1
-    s.push[s.np] = e
-    s.live = s.live + 1
+    local last = s.push[s.np]
+    if last and last[1] == t then
+      -- Admitted at the same moment as the last request of this call: one
+      -- entry carries both (their units leave together).
+      last[2], last[3] = last[2] + cost, last[3] + cost
+    else
+      local e = { t, (s.live > 0 and s.newest[2] or 0) + cost, cost }
+      s.np = s.np + 1
+      s.push[s.np] = e
+      s.live = s.live + 1
+    end
     s.len = s.live
+    local e = s.push[s.np]
     s.used = s.used + cost
     s.newest = e
     s.oldest = s.oldest or e
