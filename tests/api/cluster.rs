@@ -77,7 +77,7 @@ async fn cluster_limits_each_identity_exactly_under_concurrency_across_shards() 
     let mut conn = cluster.connection();
     for user in &users {
         let key = format!("floodgate:per_user:header:{{{user}}}");
-        assert_eq!(conn.llen::<_, u64>(&key).unwrap(), 5);
+        assert_eq!(crate::helpers::units_of(&mut conn, &key), 5);
         let ttl: i64 = conn.pttl(&key).unwrap();
         assert!(ttl > 0 && ttl <= 60_000, "{key}: {ttl}");
     }
@@ -262,18 +262,18 @@ deny = "status"
     // per_user denies alice: what per_team took for it is given back.
     assert_eq!(check(&app, "alice", Some("red")).await, 429);
     wait_until(Duration::from_secs(5), "the team's units back", || {
-        conn.llen::<_, u64>(team_key).unwrap() == 3
+        crate::helpers::units_of(&mut conn, team_key) == 3
     });
-    assert_eq!(conn.llen::<_, u64>(user_key("alice")).unwrap(), 3);
+    assert_eq!(crate::helpers::units_of(&mut conn, &user_key("alice")), 3);
     // bob takes the team's last two units; then per_team denies bob and
     // bob's own count keeps only the two.
     assert_eq!(check(&app, "bob", Some("red")).await, 200);
     assert_eq!(check(&app, "bob", Some("red")).await, 200);
     assert_eq!(check(&app, "bob", Some("red")).await, 429);
     wait_until(Duration::from_secs(5), "bob's unit back", || {
-        conn.llen::<_, u64>(user_key("bob")).unwrap() == 2
+        crate::helpers::units_of(&mut conn, &user_key("bob")) == 2
     });
-    assert_eq!(conn.llen::<_, u64>(team_key).unwrap(), 5);
+    assert_eq!(crate::helpers::units_of(&mut conn, team_key), 5);
 }
 
 #[actix_web::test]
@@ -311,7 +311,10 @@ async fn cluster_resharding_thousands_of_slots_fails_and_overadmits_nothing() {
     let mut conn = cluster.connection();
     for user in &users {
         let key = format!("floodgate:per_user:header:{{{user}}}");
-        assert_eq!(conn.llen::<_, u32>(&key).unwrap(), rounds.min(40));
+        assert_eq!(
+            crate::helpers::units_of(&mut conn, &key),
+            u64::from(rounds.min(40))
+        );
     }
 }
 
@@ -380,12 +383,11 @@ async fn sentinel_failover_is_followed_without_a_restart() {
     let (ok, unavailable) = traffic.await.unwrap();
     let mut new = sentinel.replica.connection().unwrap();
     assert_eq!(
-        new.llen::<_, u64>("floodgate:per_user:header:after")
-            .unwrap(),
+        crate::helpers::units_of(&mut new, "floodgate:per_user:header:after"),
         1
     );
     // The new master counts every decision made on it, once.
-    let during: u64 = new.llen("floodgate:per_user:header:during").unwrap();
+    let during = crate::helpers::units_of(&mut new, "floodgate:per_user:header:during");
     assert!(
         ok > 0 && during <= u64::from(ok + unavailable),
         "{ok} allowed, {unavailable} unavailable, {during} counted"
@@ -446,8 +448,14 @@ async fn sentinel_down_leaves_the_named_master_in_use() {
     let mut counted = 0u64;
     for n in 0..=(allowed - 1) / 100 {
         let key = format!("floodgate:per_user:header:during-{n}");
-        let llen: Option<u64> = sentinel.master.query(redis::cmd("LLEN").arg(key));
-        counted += llen.expect("the master answers");
+        let entries: Option<Vec<String>> = sentinel
+            .master
+            .query(redis::cmd("LRANGE").arg(&key).arg(0).arg(-1));
+        counted += entries
+            .expect("the master answers")
+            .iter()
+            .map(|e| e.rsplit(':').next().unwrap().parse::<u64>().unwrap())
+            .sum::<u64>();
     }
     assert_eq!(counted, allowed);
     assert_eq!(app.get("/readyz").await.status(), 200);
@@ -939,7 +947,7 @@ async fn cluster_give_back_forgets_the_remembered_denial_of_its_key() {
         "the remembered denial forgotten",
         || cache.denied(user, 1, std::time::Instant::now()).is_none(),
     );
-    assert_eq!(conn.llen::<_, u64>(user).unwrap(), 0);
+    assert_eq!(crate::helpers::units_of(&mut conn, user), 0);
 }
 
 /// A value of `x-user` whose key lives on master `node` (found by asking
@@ -1229,11 +1237,11 @@ async fn cluster_a_request_answered_without_its_decision_keeps_no_quota() {
         // be on its way for a moment).
         let expected = u64::from(by_redis);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while conn.llen::<_, u64>(&key).unwrap() != expected {
+        while crate::helpers::units_of(&mut conn, &key) != expected {
             assert!(
                 Instant::now() < deadline,
                 "{user}: decided by Redis: {by_redis}, entries: {}",
-                conn.llen::<_, u64>(&key).unwrap()
+                crate::helpers::units_of(&mut conn, &key)
             );
             actix_web::rt::time::sleep(Duration::from_millis(10)).await;
         }

@@ -369,3 +369,19 @@ pub async fn unguarded_never_waits(
         );
     }
 }
+
+/// The units a sliding-window log holds on any connection (a cluster's
+/// too): the sum of its entries' weights (entries are `TIME:TOTAL:UNITS`;
+/// one call may merge the requests it admits at one moment into one).
+pub fn units_of(conn: &mut impl redis::ConnectionLike, key: &str) -> u64 {
+    let entries: Vec<String> = redis::cmd("LRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query(conn)
+        .unwrap();
+    entries
+        .iter()
+        .map(|e| e.rsplit(':').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}

@@ -81,7 +81,7 @@ on_redis_error = "deny"
     }
     healthy.sort_unstable();
     assert_eq!(healthy, (90..100).collect::<Vec<u64>>());
-    assert_eq!(app.redis.llen("floodgate:healthy:ip:127.0.0.1"), 10);
+    assert_eq!(app.redis.units("floodgate:healthy:ip:127.0.0.1"), 10);
     let metrics = app.metrics().await;
     let m = |rule: &str, d: &str| {
         metric(
