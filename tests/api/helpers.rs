@@ -91,7 +91,7 @@ pub fn is_script_call(chunk: &[u8]) -> bool {
 mod common;
 // The browser tests include this file too and use only some of them.
 #[allow(unused_imports)]
-pub use common::{free_port, pinned, wait_until, RedisServer};
+pub use common::{free_port, pinned, units_of, wait_until, RedisServer};
 
 /// The `floodgate` binary serving `config` on `bind` against `redis`, with
 /// `RUST_LOG` set to `log`; its stderr lines are collected in the returned
@@ -368,20 +368,4 @@ pub async fn unguarded_never_waits(
             "/healthz waited {took:?} for {what} it does not need"
         );
     }
-}
-
-/// The units a sliding-window log holds on any connection (a cluster's
-/// too): the sum of its entries' weights (entries are `TIME:TOTAL:UNITS`;
-/// one call may merge the requests it admits at one moment into one).
-pub fn units_of(conn: &mut impl redis::ConnectionLike, key: &str) -> u64 {
-    let entries: Vec<String> = redis::cmd("LRANGE")
-        .arg(key)
-        .arg(0)
-        .arg(-1)
-        .query(conn)
-        .unwrap();
-    entries
-        .iter()
-        .map(|e| e.rsplit(':').next().unwrap().parse::<u64>().unwrap())
-        .sum()
 }

@@ -30,6 +30,22 @@ pub fn wait_until(limit: Duration, what: &str, mut condition: impl FnMut() -> bo
     }
 }
 
+/// The units a sliding-window log holds on any connection (a cluster's
+/// too): the sum of its entries' weights (entries are `TIME:TOTAL:UNITS`;
+/// one call may merge the requests it admits at one moment into one).
+pub fn units_of(conn: &mut impl redis::ConnectionLike, key: &str) -> u64 {
+    let entries: Vec<String> = redis::cmd("LRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query(conn)
+        .unwrap();
+    entries
+        .iter()
+        .map(|e| e.rsplit(':').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
 /// A redis-server of our own on a free port, without persistence; killed on drop.
 pub struct RedisServer {
     /// The port it listens on.
@@ -172,22 +188,12 @@ impl RedisServer {
         );
     }
 
-    /// `LLEN key` (the sliding-window log's length).
-    /// The units a sliding-window log holds: the sum of its entries'
-    /// weights (entries are `TIME:TOTAL:UNITS`).
+    /// The units a sliding-window log holds (see [`units_of`]).
     pub fn units(&self, key: &str) -> u64 {
-        let entries: Vec<String> = redis::cmd("LRANGE")
-            .arg(key)
-            .arg(0)
-            .arg(-1)
-            .query(&mut self.connection())
-            .unwrap();
-        entries
-            .iter()
-            .map(|e| e.rsplit(':').next().unwrap().parse::<u64>().unwrap())
-            .sum()
+        units_of(&mut self.connection(), key)
     }
 
+    /// `LLEN key` (the sliding-window log's length).
     pub fn llen(&self, key: &str) -> u64 {
         redis::cmd("LLEN")
             .arg(key)
