@@ -213,6 +213,17 @@ async fn exact_under_300_concurrent_requests() {
         }
     }
     assert_eq!(allowed, 100);
+    // Decided on the runtime's own threads, as an actix worker decides: the
+    // worker lane writes a marker script (`EVAL "return 0"`) before each of
+    // its calls, which the dispatcher threads never send.
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.connection())
+        .unwrap();
+    assert!(
+        stats.contains("cmdstat_eval:"),
+        "no call came from a worker lane:\n{stats}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,15 +1,14 @@
 //! [`Limiter`]: what the filter asks for decisions, and what it is made of
 //! (the pool, the dispatchers, the breaker, the shared counters).
 //!
-//! By default ([`Dispatch::Worker`]) each actix worker sends the decisions
-//! of one scheduler tick itself (see `lane.rs`); otherwise [`Limiter::decide`]
+//! By default ([`Dispatch::Worker`]) each worker thread (actix's, or a tokio
+//! runtime's) sends the decisions of one scheduler tick itself (see `lane.rs`); otherwise [`Limiter::decide`]
 //! puts a job (the checks of one request and a oneshot sender) on a bounded
 //! channel that dispatcher threads drain (see `dispatch/`), with the other
 //! jobs of its worker's tick (`tick.rs`), and awaits the oneshot. A
 //! decision is sent a second time only when the first attempt provably
 //! never reached Redis; `dispatch/single.rs` spells out the rule.
 
-use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -243,21 +242,17 @@ impl Limiter {
         };
         // The probe of an open breaker goes through the dispatcher threads,
         // alone: if Redis is still stalled, no worker waits for it.
-        let on_worker = !probe && actix_rt::Arbiter::try_current().is_some();
+        let on_worker = !probe && super::tick::on_runtime();
         if self.dispatch == Dispatch::Worker && on_worker {
-            let (at, queued) = {
-                let lane = self.lane();
-                let queued = lane.flushes();
-                let first = lane.gathered.add(job);
-                let at = Rc::as_ptr(&lane) as usize;
-                if first {
-                    // Every request made ready in this tick joins the batch.
-                    super::tick::after_tick(move || lane.flush());
-                }
-                (at, queued)
-            };
+            let lane = self.lane();
+            let queued = lane.flushes();
+            if lane.gathered.add(job) {
+                // Every request made ready in this tick joins the batch.
+                let lane = Arc::clone(&lane);
+                super::tick::after_tick(move || lane.flush());
+            }
             // Most answers come in the flush itself: those need no timer.
-            match self.lane_answer(&mut answer, at, queued).await {
+            match Self::lane_answer(&mut answer, &lane, queued).await {
                 Some(Ok(result)) => return result,
                 Some(Err(_)) => return Err(LimiterError::Stopped),
                 None => {}
@@ -297,7 +292,7 @@ impl Limiter {
 
     /// Runs `work` once on a connection from the limiter's pool, for an
     /// application's own data in the same Redis (whatever the mode: one
-    /// server, Sentinel or Cluster). It runs on actix's blocking threads,
+    /// server, Sentinel or Cluster). It runs on the runtime's blocking threads,
     /// never on a worker thread. The checkout hands out only a connection
     /// Redis answers on (one that sat idle is checked with a PING first);
     /// `work` is never repeated, since after a failure nobody can tell
@@ -313,7 +308,7 @@ impl Limiter {
         T: Send + 'static,
     {
         let pool = self.pool.clone();
-        actix_web::web::block(move || {
+        tokio::task::spawn_blocking(move || {
             let mut conn = pool
                 .get()
                 .map_err(|e| LimiterError::Other(format!("redis pool: {e}")))?;

@@ -59,7 +59,7 @@ impl Limiter {
         let timeout = self.timeout();
         // Twice the Redis timeout: checkout plus the call itself.
         let margin = timeout * 2;
-        let work = actix_rt::task::spawn_blocking(move || {
+        let work = tokio::task::spawn_blocking(move || {
             let mut conn = pool
                 .get_timeout(timeout)
                 .map_err(|e| LimiterError::Other(e.to_string()))?;

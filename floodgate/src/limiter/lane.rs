@@ -1,7 +1,7 @@
 //! The per-worker lane ([`Dispatch::Worker`](super::Dispatch::Worker)):
-//! each actix worker sends the decisions of one scheduler tick as one
-//! script call on a connection of its own, and reads the reply itself when
-//! Redis answers within [`WORKER_WAIT`]. No thread hand-off, no wake-up of
+//! each worker thread (actix's, or a tokio runtime's) sends the decisions
+//! of one scheduler tick as one script call on a connection of its own,
+//! and reads the reply itself when Redis answers within [`WORKER_WAIT`]. No thread hand-off, no wake-up of
 //! another thread, per request.
 //!
 //! A Redis that does not answer within that wait never holds the worker
@@ -13,13 +13,13 @@
 //! the helper unsent, and the helper decides them as a dispatcher thread
 //! does, opening connections off the worker.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, TryRecvError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
@@ -49,21 +49,25 @@ pub(crate) const WORKER_WAIT: Duration = Duration::from_millis(5);
 
 thread_local! {
     /// This thread's worker lane of each limiter used on it.
-    static LANES: RefCell<HashMap<u64, Rc<Lane>>> = RefCell::new(HashMap::new());
+    static LANES: RefCell<HashMap<u64, Arc<Lane>>> = RefCell::new(HashMap::new());
 }
 
-/// One actix worker's way to Redis ([`Dispatch::Worker`]): the jobs of the
-/// current scheduler tick, and a connection of its own.
+/// One worker thread's way to Redis ([`Dispatch::Worker`]): the jobs of the
+/// current scheduler tick, and a connection of its own. A worker thread is
+/// an actix worker, or a thread of a tokio runtime; on a multi-threaded
+/// one, a tick's flush (or a caller awaiting it) may run on another of the
+/// runtime's threads, hence the locks, which are otherwise uncontended.
 pub(crate) struct Lane {
     /// The jobs of the current tick.
     pub(crate) gathered: Gather,
     /// Flushes begun so far: a job queued when this read `n` has been
-    /// taken by the flush once it reads more.
-    flushes: Cell<u64>,
+    /// taken by the flush once it reads more. Read and advanced with
+    /// `waiting` held.
+    flushes: AtomicU64,
     /// The callers awaiting the next flush (see
     /// [`Limiter::lane_answer`]), woken once it has answered what it could.
-    waiting: RefCell<Vec<Waker>>,
-    sender: RefCell<LaneSender>,
+    waiting: Mutex<Vec<Waker>>,
+    sender: Mutex<LaneSender>,
 }
 
 /// What makes a [`Single`] a worker lane's transport, which never keeps
@@ -140,21 +144,22 @@ impl Lane {
     /// Sends what the tick gathered: ONE script call per [`MAX_BATCH`]
     /// jobs, the worker waiting at most [`WORKER_WAIT`] for each.
     pub(crate) fn flush(&self) {
-        self.flushes.set(self.flushes.get() + 1);
+        self.flushes.fetch_add(1, Ordering::AcqRel);
         let mut jobs = self.gathered.take();
-        if let Ok(mut sender) = self.sender.try_borrow_mut() {
+        {
+            // Another flush of this lane may still run on another thread
+            // (a multi-threaded tokio runtime): this one waits for it, as
+            // it would wait for the connection anyway.
+            let mut sender = lock(&self.sender);
             while !jobs.is_empty() {
                 let rest = jobs.split_off(jobs.len().min(MAX_BATCH));
                 process(&mut *sender, jobs);
                 jobs = rest;
             }
-        } else {
-            // Not reachable: a flush runs to its end before another starts.
-            self.gathered.put_back(jobs);
         }
         // Those answered are woken already; the others (their jobs went to
         // the helper thread) now wait with a timer.
-        let waiting = std::mem::take(&mut *self.waiting.borrow_mut());
+        let waiting = std::mem::take(&mut *lock(&self.waiting));
         for waker in waiting {
             waker.wake();
         }
@@ -163,8 +168,15 @@ impl Lane {
     /// The flushes begun so far: what [`Limiter::lane_answer`] is given
     /// for a job queued now.
     pub(crate) fn flushes(&self) -> u64 {
-        self.flushes.get()
+        self.flushes.load(Ordering::Acquire)
     }
+}
+
+/// A lane's lock; a panic while it was held left its value whole.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The helper thread of one lane: decides what the lane hands it, and,
@@ -200,19 +212,16 @@ fn help(handoffs: &Receiver<Handoff>, mut single: Single, home: &Mutex<Option<Co
 }
 
 impl Limiter {
-    /// Awaits the answer to a job queued on this thread's lane `lane` (its
-    /// address) when [`Lane::flushes`] read `queued`, until the flush that
-    /// takes it has run: `Some` when that flush answered it (as it does
-    /// whenever Redis replies within [`WORKER_WAIT`]), `None` when the job
-    /// went on to the helper thread (the caller then waits for it with a
-    /// timer). No timer is needed before: the flush runs on this thread, in
-    /// this scheduler tick, and while it runs no timer of this thread could
-    /// fire anyway. Polled on another thread (not this lane's), it answers
-    /// `None` at once. Holds no `Rc`, so the caller's future stays `Send`.
+    /// Awaits the answer to a job queued on `lane` when [`Lane::flushes`]
+    /// read `queued`, until the flush that takes it has run: `Some` when
+    /// that flush answered it (as it does whenever Redis replies within
+    /// [`WORKER_WAIT`]), `None` when the job went on to the helper thread
+    /// (the caller then waits for it with a timer). No timer is needed
+    /// before: the flush runs in this scheduler tick, and takes no longer
+    /// than [`WORKER_WAIT`] per call.
     pub(crate) fn lane_answer<'a, T>(
-        &'a self,
         answer: &'a mut oneshot::Receiver<T>,
-        lane: usize,
+        lane: &'a Lane,
         queued: u64,
     ) -> impl Future<Output = Option<Result<T, oneshot::error::RecvError>>> + Send + 'a
     where
@@ -222,14 +231,12 @@ impl Limiter {
             if let Poll::Ready(result) = Pin::new(&mut *answer).poll(cx) {
                 return Poll::Ready(Some(result));
             }
-            let pending = LANES.with(|lanes| match lanes.borrow().get(&self.id) {
-                Some(here) if Rc::as_ptr(here) as usize == lane && here.flushes() == queued => {
-                    here.waiting.borrow_mut().push(cx.waker().clone());
-                    true
-                }
-                _ => false,
-            });
-            if pending {
+            // A flush advances the count before it takes the waiting list:
+            // read under that list's lock, a count still at `queued` means
+            // the flush that takes this job will wake it.
+            let mut waiting = lock(&lane.waiting);
+            if lane.flushes() == queued {
+                waiting.push(cx.waker().clone());
                 Poll::Pending
             } else {
                 Poll::Ready(None)
@@ -239,18 +246,18 @@ impl Limiter {
 
     /// This thread's lane for this limiter (made on first use, with its
     /// helper thread).
-    pub(crate) fn lane(&self) -> Rc<Lane> {
+    pub(crate) fn lane(&self) -> Arc<Lane> {
         LANES.with(|lanes| {
             let mut lanes = lanes.borrow_mut();
             let lane = lanes.entry(self.id).or_insert_with(|| {
-                Rc::new(Lane {
+                Arc::new(Lane {
                     gathered: Gather::default(),
-                    flushes: Cell::new(0),
-                    waiting: RefCell::new(Vec::new()),
-                    sender: RefCell::new(self.lane_sender()),
+                    flushes: AtomicU64::new(0),
+                    waiting: Mutex::new(Vec::new()),
+                    sender: Mutex::new(self.lane_sender()),
                 })
             });
-            Rc::clone(lane)
+            Arc::clone(lane)
         })
     }
 

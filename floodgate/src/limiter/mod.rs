@@ -74,12 +74,13 @@ pub enum Dispatch {
     /// worker ever blocks on Redis, at the price of a thread hand-off (and
     /// its wake-ups) both ways for every request.
     Threads,
-    /// Each actix worker has a connection of its own: the requests that
-    /// become ready in one scheduler tick queue on the worker, and one task
-    /// sends them as one script call, blocking the worker for that round
-    /// trip (a stalled Redis blocks it until the read timeout, once per
-    /// breaker period). Off an actix worker thread, the dispatcher threads
-    /// serve.
+    /// Each worker thread (an actix worker, or a thread of a tokio
+    /// runtime: axum, tonic, hyper) has a connection of its own: the
+    /// requests that become ready in one scheduler tick queue on it, and
+    /// one task sends them as one script call and reads the reply on the
+    /// worker when Redis answers within a few milliseconds; a Redis that
+    /// does not hands the call to the lane's helper thread. Off any async
+    /// runtime, the dispatcher threads serve.
     #[default]
     Worker,
 }

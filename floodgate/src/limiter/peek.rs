@@ -77,7 +77,7 @@ impl Limiter {
         let pool = self.pool().clone();
         let timeout = self.timeout();
         let one_per_call = self.hash_tags();
-        let work = actix_rt::task::spawn_blocking(move || {
+        let work = tokio::task::spawn_blocking(move || {
             peek_blocking(&pool, timeout, one_per_call, &checks, now_ms)
         });
         match tokio::time::timeout(timeout, work).await {

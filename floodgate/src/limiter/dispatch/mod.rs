@@ -1,7 +1,7 @@
 //! The dispatchers: what takes queued jobs to Redis and answers them.
 //!
-//! A job is one request's checks and the oneshot its caller awaits; an
-//! actix worker queues the jobs of one scheduler tick together
+//! A job is one request's checks and the oneshot its caller awaits; a
+//! worker thread queues the jobs of one scheduler tick together
 //! (`tick.rs`). A dispatcher thread takes the first waiting message, drains
 //! whatever else is already queued (never waiting to fill a batch) and
 //! sends the whole batch as ONE script call; one reply per batch means a silent server costs one

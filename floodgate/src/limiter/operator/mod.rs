@@ -354,7 +354,7 @@ impl Limiter {
         let channel = self.channel().to_string();
         let bans = Arc::clone(self.local().bans());
         let key = check.key.clone();
-        let work = actix_rt::task::spawn_blocking(move || {
+        let work = tokio::task::spawn_blocking(move || {
             operate_blocking(&pool, timeout, &channel, &bans, &check, action)
         });
         match tokio::time::timeout(timeout * 3, work).await {
