@@ -10,17 +10,17 @@
 //! for i in $(seq 12); do curl -s -H 'x-api-key: k-alice' localhost:8080/v1/ping; echo; done
 //! ```
 
-use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use actix_web::{web, App, HttpResponse, HttpServer};
 use floodgate_limiter::rule::Identity;
-use floodgate_limiter::{Filter, Key, Limit};
+use floodgate_limiter::{http, Filter, Key, Limit, RequestHead};
 
 /// The API keys this example knows (a real API would look them up).
 const API_KEYS: &[&str] = &["k-alice", "k-bob"];
 
 /// The caller's identity and quota; `None` (no key, or one we do not
 /// know) counts the request by its address, at the limit's own quota.
-async fn caller(req: HttpRequest) -> Option<Identity> {
-    let key = req.headers().get("x-api-key")?.to_str().ok()?;
+async fn caller(req: RequestHead) -> Option<Identity> {
+    let key = req.header("x-api-key")?;
     API_KEYS
         .contains(&key)
         .then(|| Identity::new(key).with_limit(100))
@@ -33,11 +33,18 @@ async fn main() -> std::io::Result<()> {
     let filter = Filter::builder()
         .redis_url(&redis)
         .denial_responder(|denial, _req| {
-            HttpResponse::TooManyRequests().json(serde_json::json!({
+            let body = serde_json::json!({
                 "error": "slow down",
                 "limit": denial.rule.name,
                 "retry_in": denial.retry_after,
-            }))
+            });
+            let mut res = http::Response::new(body.to_string());
+            *res.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+            res.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            res
         })
         .build()
         .map_err(std::io::Error::other)?;

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, unnameable_types)]
 
+mod head;
 mod units;
 
 pub mod config;
@@ -23,7 +24,11 @@ pub use crate::filter::{
     Filter, FilterBuilder, FilterService, JsonContentType, Limit, OperatorError, RuleState,
     SessionLookup, SetupError, Unreadable, Usage, MAX_HEADER_BYTES,
 };
+pub use crate::head::RequestHead;
 pub use crate::rule::key::{Key, KeyFn};
+/// The `http` crate (version 1) whose types [`RequestHead`] and a
+/// [`DenialResponder`]'s response are written in.
+pub use http;
 
 /// Items the benchmarks and tests reach; not part of the supported API.
 #[doc(hidden)]

@@ -368,14 +368,17 @@ async fn a_rule_that_rejects_missing_keys_answers_400_json() {
 async fn an_async_key_function_chooses_each_callers_quota() {
     let redis = RedisServer::start();
     let filter = Filter::builder().redis_url(&redis.url()).build().unwrap();
-    let key = Key::lookup("api-key", |req: actix_web::HttpRequest| async move {
-        let token = req.headers().get("x-api-key")?.to_str().ok()?.to_owned();
-        // A lookup that takes a while, as a database's would.
-        actix_web::rt::time::sleep(Duration::from_millis(1)).await;
-        token
-            .starts_with("k-")
-            .then(|| Identity::new(token).with_limit(100))
-    });
+    let key = Key::lookup(
+        "api-key",
+        |req: floodgate_limiter::RequestHead| async move {
+            let token = req.header("x-api-key")?.to_owned();
+            // A lookup that takes a while, as a database's would.
+            actix_web::rt::time::sleep(Duration::from_millis(1)).await;
+            token
+                .starts_with("k-")
+                .then(|| Identity::new(token).with_limit(100))
+        },
+    );
     let limit = Limit::per_minute(10).key(key).name("api");
     let app = test::init_service(
         App::new()

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{test, web, App, HttpResponse};
-use floodgate_limiter::{Filter, Key, Limit, Usage};
+use floodgate_limiter::{Filter, Key, Limit, RequestHead, Usage};
 
 use common::RedisServer;
 
@@ -279,16 +279,13 @@ async fn custom_key_functions_session_lookup_and_denial_responders_are_used() {
     let redis = RedisServer::start();
     let filter = Filter::builder()
         .redis_url(&redis.url())
-        .session_lookup(|req| {
-            req.headers()
-                .get("x-user")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        })
+        .session_lookup(|req| req.header("x-user").map(str::to_owned))
         .denial_responder(|denial, _req| {
-            HttpResponse::TooManyRequests()
-                .content_type("application/json")
+            floodgate_limiter::http::Response::builder()
+                .status(429)
+                .header("content-type", "application/json")
                 .body(format!("{{\"slow_down\":\"{}\"}}", denial.rule.name))
+                .unwrap()
         })
         .rule(
             "/account",
@@ -296,8 +293,8 @@ async fn custom_key_functions_session_lookup_and_denial_responders_are_used() {
         )
         .build()
         .unwrap();
-    let tenant = Key::custom("tenant", |req: &actix_web::HttpRequest| {
-        req.match_info().get("t").map(str::to_owned)
+    let tenant = Key::custom("tenant", |req: &RequestHead| {
+        req.path().strip_prefix("/t/").map(str::to_owned)
     });
     let app = test::init_service(
         App::new()
@@ -550,12 +547,9 @@ async fn in_code_limits_are_checked_like_toml_rules() {
             .err()
             .map(|e| e.to_string())
     };
-    let custom = |name: &str| Key::custom(name, |_: &actix_web::HttpRequest| None);
-    let tenant = |n: &'static str| {
-        Key::custom("tenant", move |_: &actix_web::HttpRequest| {
-            Some(n.to_string())
-        })
-    };
+    let custom = |name: &str| Key::custom(name, |_: &RequestHead| None);
+    let tenant =
+        |n: &'static str| Key::custom("tenant", move |_: &RequestHead| Some(n.to_string()));
     for (limit, says) in [
         (
             Limit::per_minute(1).redirect_to("/err\r\nSet-Cookie: x=1"),

@@ -468,3 +468,113 @@ async fn an_actix_app_and_an_axum_app_share_every_counter() {
     assert_eq!(from_axum().await, 429);
     assert_eq!(from_actix().await, 429);
 }
+
+/// The application's own functions (a session lookup, a key function, an
+/// awaited lookup choosing the caller's quota, a skip predicate, a denial
+/// responder) see the request under the tower door as under actix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_applications_own_functions_key_skip_and_answer() {
+    use floodgate_limiter::rule::Identity;
+    use floodgate_limiter::{Key, Limit, RequestHead};
+
+    let redis = RedisServer::start();
+    let filter = Filter::builder()
+        .redis_url(&redis.url())
+        .session_lookup(|req: &RequestHead| req.cookie("sid").map(str::to_owned))
+        .denial_responder(|denial, req| {
+            let body = json!({ "slow_down": denial.rule.name, "path": req.path() });
+            floodgate_limiter::http::Response::builder()
+                .status(429)
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .unwrap()
+        })
+        .rule(
+            "/check",
+            Limit::per_minute(1).key(Key::session()).name("acct"),
+        )
+        .rule(
+            "/free",
+            Limit::per_minute(1)
+                .key(Key::custom("tenant", |req: &RequestHead| {
+                    req.header("x-tenant").map(str::to_owned)
+                }))
+                .name("tenant"),
+        )
+        .rule(
+            "/usage",
+            Limit::per_minute(1)
+                .key(Key::lookup("api-key", |req: RequestHead| async move {
+                    let token = req.header("x-api-key")?.to_owned();
+                    tokio::task::yield_now().await;
+                    Some(Identity::new(token).with_limit(2))
+                }))
+                .name("api"),
+        )
+        .rule(
+            "/login",
+            Limit::per_minute(1)
+                .skip_if(|req: &RequestHead| req.headers().contains_key("x-internal"))
+                .name("skip"),
+        )
+        .build()
+        .unwrap();
+    let base = serve(app(filter)).await;
+    let client = client();
+    let get = |path: &str, header: (&str, &str)| {
+        client
+            .get(format!("{base}{path}"))
+            .header(header.0, header.1)
+            .send()
+    };
+    let status = |res: reqwest::Response| res.status().as_u16();
+
+    // One session, one count; another session, its own.
+    assert_eq!(
+        status(get("/check", ("cookie", "sid=a")).await.unwrap()),
+        200
+    );
+    let denied = get("/check", ("cookie", "x=1; sid=a")).await.unwrap();
+    assert_eq!(status_of(&denied), 429);
+    assert!(header(&denied, "retry-after").is_some());
+    assert_eq!(
+        denied.json::<Value>().await.unwrap(),
+        json!({ "slow_down": "acct", "path": "/check" })
+    );
+    assert_eq!(
+        status(get("/check", ("cookie", "sid=b")).await.unwrap()),
+        200
+    );
+
+    // A key function's value.
+    assert_eq!(status(get("/free", ("x-tenant", "t1")).await.unwrap()), 200);
+    assert_eq!(status(get("/free", ("x-tenant", "t1")).await.unwrap()), 429);
+    assert_eq!(status(get("/free", ("x-tenant", "t2")).await.unwrap()), 200);
+
+    // An awaited lookup's identity and quota (2, not the limit's 1).
+    for expected in [200, 200, 429] {
+        assert_eq!(
+            status(get("/usage", ("x-api-key", "k-1")).await.unwrap()),
+            expected
+        );
+    }
+    assert!(!redis.keys("floodgate:api:custom:api-key=k-1").is_empty());
+
+    // The skip predicate: neither counted nor denied.
+    for _ in 0..3 {
+        let res = get("/login?ok=1", ("x-internal", "1")).await.unwrap();
+        assert_eq!(status(res), 200);
+    }
+    assert_eq!(
+        status(get("/login?ok=1", ("x-other", "1")).await.unwrap()),
+        200
+    );
+    assert_eq!(
+        status(get("/login?ok=1", ("x-other", "1")).await.unwrap()),
+        429
+    );
+}
+
+fn status_of(res: &reqwest::Response) -> u16 {
+    res.status().as_u16()
+}

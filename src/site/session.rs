@@ -102,8 +102,13 @@ pub fn cookie_value(secret: &Secret, sid: &str, account: Option<&str>) -> String
 
 /// Reads and checks the session cookie; `None` when absent or forged.
 pub fn read_cookie(secret: &Secret, req: &HttpRequest) -> Option<CookieSession> {
-    let cookie = req.cookie(COOKIE)?;
-    let mut parts = cookie.value().split('.');
+    read_cookie_value(secret, req.cookie(COOKIE)?.value())
+}
+
+/// [`read_cookie`] of the cookie's value, as the filter's session lookup
+/// reads it from the request's head.
+pub fn read_cookie_value(secret: &Secret, value: &str) -> Option<CookieSession> {
+    let mut parts = value.split('.');
     let (sid, account, mac) = (parts.next()?, parts.next()?, parts.next()?);
     if parts.next().is_some()
         || sid.len() != 64

@@ -99,7 +99,8 @@ impl Application {
             .denial_page(move |rule, retry| site::pages::denial_html(&title, rule, retry))
             // `session` rules key by the account a valid cookie names.
             .session_lookup(move |req| {
-                session::read_cookie(&cookie_secret, req).and_then(|c| c.account)
+                let value = req.cookie(session::COOKIE)?;
+                session::read_cookie_value(&cookie_secret, value).and_then(|c| c.account)
             })
             // The operators' API is never rate limited nor counted.
             .unguarded(site::admin::PATH)

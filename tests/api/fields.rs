@@ -517,7 +517,10 @@ async fn a_denial_responders_answer_carries_the_fields() {
                 .headers(HeaderDialect::Draft6),
         )
         .denial_responder(|denial, _| {
-            HttpResponse::TooManyRequests().body(format!("slow down: {}", denial.rule.name))
+            let mut res =
+                floodgate::http::Response::new(format!("slow down: {}", denial.rule.name));
+            *res.status_mut() = floodgate::http::StatusCode::TOO_MANY_REQUESTS;
+            res
         })
         .build()
         .unwrap();

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::{HttpRequest, HttpResponse};
+use crate::head::RequestHead;
 
 use super::{Denial, Filter, FilterOptions, Limit, SetupError};
 
@@ -261,11 +261,13 @@ impl FilterBuilder {
     /// made in code.
     ///
     /// ```no_run
-    /// use actix_web::HttpResponse;
+    /// use floodgate_limiter::http::{Response, StatusCode};
     /// let filter = floodgate_limiter::Filter::builder()
     ///     .toml_file("limits.toml")
     ///     .denial_responder(|denial, _req| {
-    ///         HttpResponse::TooManyRequests().body(format!("slow down ({} s)", denial.retry_after))
+    ///         let mut res = Response::new(format!("slow down ({} s)\n", denial.retry_after));
+    ///         *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    ///         res
     ///     })
     ///     .build()?;
     /// # Ok::<(), floodgate_limiter::SetupError>(())
@@ -285,19 +287,23 @@ impl FilterBuilder {
     }
 
     /// The whole response to a denied request, in place of the 303 to the
-    /// error page or the 429.
+    /// error page or the 429, as the `http` crate writes one (re-exported as
+    /// [`floodgate_limiter::http`](crate::http)): the actix-web filter and
+    /// the tower layer both send it.
     ///
     /// ```no_run
-    /// use actix_web::HttpResponse;
+    /// use floodgate_limiter::http::{header, Response, StatusCode};
     /// let builder = floodgate_limiter::Filter::builder().denial_responder(|denial, _req| {
-    ///     HttpResponse::TooManyRequests()
-    ///         .content_type("application/json")
+    ///     Response::builder()
+    ///         .status(StatusCode::TOO_MANY_REQUESTS)
+    ///         .header(header::CONTENT_TYPE, "application/json")
     ///         .body(format!(r#"{{"limit":"{}","wait":{}}}"#, denial.rule.name, denial.retry_after))
+    ///         .unwrap_or_default()
     /// });
     /// ```
     pub fn denial_responder(
         mut self,
-        f: impl Fn(&Denial, &HttpRequest) -> HttpResponse + Send + Sync + 'static,
+        f: impl Fn(&Denial, &RequestHead) -> http::Response<String> + Send + Sync + 'static,
     ) -> Self {
         self.responder = Some(Box::new(f));
         self
@@ -314,7 +320,7 @@ impl FilterBuilder {
     /// `None` (the request is then keyed by its address).
     pub fn session_lookup(
         mut self,
-        f: impl Fn(&HttpRequest) -> Option<String> + Send + Sync + 'static,
+        f: impl Fn(&RequestHead) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
         self.session = Some(Box::new(f));
         self

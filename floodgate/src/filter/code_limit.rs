@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use actix_web::HttpRequest;
+use crate::head::RequestHead;
 use sha2::{Digest, Sha256};
 
 use super::{Filter, SetupError};
@@ -330,7 +330,7 @@ impl Limit {
     ///     .skip_if(|req| req.headers().contains_key("x-internal-job"));
     /// # let _ = limit;
     /// ```
-    pub fn skip_if(mut self, skip: impl Fn(&HttpRequest) -> bool + Send + Sync + 'static) -> Limit {
+    pub fn skip_if(mut self, skip: impl Fn(&RequestHead) -> bool + Send + Sync + 'static) -> Limit {
         self.skip = Some(Skip::new("skip_if", skip));
         self
     }

@@ -4,12 +4,12 @@
 
 use actix_web::body::EitherBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode as ActixStatus;
 use actix_web::{HttpRequest, HttpResponse};
 use http::StatusCode;
 
 use super::decision::summary;
+use super::head::Head;
 use super::{fields, values, Denial, Filter, Usage};
 use crate::limiter::{Decision, LimiterError, Outcome};
 use crate::logging::{self, Escaped};
@@ -83,7 +83,7 @@ pub(super) fn deny<B>(
             outcomes,
             ..
         } => {
-            let mut response = denial(filter, req.request(), rule, retry);
+            let mut response = denial(filter, req.request(), rule, retry).to_actix();
             fields::on_denial(&mut response, req.request(), rules, outcomes);
             response
         }
@@ -330,25 +330,31 @@ pub(crate) fn refusal(refused: &Refused<'_>) -> Answer {
     }
 }
 
-/// The response to a denied request: the application's responder's, or
-/// the filter's own [`answer`].
-fn denial(filter: &Filter, req: &HttpRequest, rule: &Rule, retry: u64) -> HttpResponse {
-    if let Some(respond) = &filter.state.responder {
-        let denial = Denial {
-            rule: rule.clone(),
-            retry_after: retry,
-        };
-        let mut res = respond(&denial, req);
-        let headers = res.headers_mut();
-        if !headers.contains_key(header::RETRY_AFTER) {
-            if let Ok(v) = HeaderValue::try_from(retry.to_string()) {
-                headers.insert(header::RETRY_AFTER, v);
-            }
-        }
-        if !headers.contains_key(header::CACHE_CONTROL) {
-            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        }
-        return res;
+/// The response to a denied request, as every door sends it: the
+/// application's responder's (with `Retry-After` and `Cache-Control` added
+/// where it has none), or the filter's own [`answer`].
+pub(crate) fn denial<H: Head>(filter: &Filter, req: &H, rule: &Rule, retry: u64) -> Answer {
+    let Some(respond) = &filter.state.responder else {
+        return answer(filter, req.headers(), req.raw_path(), rule, retry);
+    };
+    let denial = Denial {
+        rule: rule.clone(),
+        retry_after: retry,
+    };
+    let (parts, body) = respond(&denial, &req.request_head(filter.client_of(req))).into_parts();
+    let mut headers = parts.headers;
+    if !headers.contains_key(http::header::RETRY_AFTER) {
+        headers.insert(http::header::RETRY_AFTER, http::HeaderValue::from(retry));
     }
-    answer(filter, req.headers(), req.path(), rule, retry).to_actix()
+    if !headers.contains_key(http::header::CACHE_CONTROL) {
+        headers.insert(
+            http::header::CACHE_CONTROL,
+            http::HeaderValue::from_static("no-store"),
+        );
+    }
+    Answer {
+        status: parts.status,
+        headers,
+        body,
+    }
 }

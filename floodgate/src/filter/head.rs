@@ -6,10 +6,8 @@
 
 use std::net::IpAddr;
 
+use crate::head::RequestHead;
 use crate::net::HeaderLines;
-use crate::rule::{CustomKey, Rule};
-
-use super::SessionLookup;
 
 /// A request's head as the filter's stages read it.
 pub(crate) trait Head {
@@ -30,13 +28,10 @@ pub(crate) trait Head {
     fn header_bytes(&self) -> usize;
     /// The TCP peer's address, when the server told it.
     fn peer(&self) -> Option<IpAddr>;
-    /// Whether `rule`'s skip predicate lets this request past it.
-    fn skips(&self, rule: &Rule) -> bool;
-    /// The value of an application's key function, where this door can
-    /// call it.
-    fn custom(&self, f: &CustomKey) -> Option<String>;
-    /// Who is signed in, where this door can tell.
-    fn session(&self, lookup: &SessionLookup) -> Option<String>;
+    /// The head as the application's own functions see it, `client`
+    /// being the address the filter keys `ip` by (built only for a request
+    /// one of those functions reads).
+    fn request_head(&self, client: IpAddr) -> RequestHead;
 }
 
 impl Head for actix_web::HttpRequest {
@@ -75,15 +70,25 @@ impl Head for actix_web::HttpRequest {
         self.peer_addr().map(|a| a.ip())
     }
 
-    fn skips(&self, rule: &Rule) -> bool {
-        !rule.applies_to(self)
-    }
-
-    fn custom(&self, f: &CustomKey) -> Option<String> {
-        f.key(self)
-    }
-
-    fn session(&self, lookup: &SessionLookup) -> Option<String> {
-        lookup(self)
+    /// actix-web 4 has the `http` crate's types of version 0.2: each part
+    /// is carried over by its bytes.
+    fn request_head(&self, client: IpAddr) -> RequestHead {
+        let method =
+            http::Method::from_bytes(Head::method(self).as_bytes()).unwrap_or(http::Method::GET);
+        let uri = self
+            .uri()
+            .path_and_query()
+            .and_then(|pq| http::Uri::try_from(pq.as_str()).ok())
+            .unwrap_or_default();
+        let mut headers = http::HeaderMap::with_capacity(Head::headers(self).len());
+        for (name, value) in Head::headers(self) {
+            if let (Ok(name), Ok(value)) = (
+                http::HeaderName::from_bytes(name.as_str().as_bytes()),
+                http::HeaderValue::from_bytes(value.as_bytes()),
+            ) {
+                headers.append(name, value);
+            }
+        }
+        RequestHead::new(method, uri, headers, Some(client))
     }
 }

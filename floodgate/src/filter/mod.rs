@@ -46,7 +46,9 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use actix_service::{Service, Transform};
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::{Error, HttpRequest, HttpResponse};
+use actix_web::{Error, HttpRequest};
+
+use crate::head::RequestHead;
 
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
@@ -57,13 +59,14 @@ use crate::rule::Rule;
 pub type DenialPage = dyn Fn(&Rule, u64) -> String + Send + Sync;
 
 /// Tells who is signed in, for `key = "session"`: the account ID or `None`.
-pub type SessionLookup = dyn Fn(&HttpRequest) -> Option<String> + Send + Sync;
+pub type SessionLookup = dyn Fn(&RequestHead) -> Option<String> + Send + Sync;
 
 /// Answers a denied request in place of the filter's own 303 / 429: given
-/// the denial and the request, the whole response. The filter still adds
-/// `Retry-After` and `Cache-Control: no-store` when the response lacks them,
-/// and the rate-limit fields of the matching rules (as on every denial).
-pub type DenialResponder = dyn Fn(&Denial, &HttpRequest) -> HttpResponse + Send + Sync;
+/// the denial and the request, the whole response, as the `http` crate
+/// writes one (both doors send it). The filter still adds `Retry-After` and
+/// `Cache-Control: no-store` when the response lacks them, and the
+/// rate-limit fields of the matching rules (as on every denial).
+pub type DenialResponder = dyn Fn(&Denial, &RequestHead) -> http::Response<String> + Send + Sync;
 
 /// A media type the app's `web::Json` reads besides the JSON ones: the
 /// predicate the app gives `JsonConfig::content_type` (see

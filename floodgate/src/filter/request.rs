@@ -50,6 +50,9 @@ impl Filter {
         looked_up: &[Option<rule::Identity>],
     ) -> Result<values::Keyed, values::Unreadable> {
         let mut parts: Vec<(&'static str, String)> = Vec::with_capacity(rule.key.kinds().len());
+        // Built once, and only for a key the application's functions read.
+        let head = std::cell::OnceCell::new();
+        let head = || head.get_or_init(|| req.request_head(self.client_of(req)));
         let mut lookups = looked_up.iter();
         let mut limit = None;
         let normalize = |v: Option<String>| v.and_then(|v| rule::normalize(&v, rule.normalize));
@@ -58,7 +61,7 @@ impl Filter {
                 KeyKind::Ip => Some(net::ip_id(self.client_of(req))),
                 KeyKind::Global => Some("all".to_string()),
                 KeyKind::Path => Some(path.to_string()),
-                KeyKind::Session => self.state.session.as_ref().and_then(|f| req.session(f)),
+                KeyKind::Session => self.state.session.as_ref().and_then(|f| f(head())),
                 KeyKind::Header(name) => normalize(values::header_value(req.headers(), name)?),
                 KeyKind::Query(name) => {
                     normalize(values::urlencoded_value(req.query().as_bytes(), name)?)
@@ -83,7 +86,7 @@ impl Filter {
                     }
                     _ => None,
                 },
-                KeyKind::Custom(f) => req.custom(f),
+                KeyKind::Custom(f) => f.key(head()),
             };
             match value.filter(|v| !v.is_empty()) {
                 Some(v) => parts.push((kind.kind(), v)),
@@ -150,7 +153,7 @@ where
         Ok(bodies) => bodies,
         Err(refused) => return Ok(refuse(req, refused)),
     };
-    let looked_up = lookups(&req, &matched).await;
+    let looked_up = lookups(&filter, req.request(), &matched).await;
     let keyed = checks(
         &filter,
         req.request(),
@@ -225,11 +228,14 @@ pub(super) fn guarding<'r, H: Head>(
     // encoding a `/`), and the routed one (`/user/:id` guards
     // `/user/a%2Fb`, which the router sends to `/user/{id}`).
     let other = (routed != decoded).then_some(routed);
+    // Built once, and only for a rule with a skip predicate.
+    let head = std::cell::OnceCell::new();
+    let head = || head.get_or_init(|| req.request_head(filter.client_of(req)));
     let mut matched: Vec<&Rule> = rules
         .iter()
         .filter(|r| {
             (r.matches(method, &decoded) || other.is_some_and(|p| r.matches(method, p)))
-                && !req.skips(r)
+                && (r.skip.is_none() || r.applies_to(head()))
         })
         .collect();
     // A rule's exempt clients are neither counted nor denied by it.
@@ -244,23 +250,41 @@ pub(super) fn guarding<'r, H: Head>(
 }
 
 /// Key functions that look the caller up, awaited in order: what each
-/// matched rule's lookups found (nothing when no rule has one).
-async fn lookups(req: &ServiceRequest, matched: &[&Rule]) -> Vec<Vec<Option<rule::Identity>>> {
-    let mut looked_up = Vec::new();
-    if matched.iter().any(|r| r.key.has_lookup()) {
+/// matched rule's lookups found (nothing when no rule has one). Every door
+/// calls it; the future holds no reference to the request.
+pub(super) fn lookups<'r, H: Head>(
+    filter: &Filter,
+    req: &H,
+    matched: &[&'r Rule],
+) -> impl std::future::Future<Output = Vec<Vec<Option<rule::Identity>>>> + Send + 'r {
+    let head = matched
+        .iter()
+        .any(|r| r.key.has_lookup())
+        .then(|| req.request_head(filter.client_of(req)));
+    // Copied only when a lookup will run (no allocation otherwise).
+    let matched = if head.is_some() {
+        matched.to_vec()
+    } else {
+        Vec::new()
+    };
+    async move {
+        let mut looked_up = Vec::new();
+        let Some(head) = head else {
+            return looked_up;
+        };
         for rule in matched {
             let mut found = Vec::new();
             for kind in rule.key.kinds() {
                 if let KeyKind::Custom(f) = kind {
-                    if let Some(lookup) = f.lookup(req.request()) {
+                    if let Some(lookup) = f.lookup(&head) {
                         found.push(lookup.await);
                     }
                 }
             }
             looked_up.push(found);
         }
+        looked_up
     }
-    looked_up
 }
 
 /// Each matched rule's check, and the rules with an identity's own quota.

@@ -13,12 +13,12 @@
 //! proxies. Handlers read the decision as a [`Usage`] request extension
 //! (an axum extractor with the feature `axum`).
 //!
-//! What only the actix door has, for now: a [`DenialResponder`], a
+//! The application's own functions (a [`DenialResponder`], a
 //! [`SessionLookup`], [`Key::custom`](crate::Key::custom) and
-//! [`Key::lookup`](crate::Key::lookup) functions and `skip_if` predicates
-//! (they are written over actix's request; under this door a custom key
-//! has no value, so the request is keyed by its client address, and a skip
-//! predicate never skips), and limits nested inside one another.
+//! [`Key::lookup`](crate::Key::lookup) key functions, `skip_if` predicates)
+//! see the same [`RequestHead`](crate::RequestHead) under both doors. What
+//! only the actix door has, for now: limits made in code
+//! ([`Limit`](crate::Limit)) wrapped on single routes.
 //!
 //! [`DenialResponder`]: super::DenialResponder
 //! [`SessionLookup`]: super::SessionLookup
@@ -36,15 +36,14 @@ use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, Limited};
 
 use super::decision::{self, Verdict};
-use super::deny::{
-    self, answer, denying, refusal, unavailable, Answer, DecidedBy, Denied, Refused,
-};
+use super::deny::{self, denying, refusal, unavailable, Answer, DecidedBy, Denied, Refused};
 use super::head::Head;
-use super::request::{checks, count_allowed, give_back, guarding, Checked};
-use super::{fields, json, values, Filter, SessionLookup, Usage};
+use super::request::{checks, count_allowed, give_back, guarding, lookups, Checked};
+use super::{fields, json, values, Filter, Usage};
+use crate::head::RequestHead;
 use crate::limiter::{Decision, Outcome};
 use crate::logging::{self, Escaped};
-use crate::rule::{Count, CustomKey, Rule};
+use crate::rule::{Count, Rule};
 
 /// The error type of bodies: what a body's error is turned into.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -172,16 +171,13 @@ impl Head for TowerHead<'_> {
         self.peer
     }
 
-    fn skips(&self, _: &Rule) -> bool {
-        false
-    }
-
-    fn custom(&self, _: &CustomKey) -> Option<String> {
-        None
-    }
-
-    fn session(&self, _: &SessionLookup) -> Option<String> {
-        None
+    fn request_head(&self, client: IpAddr) -> RequestHead {
+        RequestHead::new(
+            self.parts.method.clone(),
+            self.parts.uri.clone(),
+            self.parts.headers.clone(),
+            Some(client),
+        )
     }
 }
 
@@ -208,8 +204,9 @@ where
         Ok(read) => read,
         Err(refused) => return Ok(written(refusal(&refused))),
     };
+    let looked_up = lookups(&filter, &TowerHead::new(&parts), &matched).await;
     let head = TowerHead::new(&parts);
-    let keyed = checks(&filter, &head, &path, &read.read(), &[], &matched);
+    let keyed = checks(&filter, &head, &path, &read.read(), &looked_up, &matched);
     let Checked { checks, own } = match keyed {
         Ok(keyed) => keyed,
         Err(refused) => return Ok(written(refusal(&refused))),
@@ -224,8 +221,7 @@ where
         decision::decide(&filter.state.limiter, metrics, &matched, &checks, started).await;
     metrics.observe(started.elapsed());
     let method = parts.method.clone();
-    let raw_path = parts.uri.path().to_string();
-    let denial = |denied: Denied<'_>, headers: &http::HeaderMap| {
+    let denial = |denied: Denied<'_>, parts: &Parts| {
         deny::noted(&filter, method.as_str(), &path, &denied);
         match denied {
             Denied::Limited {
@@ -235,7 +231,7 @@ where
                 outcomes,
                 ..
             } => {
-                let mut answered = answer(&filter, headers, &raw_path, rule, retry);
+                let mut answered = deny::denial(&filter, &TowerHead::new(parts), rule, retry);
                 fields::write(&mut answered.headers, None, rules, outcomes, true);
                 written(answered)
             }
@@ -274,7 +270,7 @@ where
                 outcomes: &decision.outcomes,
                 by: DecidedBy::Redis,
             };
-            Ok(denial(denied, &parts.headers))
+            Ok(denial(denied, &parts))
         }
         Verdict::Cached { rule, wait, quota } => {
             let rule = matched[rule];
@@ -293,9 +289,9 @@ where
                 outcomes: &[remembered],
                 by: DecidedBy::Remembered,
             };
-            Ok(denial(denied, &parts.headers))
+            Ok(denial(denied, &parts))
         }
-        Verdict::Unavailable(e) => Ok(denial(Denied::Unavailable(&e), &parts.headers)),
+        Verdict::Unavailable(e) => Ok(denial(Denied::Unavailable(&e), &parts)),
         Verdict::Fallback {
             error,
             local,
@@ -315,7 +311,7 @@ where
                     outcomes: &decision.outcomes,
                     by: DecidedBy::Here(&error),
                 };
-                return Ok(denial(denied, &parts.headers));
+                return Ok(denial(denied, &parts));
             }
             logging::repeated!(
                 &logging::NO_DECISION,

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use actix_web::HttpRequest;
+use crate::head::RequestHead;
 
 use sha2::{Digest, Sha256};
 
@@ -57,17 +57,17 @@ enum KeyImpl {
     Lookup(Arc<dyn LookupFn>),
 }
 
-/// What [`Key::custom`] accepts: any `Fn(&HttpRequest) -> Option<String>`
-/// that can be shared between workers, or a type of your own.
+/// What [`Key::custom`] accepts: any `Fn(&RequestHead) -> Option<String>`
+/// that can be shared between threads, or a type of your own. The same
+/// function serves the actix-web filter and the tower layer.
 ///
 /// ```
-/// use actix_web::HttpRequest;
-/// use floodgate_limiter::KeyFn;
+/// use floodgate_limiter::{KeyFn, RequestHead};
 ///
 /// struct ApiKey;
 /// impl KeyFn for ApiKey {
-///     fn key(&self, req: &HttpRequest) -> Option<String> {
-///         req.headers().get("x-api-key")?.to_str().ok().map(str::to_owned)
+///     fn key(&self, req: &RequestHead) -> Option<String> {
+///         req.header("x-api-key").map(str::to_owned)
 ///     }
 /// }
 /// let key = floodgate_limiter::Key::custom("api-key", ApiKey);
@@ -75,14 +75,14 @@ enum KeyImpl {
 /// ```
 pub trait KeyFn: Send + Sync + 'static {
     /// The ID of this request for the rule, or `None`.
-    fn key(&self, req: &HttpRequest) -> Option<String>;
+    fn key(&self, req: &RequestHead) -> Option<String>;
 }
 
 impl<F> KeyFn for F
 where
-    F: Fn(&HttpRequest) -> Option<String> + Send + Sync + 'static,
+    F: Fn(&RequestHead) -> Option<String> + Send + Sync + 'static,
 {
-    fn key(&self, req: &HttpRequest) -> Option<String> {
+    fn key(&self, req: &RequestHead) -> Option<String> {
         self(req)
     }
 }
@@ -96,7 +96,7 @@ impl CustomKey {
     /// The ID of `req` (prefixed with the name, so two functions never
     /// share a counter), or `None`; always `None` for a [`Key::lookup`],
     /// whose ID is awaited as the request is decided.
-    pub fn key(&self, req: &HttpRequest) -> Option<String> {
+    pub fn key(&self, req: &RequestHead) -> Option<String> {
         match &self.f {
             KeyImpl::Sync(f) => f.key(req).map(|id| self.prefixed(&id)),
             KeyImpl::Lookup(_) => None,
@@ -109,7 +109,7 @@ impl CustomKey {
     }
 
     /// Who `req` comes from, for a [`Key::lookup`] (`None` for the others).
-    pub(crate) fn lookup(&self, req: &HttpRequest) -> Option<crate::rule::LookupFuture> {
+    pub(crate) fn lookup(&self, req: &RequestHead) -> Option<crate::rule::LookupFuture> {
         match &self.f {
             KeyImpl::Lookup(f) => Some(f.lookup(req.clone())),
             KeyImpl::Sync(_) => None,
@@ -243,13 +243,13 @@ impl Key {
     }
 
     /// The application's own function of the request: a closure
-    /// `|req: &HttpRequest| -> Option<String>` or a [`KeyFn`]. `None` keys
+    /// `|req: &RequestHead| -> Option<String>` or a [`KeyFn`]. `None` keys
     /// the request by its client address.
     ///
     /// ```
-    /// use floodgate_limiter::Key;
-    /// let tenant = Key::custom("tenant", |req: &actix_web::HttpRequest| {
-    ///     req.match_info().get("tenant").map(str::to_owned)
+    /// use floodgate_limiter::{Key, RequestHead};
+    /// let tenant = Key::custom("tenant", |req: &RequestHead| {
+    ///     req.path().strip_prefix("/t/")?.split('/').next().map(str::to_owned)
     /// });
     /// assert_eq!(tenant.to_string(), "custom:tenant");
     /// ```
@@ -261,8 +261,8 @@ impl Key {
     }
 
     /// A key function that may await (an API key looked up in a database or
-    /// a cache) and may choose the caller's quota: `|req: HttpRequest|
-    /// async move { ... }` returning `Option<`[`Identity`](crate::rule::Identity)`>`, or a
+    /// a cache) and may choose the caller's quota: `|req: RequestHead|
+    /// async move { ... }` (a `Send` future) returning `Option<`[`Identity`](crate::rule::Identity)`>`, or a
     /// [`LookupFn`]. `None` is an absent value: the request is keyed by its
     /// address with the limit's own quota (or refused, with
     /// `on_missing_key = reject`). One limit then serves anonymous callers
@@ -270,10 +270,10 @@ impl Key {
     ///
     /// ```
     /// use floodgate_limiter::rule::Identity;
-    /// use floodgate_limiter::{Key, Limit};
+    /// use floodgate_limiter::{Key, Limit, RequestHead};
     ///
-    /// let key = Key::lookup("api-key", |req: actix_web::HttpRequest| async move {
-    ///     let token = req.headers().get("x-api-key")?.to_str().ok()?.to_owned();
+    /// let key = Key::lookup("api-key", |req: RequestHead| async move {
+    ///     let token = req.header("x-api-key")?.to_owned();
     ///     // Look the token up (here: every token that starts with "k-").
     ///     token.starts_with("k-").then(|| Identity::new(token).with_limit(100))
     /// });

@@ -182,7 +182,7 @@ impl Rule {
 
     /// Whether this rule applies to `req`, which [`Rule::matches`]: not
     /// when its skip predicate holds.
-    pub fn applies_to(&self, req: &actix_web::HttpRequest) -> bool {
+    pub fn applies_to(&self, req: &crate::head::RequestHead) -> bool {
         self.skip.as_ref().is_none_or(|s| !s.skips(req))
     }
 

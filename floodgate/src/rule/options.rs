@@ -8,7 +8,7 @@ use std::num::NonZeroU32;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use actix_web::HttpRequest;
+use crate::head::RequestHead;
 
 /// What a request gets when a value its rule keys by is absent (no such
 /// header, field or member, an empty value, a number `e164` cannot read,
@@ -46,12 +46,12 @@ impl fmt::Display for OnMissingKey {
 #[derive(Clone)]
 pub struct Skip {
     name: String,
-    f: Arc<dyn Fn(&HttpRequest) -> bool + Send + Sync>,
+    f: Arc<dyn Fn(&RequestHead) -> bool + Send + Sync>,
 }
 
 impl Skip {
     /// A predicate named `name`.
-    pub fn new(name: &str, f: impl Fn(&HttpRequest) -> bool + Send + Sync + 'static) -> Skip {
+    pub fn new(name: &str, f: impl Fn(&RequestHead) -> bool + Send + Sync + 'static) -> Skip {
         Skip {
             name: name.to_string(),
             f: Arc::new(f),
@@ -59,7 +59,7 @@ impl Skip {
     }
 
     /// Whether `req` skips the rule.
-    pub fn skips(&self, req: &HttpRequest) -> bool {
+    pub fn skips(&self, req: &RequestHead) -> bool {
         (self.f)(req)
     }
 
@@ -119,26 +119,26 @@ impl Identity {
     }
 }
 
-/// The future a [`LookupFn`] returns. It runs on the request's worker,
-/// so it need not be `Send`; it must not block the thread (await an
-/// asynchronous client, or `web::block` a synchronous one).
-pub type LookupFuture = Pin<Box<dyn Future<Output = Option<Identity>>>>;
+/// The future a [`LookupFn`] returns. It is `Send`, as a tower service's
+/// future must be, and must not block the thread (await an asynchronous
+/// client, or `tokio::task::spawn_blocking` a synchronous one).
+pub type LookupFuture = Pin<Box<dyn Future<Output = Option<Identity>> + Send>>;
 
 /// What [`Key::lookup`](crate::Key::lookup) accepts: any
-/// `Fn(HttpRequest) -> impl Future<Output = Option<Identity>>` that can be
+/// `Fn(RequestHead) -> impl Future<Output = Option<Identity>> + Send` that can be
 /// shared between workers, or a type of your own. `None` is an absent
 /// value (the rule's `on_missing_key` applies: keyed by address, or 400).
 pub trait LookupFn: Send + Sync + 'static {
     /// Finds who `req` comes from.
-    fn lookup(&self, req: HttpRequest) -> LookupFuture;
+    fn lookup(&self, req: RequestHead) -> LookupFuture;
 }
 
 impl<F, Fut> LookupFn for F
 where
-    F: Fn(HttpRequest) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Option<Identity>> + 'static,
+    F: Fn(RequestHead) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Option<Identity>> + Send + 'static,
 {
-    fn lookup(&self, req: HttpRequest) -> LookupFuture {
+    fn lookup(&self, req: RequestHead) -> LookupFuture {
         Box::pin(self(req))
     }
 }
