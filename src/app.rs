@@ -41,5 +41,6 @@ pub mod log_kinds {
 }
 
 pub mod config;
+pub mod listings;
 pub mod rls;
 pub mod site;

@@ -15,7 +15,9 @@ mod operator;
 const USAGE: &str = "usage: floodgate [serve [--config FILE]] | check-config [FILE] | rls [--config FILE]
        floodgate inspect|reset|unban [--config FILE] RULE [VALUE...]
        floodgate ban [--config FILE] RULE [VALUE...] --for DURATION
-       floodgate override [--config FILE] RULE [VALUE...] (--limit N [--window D] | --clear) [--for D]";
+       floodgate override [--config FILE] RULE [VALUE...] (--limit N [--window D] | --clear) [--for D]
+       floodgate bans|overrides [--config FILE] [RULE]
+       floodgate audit [--config FILE] [--since D]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -35,6 +37,9 @@ fn main() -> ExitCode {
         ["check-config", file] => check_config(PathBuf::from(file)),
         [command @ ("inspect" | "reset" | "ban" | "unban" | "override"), rest @ ..] => {
             operator::run(command, rest, default_path())
+        }
+        [command @ ("bans" | "overrides" | "audit"), rest @ ..] => {
+            operator::run_listing(command, rest, default_path())
         }
         ["-h" | "--help" | "help"] => {
             println!("{USAGE}");

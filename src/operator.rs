@@ -1,8 +1,10 @@
 //! The operator commands: `floodgate inspect | reset | ban | unban |
-//! override`, thin over the library's operator actions. They read the same
-//! file and Redis as `serve`. Exit 0 with the rule's view of the identity
-//! as JSON on stdout; 2 with one line on stderr for bad input; 1 with one
-//! line when Redis cannot be reached.
+//! override`, thin over the library's operator actions, and the listings
+//! `floodgate bans | overrides | audit`. They read the same file and Redis
+//! as `serve`. Exit 0 with the rule's view of the identity (or the
+//! listing, one object per line) as JSON on stdout; 2 with one line on
+//! stderr for bad input; 1 with one line when Redis cannot be reached.
+//! Every action but `inspect` goes to the audit trail, by `cli:USER`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,6 +13,7 @@ use floodgate::limiter::Limiter;
 use floodgate::limiter::{Action, Dispatch, LimiterOptions};
 use floodgate::{ban_action, operator_check, override_action};
 use floodgate_site::config::Config;
+use floodgate_site::listings;
 
 /// The arguments of one command, as written.
 #[derive(Default)]
@@ -18,6 +21,7 @@ struct Args<'a> {
     config: Option<&'a str>,
     positional: Vec<&'a str>,
     lasts: Option<&'a str>,
+    since: Option<&'a str>,
     limit: Option<&'a str>,
     window: Option<&'a str>,
     clear: bool,
@@ -45,6 +49,7 @@ fn parse<'a>(rest: &[&'a str]) -> Result<Args<'a>, String> {
             "--" => flags = false,
             "--config" => args.config = Some(value()?),
             "--for" => args.lasts = Some(value()?),
+            "--since" => args.since = Some(value()?),
             "--limit" => args.limit = Some(value()?),
             "--window" => args.window = Some(value()?),
             "--clear" if inline.is_none() => args.clear = true,
@@ -152,9 +157,131 @@ fn run_rls(command: &str, args: &Args<'_>, path: &std::path::Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match limiter.operate_blocking(&check, action) {
+    act(&limiter, &redis.key_prefix, command, rule, &check, action)
+}
+
+/// Runs `action` and prints what the rule holds afterwards; records it in
+/// the audit trail.
+fn act(
+    limiter: &Limiter,
+    prefix: &str,
+    command: &str,
+    rule: &str,
+    check: &floodgate::limiter::Check,
+    action: Action,
+) -> ExitCode {
+    match limiter.operate_blocking(check, action) {
         Ok(seen) => {
             println!("{}", seen.to_json(rule));
+            let user = listings::cli_user();
+            if let Err(e) = listings::record(limiter, prefix, &action, rule, &seen.key, &user) {
+                eprintln!("floodgate {command}: done, but not written to the audit trail: {e}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("floodgate {command}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs a listing: `bans [RULE]`, `overrides [RULE]`, `audit [--since D]`.
+pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
+    let bad = |what: &str| {
+        eprintln!("floodgate {command}: {what}");
+        ExitCode::from(2)
+    };
+    let args = match parse(rest) {
+        Ok(a) => a,
+        Err(e) => return bad(&e),
+    };
+    if args.lasts.is_some() || args.limit.is_some() || args.window.is_some() || args.clear {
+        return bad("takes no --for, --limit, --window or --clear");
+    }
+    let path = args.config.map_or(default, PathBuf::from);
+    let (redis, rules): (_, Vec<listings::Known>) = if floodgate_site::rls::is_rls_file(&path) {
+        match floodgate_site::rls::load(&path) {
+            Ok((config, matcher)) => {
+                let known = matcher
+                    .limits()
+                    .iter()
+                    .map(|l| (l.name.clone(), l.window.as_secs().max(1)))
+                    .collect();
+                (config.filter.redis, known)
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        match Config::load(&path) {
+            Ok(c) => {
+                let known = c
+                    .filter
+                    .rules
+                    .iter()
+                    .map(|r| (r.name.clone(), r.algorithm.window_seconds()))
+                    .collect();
+                (c.filter.redis, known)
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::from(2);
+            }
+        }
+    };
+    let rule = match (command, args.positional.as_slice()) {
+        ("audit", []) | ("bans" | "overrides", []) => None,
+        ("bans" | "overrides", [rule]) => {
+            if let Err(e) = listings::known_rule(&rules, rule) {
+                return bad(&e);
+            }
+            Some(*rule)
+        }
+        ("audit", _) => return bad("takes no rule (only --since D)"),
+        _ => return bad("takes at most one rule"),
+    };
+    if command != "audit" && args.since.is_some() {
+        return bad("takes no --since");
+    }
+    let since = match listings::since(args.since) {
+        Ok(s) => s,
+        Err(e) => return bad(&e),
+    };
+    let options = LimiterOptions {
+        deny_cache: false,
+        dispatch: Dispatch::Threads,
+        ..LimiterOptions::default()
+    };
+    let limiter = match Limiter::new(&redis, options) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("floodgate {command}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let objects = match command {
+        "audit" => limiter
+            .audit_trail_blocking(&redis.key_prefix, since, listings::AUDIT_MOST)
+            .map(|entries| listings::audit_objects(&entries)),
+        _ => {
+            let what = if command == "bans" {
+                listings::Listing::Bans
+            } else {
+                listings::Listing::Overrides
+            };
+            limiter
+                .listed_blocking(&redis.key_prefix)
+                .map(|listed| listings::objects(what, &listed, &rules, rule))
+        }
+    };
+    match objects {
+        Ok(objects) => {
+            for o in objects {
+                println!("{o}");
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -218,14 +345,12 @@ pub fn run(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match limiter.operate_blocking(&check, action) {
-        Ok(seen) => {
-            println!("{}", seen.to_json(rule));
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("floodgate {command}: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    act(
+        &limiter,
+        &config.redis.key_prefix,
+        command,
+        rule,
+        &check,
+        action,
+    )
 }

@@ -18,10 +18,13 @@ use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use std::sync::Arc;
+
 use super::Site;
+use crate::listings;
 use floodgate::limiter::{Action, Algorithm, Check};
 use floodgate::logging::Escaped;
-use floodgate::{ban_action, override_action, Filter, OperatorError};
+use floodgate::{ban_action, override_action, OperatorError};
 
 /// Where the admin API lives.
 pub const PATH: &str = "/admin";
@@ -112,6 +115,12 @@ async fn handle(site: web::Data<Site>, req: HttpRequest, payload: web::Payload) 
         .strip_prefix(PATH)
         .unwrap_or_default();
     let what = what.strip_prefix('/').unwrap_or(what);
+    if ["bans", "overrides", "audit"].contains(&what) {
+        if req.method() != actix_web::http::Method::GET {
+            return error(StatusCode::METHOD_NOT_ALLOWED, "use GET");
+        }
+        return listing(&site, what, req.query_string()).await;
+    }
     if !["inspect", "reset", "ban", "unban", "override"].contains(&what) {
         return error(StatusCode::NOT_FOUND, "no such admin action");
     }
@@ -130,7 +139,7 @@ async fn handle(site: web::Data<Site>, req: HttpRequest, payload: web::Payload) 
         Ok(a) => a,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e),
     };
-    let result = run(&site.filter, &body, action).await;
+    let result = run(&site, &body, action, client).await;
     let shown = format!(
         "admin {} rule={} values={:?} from {client}",
         action.name(),
@@ -300,8 +309,91 @@ fn action_of(what: &str, body: &Body) -> Result<Action, String> {
     }
 }
 
-async fn run(filter: &Filter, body: &Body, action: Action) -> Result<String, OperatorError> {
+/// Runs `action` and records it in the audit trail, by `client`.
+async fn run(
+    site: &Site,
+    body: &Body,
+    action: Action,
+    client: IpAddr,
+) -> Result<String, OperatorError> {
     let values: Vec<&str> = body.values.iter().map(String::as_str).collect();
-    let seen = filter.operate(&body.rule, &values, action).await?;
+    let seen = site.filter.operate(&body.rule, &values, action).await?;
+    let limiter = Arc::clone(site.filter.limiter());
+    let prefix = site.config.filter.redis.key_prefix.clone();
+    let (rule, key) = (body.rule.clone(), seen.key.clone());
+    let recorded = web::block(move || {
+        listings::record(&limiter, &prefix, &action, &rule, &key, &client.to_string())
+    })
+    .await;
+    if let Err(e) = recorded
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()))
+    {
+        log::warn!(
+            "admin {}: done, but not written to the audit trail: {e}",
+            action.name()
+        );
+    }
     Ok(seen.to_json(&body.rule))
+}
+
+/// `GET /admin/bans|overrides[?rule=R]`, `GET /admin/audit[?since=D]`: a
+/// JSON array, as the command line lists them.
+async fn listing(site: &Site, what: &str, query: &str) -> HttpResponse {
+    let mut rule = None;
+    let mut since = None;
+    for (name, value) in form_urlencoded::parse(query.as_bytes()) {
+        match (what, name.as_ref()) {
+            ("bans" | "overrides", "rule") if rule.is_none() => rule = Some(value.into_owned()),
+            ("audit", "since") if since.is_none() => since = Some(value.into_owned()),
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("{what} takes no parameter {name:?} (or takes it once)"),
+                )
+            }
+        }
+    }
+    let known: Vec<listings::Known> = site
+        .filter
+        .rules()
+        .iter()
+        .map(|r| (r.name.clone(), r.algorithm.window_seconds()))
+        .collect();
+    if let Some(rule) = &rule {
+        if let Err(e) = listings::known_rule(&known, rule) {
+            return error(StatusCode::BAD_REQUEST, &e);
+        }
+    }
+    let since = match listings::since(since.as_deref()) {
+        Ok(s) => s,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let limiter = Arc::clone(site.filter.limiter());
+    let prefix = site.config.filter.redis.key_prefix.clone();
+    let what = what.to_string();
+    let found = web::block(move || match what.as_str() {
+        "audit" => limiter
+            .audit_trail_blocking(&prefix, since, listings::AUDIT_MOST)
+            .map(|entries| listings::audit_objects(&entries)),
+        other => {
+            let listing = if other == "bans" {
+                listings::Listing::Bans
+            } else {
+                listings::Listing::Overrides
+            };
+            limiter
+                .listed_blocking(&prefix)
+                .map(|listed| listings::objects(listing, &listed, &known, rule.as_deref()))
+        }
+    })
+    .await;
+    match found {
+        Ok(Ok(objects)) => json(
+            StatusCode::OK,
+            serde_json::Value::Array(objects).to_string(),
+        ),
+        Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use floodgate::limiter::Limiter;
 use floodgate::limiter::{Action, Algorithm, Check, LimiterOptions, Penalty};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::cluster_helpers::{Cluster, Sentinel, MASTER_NAME};
 use crate::helpers::{
@@ -231,11 +231,8 @@ fn operator_commands_print_the_rules_view_and_exit_0_2_or_1() {
     assert_eq!(cleared["limit"], 3);
     let reset = floodgate(&config, &url, &["reset", "check", "127.0.0.1"]).json();
     assert_eq!(reset["used"], 0);
-    assert!(
-        redis.keys("*").is_empty(),
-        "nothing is left: {:?}",
-        redis.keys("*")
-    );
+    // Nothing is left but the audit trail of what was done.
+    assert_eq!(redis.keys("*"), vec!["floodgate:audit".to_string()]);
 
     // Bad input: exit 2, one line on stderr, nothing on stdout.
     for args in [
@@ -266,7 +263,11 @@ fn operator_commands_print_the_rules_view_and_exit_0_2_or_1() {
         );
         assert!(ran.stdout.is_empty(), "{args:?}: {}", ran.stdout);
     }
-    assert!(redis.keys("*").is_empty(), "bad input wrote nothing");
+    assert_eq!(
+        redis.keys("*"),
+        vec!["floodgate:audit".to_string()],
+        "bad input wrote nothing"
+    );
 
     // Redis unreachable: exit 1 with one line.
     let closed = format!("redis://127.0.0.1:{}/0", free_port());
@@ -1070,6 +1071,30 @@ async fn on_a_cluster_operator_records_share_the_identitys_slot_and_reach_every_
         .unwrap();
     assert_eq!(status(&b, "/check").await, 429);
     penalty_bans(&a, &b).await;
+    // Listed from every master, the hash tags taken off the IDs.
+    let limiter = Arc::clone(a.filter.limiter());
+    let listed = actix_web::web::block(move || limiter.listed_blocking("floodgate"))
+        .await
+        .unwrap()
+        .unwrap();
+    let found: Vec<(&str, &str, bool, bool)> = listed
+        .iter()
+        .map(|l| {
+            (
+                l.rule.as_str(),
+                l.id.as_str(),
+                l.banned_ms > 0,
+                l.override_state.is_some(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        found,
+        vec![
+            ("check", "127.0.0.1", false, true),
+            ("guess", "127.0.0.1", true, false)
+        ]
+    );
 }
 
 /// The `guess` rule (1 per hour, banned for 1 min at the 2nd denial): one
@@ -1337,4 +1362,212 @@ async fn a_command_line_ban_is_counted_once_by_the_serving_processes() {
     let (again_a, again_b) = (counted(&a.metrics().await), counted(&b.metrics().await));
     assert_eq!((again_a, again_b), (in_a, in_b + 1));
     std::fs::remove_file(config).unwrap();
+}
+
+/// A ban or an override under a shadow rule would never be enforced: the
+/// command line refuses it (exit 2) and so does the admin API (400);
+/// inspecting and resetting stay allowed.
+#[actix_web::test]
+async fn a_ban_or_override_under_a_shadow_rule_is_refused() {
+    const SHADOW: &str = r#"
+[admin]
+token = "s3cret-token-for-tests"
+
+[[rule]]
+name = "watch"
+paths = ["/check"]
+limit = 3
+window = "1h"
+mode = "shadow"
+"#;
+    let redis = RedisServer::start();
+    let config = config_file("shadow", SHADOW);
+    let url = redis.url();
+    for args in [
+        &["ban", "watch", "127.0.0.1", "--for", "10m"][..],
+        &["override", "watch", "127.0.0.1", "--limit", "10"][..],
+    ] {
+        let ran = floodgate(&config, &url, args);
+        assert_eq!(ran.code, 2, "{args:?}: {}", ran.stdout);
+        assert!(ran.stderr.contains("shadow"), "{}", ran.stderr);
+    }
+    assert_eq!(
+        floodgate(&config, &url, &["reset", "watch", "127.0.0.1"]).code,
+        0
+    );
+
+    let app = spawn_app_with(SHADOW, |_| {}).await;
+    for (action, body) in [
+        (
+            "ban",
+            r#"{"rule":"watch","values":["127.0.0.1"],"for":"10m"}"#,
+        ),
+        (
+            "override",
+            r#"{"rule":"watch","values":["127.0.0.1"],"limit":10}"#,
+        ),
+    ] {
+        let (code, seen, _) = admin(&app, action, Some(TOKEN), body).await;
+        assert_eq!(code, 400, "{action}: {seen}");
+        assert!(seen["error"].as_str().unwrap().contains("shadow"), "{seen}");
+    }
+    let (code, seen, _) = admin(
+        &app,
+        "inspect",
+        Some(TOKEN),
+        r#"{"rule":"watch","values":["127.0.0.1"]}"#,
+    )
+    .await;
+    assert_eq!((code, seen["banned_s"].as_u64()), (200, Some(0)));
+}
+
+/// `GET /admin/LISTING` as the operator, the JSON array it answers.
+async fn admin_list(app: &TestApp, listing: &str) -> (u16, Value) {
+    let res = app
+        .client
+        .get(app.url(&format!("/admin/{listing}")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    (status, res.json().await.unwrap_or(Value::Null))
+}
+
+/// Bans (an operator's and a penalty's) and overrides are listed without
+/// knowing their keys, by the command line (one object per line) and the
+/// admin API (an array), one rule or all; every action but `inspect` is in
+/// the audit trail, newest first, with who did it.
+#[actix_web::test]
+async fn bans_overrides_and_the_audit_trail_are_listed() {
+    let app = spawn_app_with(TWO_RULES, |_| {}).await;
+    let config = config_file("listings", TWO_RULES);
+    let url = app.redis.url();
+    let cli = |args: &[&str]| floodgate(&config, &url, args);
+    let lines = |ran: Ran| -> Vec<Value> {
+        assert_eq!(ran.code, 0, "stderr: {}", ran.stderr);
+        ran.stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    assert!(lines(cli(&["bans"])).is_empty());
+
+    cli(&["ban", "check", "192.0.2.7", "--for", "10m"]).json();
+    cli(&["inspect", "check", "192.0.2.8"]).json();
+    cli(&[
+        "override",
+        "check",
+        "192.0.2.9",
+        "--limit",
+        "10",
+        "--for",
+        "1h",
+    ])
+    .json();
+    let (code, _, _) = admin(
+        &app,
+        "override",
+        Some(TOKEN),
+        r#"{"rule":"site","values":[],"limit":500,"window":"2m"}"#,
+    )
+    .await;
+    assert_eq!(code, 200);
+    // A penalty's ban: one admission, then the second denial bans.
+    assert_eq!(status(&app, "/guess").await, 404);
+    assert_eq!(status(&app, "/guess").await, 429);
+    assert_eq!(status(&app, "/guess").await, 429);
+
+    let bans = lines(cli(&["bans"]));
+    assert_eq!(bans.len(), 2, "{bans:?}");
+    assert_eq!(bans[0]["rule"], "check");
+    assert_eq!(bans[0]["id"], "192.0.2.7");
+    assert_eq!(bans[0]["source"], "operator");
+    assert!((590..=600).contains(&bans[0]["banned_s"].as_u64().unwrap()));
+    assert_eq!(bans[1]["rule"], "guess");
+    assert_eq!(bans[1]["id"], "127.0.0.1");
+    assert_eq!(bans[1]["source"], "penalty");
+    assert_eq!(bans[1]["level"], 1);
+    assert_eq!(lines(cli(&["bans", "guess"])), vec![bans[1].clone()]);
+    let unknown = cli(&["bans", "nosuch"]);
+    assert_eq!(unknown.code, 2, "{}", unknown.stderr);
+
+    let overrides = lines(cli(&["overrides"]));
+    assert_eq!(overrides.len(), 2, "{overrides:?}");
+    assert_eq!(
+        (
+            &overrides[0]["rule"],
+            &overrides[0]["id"],
+            &overrides[0]["limit"]
+        ),
+        (&json!("check"), &json!("192.0.2.9"), &json!(10))
+    );
+    // The rule's window (1h) when the override sets none.
+    assert_eq!(overrides[0]["window_s"], 3600);
+    assert!((3590..=3600).contains(&overrides[0]["expires_s"].as_u64().unwrap()));
+    assert_eq!(
+        (
+            &overrides[1]["rule"],
+            &overrides[1]["id"],
+            &overrides[1]["window_s"]
+        ),
+        (&json!("site"), &json!("all"), &json!(120))
+    );
+    assert_eq!(overrides[1]["expires_s"], Value::Null);
+
+    // The same over the admin API.
+    assert_eq!(
+        admin_list(&app, "bans").await,
+        (200, Value::Array(bans.clone()))
+    );
+    assert_eq!(
+        admin_list(&app, "overrides?rule=site").await,
+        (200, json!([overrides[1].clone()]))
+    );
+    assert_eq!(admin_list(&app, "bans?rule=nosuch").await.0, 400);
+    assert_eq!(admin_list(&app, "bans?color=red").await.0, 400);
+
+    // The trail: newest first; inspect is not in it; the penalty's ban is
+    // written off the request's path, so it is awaited.
+    let mut trail = Vec::new();
+    wait_until(
+        Duration::from_secs(10),
+        "the penalty ban in the trail",
+        || {
+            trail = lines(cli(&["audit"]));
+            trail.len() == 4
+        },
+    );
+    let actions: Vec<(&str, &str, &str)> = trail
+        .iter()
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap(),
+                e["rule"].as_str().unwrap(),
+                e["id"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        actions,
+        vec![
+            ("penalty", "guess", "127.0.0.1"),
+            ("override", "site", "all"),
+            ("override", "check", "192.0.2.9"),
+            ("ban", "check", "192.0.2.7"),
+        ]
+    );
+    assert_eq!(
+        (&trail[0]["by"], &trail[0]["detail"]),
+        (&json!("penalty"), &json!("for 1m"))
+    );
+    assert_eq!(trail[1]["by"], "127.0.0.1");
+    assert_eq!(trail[1]["detail"], "limit 500 window 2m until cleared");
+    assert!(trail[2]["by"].as_str().unwrap().starts_with("cli:"));
+    assert_eq!(trail[3]["detail"], "for 10m");
+    assert!(trail[0]["at"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(lines(cli(&["audit", "--since", "1h"])).len(), 4);
+    let (code, api_trail) = admin_list(&app, "audit?since=10m").await;
+    assert_eq!((code, api_trail), (200, Value::Array(trail)));
+    assert_eq!(cli(&["audit", "check"]).code, 2);
 }

@@ -51,6 +51,12 @@ pub fn operator_check(
         ));
     };
     let key = identity_key(r, values, key_prefix, hash_tags)?;
+    if r.mode == Mode::Shadow && matches!(action, Action::Ban(_) | Action::Override { .. }) {
+        return Err(format!(
+            "rule {rule:?} is a shadow rule: it counts and reports but never denies, so a {} under it would never be enforced",
+            action.name()
+        ));
+    }
     if let Action::Override { limit, window, .. } = *action {
         let max = r.algorithm.max_quota();
         if limit < r.cost || limit > max {

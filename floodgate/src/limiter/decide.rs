@@ -93,6 +93,7 @@ impl Limiter {
             clock: RedisClock::new(),
             breaker: Breaker::new(options.breaker),
             deny_cache: options.deny_cache.then(DenyCache::default),
+            penalties: super::operator::penalty_writer(pool.clone(), &config.key_prefix),
             #[cfg(feature = "cluster")]
             masters: MasterHealths::new(config, options.breaker),
         });

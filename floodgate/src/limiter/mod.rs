@@ -37,7 +37,10 @@ pub use self::algorithm::Algorithm;
 pub use self::decide::Limiter;
 pub use self::deny_cache::{DenyCache, Remembered};
 pub use self::error::LimiterError;
-pub use self::operator::{Action, Inspection, OverrideState, Penalty};
+pub use self::operator::{
+    split_state_key, Action, AuditEntry, Inspection, Listed, ListedOverride, OverrideState,
+    Penalty, AUDIT_KEEP,
+};
 pub use self::redis_config::without_password;
 pub(crate) use self::redis_config::RedisConfig;
 pub use self::topology::RedisConn;

@@ -24,6 +24,10 @@ pub(crate) struct Shared {
     pub(crate) clock: RedisClock,
     pub(crate) breaker: Breaker,
     pub(crate) deny_cache: Option<DenyCache>,
+    /// Where a dispatcher sends each penalty ban a decision started (the
+    /// identity's state key, the ban's length in ms), for the audit trail
+    /// (see `operator/list.rs`); `None` when its writer could not start.
+    pub(crate) penalties: Option<std::sync::mpsc::Sender<(String, u64)>>,
     /// Redis Cluster: each master's breaker and clock, by address.
     #[cfg(feature = "cluster")]
     pub(crate) masters: MasterHealths,

@@ -164,6 +164,13 @@ pub(crate) fn conclude<T: Transport>(
             reply,
             ..
         } = job;
+        if let (Ok(decision), Some(penalties)) = (&result, &transport.shared().penalties) {
+            for (check, outcome) in checks.iter().zip(&decision.outcomes) {
+                if outcome.ban_started {
+                    let _ = penalties.send((check.key.clone(), outcome.wait.as_millis() as u64));
+                }
+            }
+        }
         if let Err(Ok(decision)) = reply.send(result) {
             if decision.allowed {
                 undelivered.push((checks, now_ms, decision));

@@ -29,8 +29,11 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+mod list;
 mod listener;
 
+pub(crate) use self::list::penalty_writer;
+pub use self::list::{split_state_key, AuditEntry, Listed, ListedOverride, AUDIT_KEEP};
 use self::listener::announcement;
 pub(in crate::limiter) use self::listener::listen;
 use super::conn::Pool;

@@ -346,7 +346,7 @@ impl Masters {
 /// `CLUSTER SLOTS` as (first slot, last slot, master host, master port);
 /// `None` if the reply is not shaped like one. Ranges whose master has no
 /// known address (an empty host) are left out.
-fn parse_slots(value: &Value) -> Option<Vec<(u16, u16, String, u16)>> {
+pub(crate) fn parse_slots(value: &Value) -> Option<Vec<(u16, u16, String, u16)>> {
     let Value::Array(ranges) = value else {
         return None;
     };

@@ -1,0 +1,159 @@
+//! What operators see, for the command line (`floodgate bans | overrides |
+//! audit`, one JSON object per line) and the admin API (`GET /admin/bans |
+//! overrides | audit`, one JSON array): the objects built from the
+//! library's listings, and the audit entries operators' actions write.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use floodgate::limiter::{split_state_key, Action, AuditEntry, Limiter, LimiterError, Listed};
+use serde_json::{json, Value};
+
+/// The most audit entries a listing shows.
+pub const AUDIT_MOST: usize = 1000;
+
+/// What to list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listing {
+    /// Active bans.
+    Bans,
+    /// Active overrides.
+    Overrides,
+}
+
+/// A rule as the listings know it: its name and its window in whole
+/// seconds (what an override without a window of its own has).
+pub type Known = (String, u64);
+
+/// Refuses a rule name that is not one of `rules` (with the names there are).
+pub fn known_rule(rules: &[Known], rule: &str) -> Result<(), String> {
+    if rules.iter().any(|(name, _)| name == rule) {
+        return Ok(());
+    }
+    let names: Vec<&str> = rules.iter().map(|(name, _)| name.as_str()).collect();
+    Err(format!(
+        "unknown rule {rule:?} (the rules are: {})",
+        names.join(", ")
+    ))
+}
+
+/// The objects of `what` found in `listed`, for `rule` alone when given:
+/// bans `{"rule","id","banned_s","source","level"}`, overrides
+/// `{"rule","id","limit","window_s","expires_s"}` (the window the
+/// override sets, else its rule's). Records of rules no longer in `rules`
+/// are listed too (their state is still in Redis).
+pub fn objects(
+    what: Listing,
+    listed: &[Listed],
+    rules: &[Known],
+    rule: Option<&str>,
+) -> Vec<Value> {
+    let secs = |ms: u64| ms.div_ceil(1000);
+    listed
+        .iter()
+        .filter(|l| rule.is_none_or(|r| l.rule == r))
+        .filter_map(|l| match what {
+            Listing::Bans => (l.banned_ms > 0).then(|| {
+                json!({
+                    "rule": l.rule,
+                    "id": l.id,
+                    "banned_s": secs(l.banned_ms),
+                    "source": l.ban_source.as_deref().unwrap_or("operator"),
+                    "level": l.level,
+                })
+            }),
+            Listing::Overrides => l.override_state.map(|o| {
+                let window_s = o.window_ms.map(secs).or_else(|| {
+                    rules
+                        .iter()
+                        .find(|(name, _)| *name == l.rule)
+                        .map(|(_, window)| *window)
+                });
+                json!({
+                    "rule": l.rule,
+                    "id": l.id,
+                    "limit": o.limit,
+                    "window_s": window_s,
+                    "expires_s": o.expires_ms.map(secs),
+                })
+            }),
+        })
+        .collect()
+}
+
+/// The audit entries as JSON objects.
+pub fn audit_objects(entries: &[AuditEntry]) -> Vec<Value> {
+    entries
+        .iter()
+        .map(|e| serde_json::to_value(e).unwrap_or(Value::Null))
+        .collect()
+}
+
+/// Seconds since the epoch `since` ago (a duration as the config writes
+/// them, like `10m`); everything when `None`.
+pub fn since(text: Option<&str>) -> Result<u64, String> {
+    let Some(text) = text else {
+        return Ok(0);
+    };
+    let d: Duration = floodgate::config::operator_duration("--since", text)?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |n| n.as_secs());
+    Ok(now.saturating_sub(d.as_secs()))
+}
+
+/// What an action did, in words, for the audit trail (`None`: `inspect`,
+/// which changes nothing and is not recorded).
+pub fn audit_detail(action: &Action) -> Option<String> {
+    let words = |d: Duration| floodgate::config::format_duration(d);
+    Some(match *action {
+        Action::Inspect => return None,
+        Action::Reset | Action::Unban | Action::Clear => String::new(),
+        Action::Ban(d) => format!("for {}", words(d)),
+        Action::Override {
+            limit,
+            window,
+            lasts,
+        } => {
+            let mut text = format!("limit {limit}");
+            if let Some(w) = window {
+                text.push_str(&format!(" window {}", words(w)));
+            }
+            match lasts {
+                Some(l) => text.push_str(&format!(" for {}", words(l))),
+                None => text.push_str(" until cleared"),
+            }
+            text
+        }
+    })
+}
+
+/// Writes an action on the identity whose state key is `key` to the audit
+/// trail under `prefix` (blocking; logs and carries on if Redis fails:
+/// the action itself is done).
+pub fn record(
+    limiter: &Limiter,
+    prefix: &str,
+    action: &Action,
+    rule: &str,
+    key: &str,
+    by: &str,
+) -> Result<(), LimiterError> {
+    let Some(detail) = audit_detail(action) else {
+        return Ok(());
+    };
+    let id = split_state_key(prefix, key).map_or(key, |(_, _, id)| id);
+    let name = match action {
+        Action::Clear => "clear",
+        other => other.name(),
+    };
+    limiter.audit_blocking(prefix, &AuditEntry::now(name, rule, id, by, &detail))
+}
+
+/// Who runs a command: `cli:` and the OS user.
+pub fn cli_user() -> String {
+    let user = ["USER", "LOGNAME"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|u| !u.is_empty()))
+        .unwrap_or_else(|| "unknown".to_string());
+    format!("cli:{user}")
+}
