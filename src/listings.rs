@@ -24,6 +24,14 @@ pub enum Listing {
 /// seconds (what an override without a window of its own has).
 pub type Known = (String, u64);
 
+/// The rules of a config file as the listings know them.
+pub fn known(rules: &[floodgate::rule::Rule]) -> Vec<Known> {
+    rules
+        .iter()
+        .map(|r| (r.name.clone(), r.algorithm.window_seconds()))
+        .collect()
+}
+
 /// Refuses a rule name that is not one of `rules` (with the names there are).
 pub fn known_rule(rules: &[Known], rule: &str) -> Result<(), String> {
     if rules.iter().any(|(name, _)| name == rule) {
@@ -78,6 +86,35 @@ pub fn objects(
             }),
         })
         .collect()
+}
+
+/// The `floodgate_bans_active` and `floodgate_overrides_active` gauges of
+/// `/metrics`: per rule of `rules`, the identities `listed` as banned and
+/// with an override in force now.
+pub fn gauges(listed: &[Listed], rules: &[Known]) -> String {
+    let mut text = String::new();
+    for (name, help, counts) in [
+        (
+            "floodgate_bans_active",
+            "Identities banned now (by an operator or a penalty), per rule.",
+            &(|l: &Listed| l.banned_ms > 0) as &dyn Fn(&Listed) -> bool,
+        ),
+        (
+            "floodgate_overrides_active",
+            "Identities with an override in force now, per rule.",
+            &|l: &Listed| l.override_state.is_some(),
+        ),
+    ] {
+        text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+        for (rule, _) in rules {
+            let n = listed
+                .iter()
+                .filter(|l| l.rule == *rule && counts(l))
+                .count();
+            text.push_str(&format!("{name}{{rule=\"{rule}\"}} {n}\n"));
+        }
+    }
+    text
 }
 
 /// The audit entries as JSON objects.

@@ -16,6 +16,7 @@ const USAGE: &str = "usage: floodgate [serve [--config FILE]] | check-config [FI
        floodgate inspect|reset|unban [--config FILE] RULE [VALUE...]
        floodgate ban [--config FILE] RULE [VALUE...] --for DURATION
        floodgate override [--config FILE] RULE [VALUE...] (--limit N [--window D] | --clear) [--for D]
+       floodgate ban|unban|reset [--config FILE] --all-rules VALUE [--for DURATION]
        floodgate bans|overrides [--config FILE] [RULE]
        floodgate audit [--config FILE] [--since D]";
 

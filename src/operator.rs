@@ -25,6 +25,7 @@ struct Args<'a> {
     limit: Option<&'a str>,
     window: Option<&'a str>,
     clear: bool,
+    all_rules: bool,
 }
 
 fn parse<'a>(rest: &[&'a str]) -> Result<Args<'a>, String> {
@@ -53,6 +54,7 @@ fn parse<'a>(rest: &[&'a str]) -> Result<Args<'a>, String> {
             "--limit" => args.limit = Some(value()?),
             "--window" => args.window = Some(value()?),
             "--clear" if inline.is_none() => args.clear = true,
+            "--all-rules" if inline.is_none() => args.all_rules = true,
             _ => return Err(format!("unknown option {arg:?}")),
         }
     }
@@ -196,8 +198,13 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
         Ok(a) => a,
         Err(e) => return bad(&e),
     };
-    if args.lasts.is_some() || args.limit.is_some() || args.window.is_some() || args.clear {
-        return bad("takes no --for, --limit, --window or --clear");
+    if args.lasts.is_some()
+        || args.limit.is_some()
+        || args.window.is_some()
+        || args.clear
+        || args.all_rules
+    {
+        return bad("takes no --for, --limit, --window, --clear or --all-rules");
     }
     let path = args.config.map_or(default, PathBuf::from);
     let (redis, rules): (_, Vec<listings::Known>) = if floodgate_site::rls::is_rls_file(&path) {
@@ -218,12 +225,7 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
     } else {
         match Config::load(&path) {
             Ok(c) => {
-                let known = c
-                    .filter
-                    .rules
-                    .iter()
-                    .map(|r| (r.name.clone(), r.algorithm.window_seconds()))
-                    .collect();
+                let known = listings::known(&c.filter.rules);
                 (c.filter.redis, known)
             }
             Err(e) => {
@@ -291,6 +293,88 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
     }
 }
 
+/// `ban | unban | reset --all-rules VALUE`: the action on the identity
+/// VALUE under every enforce rule keyed by that one kind of value: an
+/// address under every `ip` rule; any other value under every rule keyed
+/// by one value of the request (a header, query, form, JSON or body field,
+/// the session) that takes it. Prints each rule's view, one per line.
+fn run_all_rules(
+    command: &str,
+    args: &Args<'_>,
+    config: &floodgate::config::Config,
+    action: Action,
+) -> ExitCode {
+    use floodgate::rule::{KeyKind, Mode};
+    let bad = |what: &str| {
+        eprintln!("floodgate {command}: {what}");
+        ExitCode::from(2)
+    };
+    let [value] = args.positional.as_slice() else {
+        return bad("--all-rules takes one value (and no rule)");
+    };
+    let is_address = value.parse::<std::net::IpAddr>().is_ok();
+    let hash_tags = !config.redis.cluster.is_empty();
+    let checks: Vec<(&str, floodgate::limiter::Check)> = config
+        .rules
+        .iter()
+        .filter(|r| r.mode == Mode::Enforce)
+        .filter(|r| match r.key.single() {
+            Some(KeyKind::Ip) => is_address,
+            Some(
+                KeyKind::Header(_)
+                | KeyKind::Query(_)
+                | KeyKind::Form(_)
+                | KeyKind::Json(_)
+                | KeyKind::Body(_)
+                | KeyKind::Session,
+            ) => !is_address,
+            _ => false,
+        })
+        .filter_map(|r| {
+            let check = operator_check(
+                &config.rules,
+                &config.redis.key_prefix,
+                hash_tags,
+                &r.name,
+                &[value],
+                &action,
+            );
+            check.ok().map(|c| (r.name.as_str(), c))
+        })
+        .collect();
+    if checks.is_empty() {
+        return bad(&format!(
+            "no enforce rule is keyed by one value like {value:?}"
+        ));
+    }
+    let options = LimiterOptions {
+        deny_cache: false,
+        dispatch: Dispatch::Threads,
+        ..LimiterOptions::default()
+    };
+    let limiter = match Limiter::new(&config.redis, options) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("floodgate {command}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for (rule, check) in &checks {
+        let done = act(
+            &limiter,
+            &config.redis.key_prefix,
+            command,
+            rule,
+            check,
+            action,
+        );
+        if done != ExitCode::SUCCESS {
+            return done;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 /// Runs an operator command.
 pub fn run(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
     let bad = |what: &str| {
@@ -302,7 +386,13 @@ pub fn run(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
         Err(e) => return bad(&e),
     };
     let path = args.config.map_or(default, PathBuf::from);
+    if args.all_rules && !matches!(command, "ban" | "unban" | "reset") {
+        return bad("--all-rules goes with ban, unban and reset");
+    }
     if floodgate_site::rls::is_rls_file(&path) {
+        if args.all_rules {
+            return bad("--all-rules is for the site's rules, not a rate-limit service's");
+        }
         return run_rls(command, &args, &path);
     }
     // The same file as `serve` (the site's own sections included).
@@ -313,12 +403,15 @@ pub fn run(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let Some((rule, values)) = args.positional.split_first() else {
-        return bad("name a rule (and its key values)");
-    };
     let action = match action(command, &args) {
         Ok(a) => a,
         Err(e) => return bad(&e),
+    };
+    if args.all_rules {
+        return run_all_rules(command, &args, &config, action);
+    }
+    let Some((rule, values)) = args.positional.split_first() else {
+        return bad("name a rule (and its key values)");
     };
     let hash_tags = !config.redis.cluster.is_empty();
     let check = match operator_check(

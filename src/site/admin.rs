@@ -354,12 +354,7 @@ async fn listing(site: &Site, what: &str, query: &str) -> HttpResponse {
             }
         }
     }
-    let known: Vec<listings::Known> = site
-        .filter
-        .rules()
-        .iter()
-        .map(|r| (r.name.clone(), r.algorithm.window_seconds()))
-        .collect();
+    let known = listings::known(&site.filter.rules());
     if let Some(rule) = &rule {
         if let Err(e) = listings::known_rule(&known, rule) {
             return error(StatusCode::BAD_REQUEST, &e);

@@ -1525,6 +1525,18 @@ async fn bans_overrides_and_the_audit_trail_are_listed() {
         (200, json!([overrides[1].clone()]))
     );
     assert_eq!(admin_list(&app, "bans?rule=nosuch").await.0, 400);
+    // And as gauges, per rule.
+    let metrics = app.metrics().await;
+    for line in [
+        "floodgate_bans_active{rule=\"check\"} 1",
+        "floodgate_bans_active{rule=\"guess\"} 1",
+        "floodgate_bans_active{rule=\"site\"} 0",
+        "floodgate_overrides_active{rule=\"check\"} 1",
+        "floodgate_overrides_active{rule=\"site\"} 1",
+        "floodgate_overrides_active{rule=\"guess\"} 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
     assert_eq!(admin_list(&app, "bans?color=red").await.0, 400);
 
     // The trail: newest first; inspect is not in it; the penalty's ban is
@@ -1570,4 +1582,90 @@ async fn bans_overrides_and_the_audit_trail_are_listed() {
     let (code, api_trail) = admin_list(&app, "audit?since=10m").await;
     assert_eq!((code, api_trail), (200, Value::Array(trail)));
     assert_eq!(cli(&["audit", "check"]).code, 2);
+}
+
+/// `--all-rules VALUE` acts under every enforce rule keyed by that one kind
+/// of value: an address under every `ip` rule (not a shadow one, not a
+/// rule keyed by two values), a phone under the rules keyed by a field.
+#[test]
+fn all_rules_bans_one_value_under_every_rule_keyed_by_it() {
+    const RULES: &str = r#"
+[[rule]]
+name = "check"
+paths = ["/check"]
+limit = 3
+window = "1h"
+
+[[rule]]
+name = "login"
+paths = ["/login"]
+limit = 5
+window = "1m"
+
+[[rule]]
+name = "watch"
+paths = ["/check"]
+limit = 1
+window = "1m"
+mode = "shadow"
+
+[[rule]]
+name = "pair"
+paths = ["/sms/send"]
+key = ["form:phone", "ip"]
+normalize = "e164"
+limit = 3
+window = "1m"
+
+[[rule]]
+name = "phone"
+paths = ["/api/sms/send"]
+key = "body:phone"
+normalize = "e164"
+limit = 1
+window = "1m"
+"#;
+    let redis = RedisServer::start();
+    let config = config_file("all-rules", RULES);
+    let url = redis.url();
+    let objects = |ran: Ran| -> Vec<Value> {
+        assert_eq!(ran.code, 0, "stderr: {}", ran.stderr);
+        ran.stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let rules = |seen: &[Value]| -> Vec<String> {
+        seen.iter()
+            .map(|o| o["rule"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let banned = objects(floodgate(
+        &config,
+        &url,
+        &["ban", "--all-rules", "203.0.113.7", "--for", "10m"],
+    ));
+    assert_eq!(rules(&banned), ["check", "login"]);
+    assert!(banned.iter().all(|o| o["banned_s"].as_u64().unwrap() > 590));
+    let phone = objects(floodgate(
+        &config,
+        &url,
+        &["ban", "--all-rules", "+1 (555) 010-9999", "--for", "1m"],
+    ));
+    assert_eq!(rules(&phone), ["phone"]);
+    assert_eq!(phone[0]["key"], "floodgate:phone:body:+15550109999");
+    let unbanned = objects(floodgate(
+        &config,
+        &url,
+        &["unban", "--all-rules", "203.0.113.7"],
+    ));
+    assert_eq!(rules(&unbanned), ["check", "login"]);
+    assert!(unbanned.iter().all(|o| o["banned_s"] == 0));
+    for args in [
+        &["inspect", "--all-rules", "203.0.113.7"][..],
+        &["ban", "--all-rules", "203.0.113.7", "check", "--for", "1m"],
+        &["ban", "--all-rules", "nobody-like-this", "--for", "1m"],
+    ] {
+        assert_eq!(floodgate(&config, &url, args).code, 2, "{args:?}");
+    }
 }
