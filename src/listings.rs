@@ -117,6 +117,42 @@ pub fn gauges(listed: &[Listed], rules: &[Known]) -> String {
     text
 }
 
+/// `floodgate find VALUE`: every rule's identities whose ID holds `value`
+/// (written as a request carries it) as one of its parts, as the rule's
+/// view of each (`inspect` objects), rules in their order. Blocking.
+pub fn find(
+    limiter: &Limiter,
+    prefix: &str,
+    rules: &[floodgate::rule::Rule],
+    value: &str,
+) -> Result<Vec<Value>, LimiterError> {
+    let mut found = Vec::new();
+    for rule in rules {
+        let parts = floodgate::rule::id_parts_of(rule, value);
+        if parts.is_empty() {
+            continue;
+        }
+        for key in limiter.state_keys_blocking(prefix, &rule.name)? {
+            let Some((_, _, id)) = split_state_key(prefix, &key) else {
+                continue;
+            };
+            if !id.split('|').any(|part| parts.iter().any(|p| p == part)) {
+                continue;
+            }
+            let check = floodgate::limiter::Check {
+                key: key.clone(),
+                algorithm: rule.algorithm,
+                cost: rule.cost,
+                enforce: rule.mode == floodgate::rule::Mode::Enforce,
+                penalty: rule.penalty,
+            };
+            let seen = limiter.operate_blocking(&check, Action::Inspect)?;
+            found.push(serde_json::from_str(&seen.to_json(&rule.name)).unwrap_or(Value::Null));
+        }
+    }
+    Ok(found)
+}
+
 /// The audit entries as JSON objects.
 pub fn audit_objects(entries: &[AuditEntry]) -> Vec<Value> {
     entries

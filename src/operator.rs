@@ -207,6 +207,7 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
         return bad("takes no --for, --limit, --window, --clear or --all-rules");
     }
     let path = args.config.map_or(default, PathBuf::from);
+    let mut site_rules = Vec::new();
     let (redis, rules): (_, Vec<listings::Known>) = if floodgate_site::rls::is_rls_file(&path) {
         match floodgate_site::rls::load(&path) {
             Ok((config, matcher)) => {
@@ -226,6 +227,7 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
         match Config::load(&path) {
             Ok(c) => {
                 let known = listings::known(&c.filter.rules);
+                site_rules = c.filter.rules;
                 (c.filter.redis, known)
             }
             Err(e) => {
@@ -236,6 +238,8 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
     };
     let rule = match (command, args.positional.as_slice()) {
         ("audit", []) | ("bans" | "overrides", []) => None,
+        ("find", [value]) => Some(*value),
+        ("find", _) => return bad("takes one value, written as a request carries it"),
         ("bans" | "overrides", [rule]) => {
             if let Err(e) = listings::known_rule(&rules, rule) {
                 return bad(&e);
@@ -265,6 +269,12 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
         }
     };
     let objects = match command {
+        "find" => listings::find(
+            &limiter,
+            &redis.key_prefix,
+            &site_rules,
+            rule.unwrap_or_default(),
+        ),
         "audit" => limiter
             .audit_trail_blocking(&redis.key_prefix, since, listings::AUDIT_MOST)
             .map(|entries| listings::audit_objects(&entries)),

@@ -115,7 +115,7 @@ async fn handle(site: web::Data<Site>, req: HttpRequest, payload: web::Payload) 
         .strip_prefix(PATH)
         .unwrap_or_default();
     let what = what.strip_prefix('/').unwrap_or(what);
-    if ["bans", "overrides", "audit"].contains(&what) {
+    if ["bans", "overrides", "audit", "find"].contains(&what) {
         if req.method() != actix_web::http::Method::GET {
             return error(StatusCode::METHOD_NOT_ALLOWED, "use GET");
         }
@@ -342,9 +342,11 @@ async fn run(
 async fn listing(site: &Site, what: &str, query: &str) -> HttpResponse {
     let mut rule = None;
     let mut since = None;
+    let mut found = None;
     for (name, value) in form_urlencoded::parse(query.as_bytes()) {
         match (what, name.as_ref()) {
             ("bans" | "overrides", "rule") if rule.is_none() => rule = Some(value.into_owned()),
+            ("find", "value") if found.is_none() => found = Some(value.into_owned()),
             ("audit", "since") if since.is_none() => since = Some(value.into_owned()),
             _ => {
                 return error(
@@ -364,10 +366,20 @@ async fn listing(site: &Site, what: &str, query: &str) -> HttpResponse {
         Ok(s) => s,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e),
     };
+    if what == "find" && found.is_none() {
+        return error(StatusCode::BAD_REQUEST, "find needs ?value=V");
+    }
     let limiter = Arc::clone(site.filter.limiter());
     let prefix = site.config.filter.redis.key_prefix.clone();
+    let rules = site.filter.rules();
     let what = what.to_string();
     let found = web::block(move || match what.as_str() {
+        "find" => listings::find(
+            &limiter,
+            &prefix,
+            &rules,
+            found.as_deref().unwrap_or_default(),
+        ),
         "audit" => limiter
             .audit_trail_blocking(&prefix, since, listings::AUDIT_MOST)
             .map(|entries| listings::audit_objects(&entries)),

@@ -1669,3 +1669,90 @@ window = "1m"
         assert_eq!(floodgate(&config, &url, args).code, 2, "{args:?}");
     }
 }
+
+/// `find VALUE` names every rule's identities that hold the value as one of
+/// their parts, written as a request carries it, counted or only banned.
+#[actix_web::test]
+async fn find_names_every_identity_holding_a_value() {
+    let redis = RedisServer::start();
+    let config = config_file("find", CHECK);
+    let url = redis.url();
+    let found = |value: &str| -> Vec<(String, String)> {
+        let ran = floodgate(&config, &url, &["find", value]);
+        assert_eq!(ran.code, 0, "stderr: {}", ran.stderr);
+        ran.stdout
+            .lines()
+            .map(|l| {
+                let o: Value = serde_json::from_str(l).unwrap();
+                (
+                    o["rule"].as_str().unwrap().to_string(),
+                    o["key"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    floodgate(
+        &config,
+        &url,
+        &[
+            "ban",
+            "sms",
+            "+1 (555) 010-9999",
+            "203.0.113.7",
+            "--for",
+            "1m",
+        ],
+    )
+    .json();
+    floodgate(
+        &config,
+        &url,
+        &["ban", "check", "203.0.113.7", "--for", "1m"],
+    )
+    .json();
+    // Counted, not banned: a state key alone.
+    let mut conn = redis.connection();
+    let _: () = redis::cmd("RPUSH")
+        .arg("floodgate:check:ip:198.51.100.9")
+        .arg("1:1:1")
+        .query(&mut conn)
+        .unwrap();
+    let sms = "floodgate:sms:form+ip:+15550109999|203.0.113.7".to_string();
+    assert_eq!(
+        found("+1 555-010-9999"),
+        vec![("sms".to_string(), sms.clone())]
+    );
+    assert_eq!(
+        found("203.0.113.7"),
+        vec![
+            (
+                "check".to_string(),
+                "floodgate:check:ip:203.0.113.7".to_string()
+            ),
+            ("sms".to_string(), sms)
+        ]
+    );
+    assert_eq!(
+        found("198.51.100.9"),
+        vec![(
+            "check".to_string(),
+            "floodgate:check:ip:198.51.100.9".to_string()
+        )]
+    );
+    assert!(found("nobody").is_empty());
+    assert_eq!(floodgate(&config, &url, &["find"]).code, 2);
+
+    let app = spawn_app_with(TWO_RULES, |_| {}).await;
+    assert_eq!(status(&app, "/check").await, 200);
+    let (code, objects) = admin_list(&app, "find?value=127.0.0.1").await;
+    assert_eq!(code, 200);
+    let rules: Vec<&str> = objects
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["rule"].as_str().unwrap())
+        .collect();
+    assert_eq!(rules, ["check"]);
+    assert_eq!(objects[0]["used"], 1);
+    assert_eq!(admin_list(&app, "find").await.0, 400);
+}

@@ -54,6 +54,28 @@ pub fn identity_key(
     Ok(rule.state_key(hash_tags, key_prefix, &kind, &id))
 }
 
+/// What `value`, written as a request carries it, is as one part of an ID
+/// of `rule`'s key: for each of its kinds that takes such a value, the part
+/// as the ID holds it (normalized, then escaped as a composite ID's parts
+/// are). Empty for a rule whose IDs are hashed (`hash_key`): a part of
+/// them cannot be recognized. What `floodgate find` looks for.
+pub fn id_parts_of(rule: &Rule, value: &str) -> Vec<String> {
+    if rule.hash_key {
+        return Vec::new();
+    }
+    let mut parts: Vec<String> = rule
+        .key
+        .kinds()
+        .iter()
+        .filter(|k| !matches!(k, KeyKind::Global | KeyKind::Custom(_)))
+        .filter_map(|k| identity_value(k, rule.normalize, value).ok())
+        .map(|v| v.replace('%', "%25").replace('|', "%7C"))
+        .collect();
+    parts.sort();
+    parts.dedup();
+    parts
+}
+
 /// One value as a request would be keyed by it.
 fn identity_value(kind: &KeyKind, how: Normalize, value: &str) -> Result<String, String> {
     match kind {

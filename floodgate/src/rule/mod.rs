@@ -10,7 +10,7 @@ mod options;
 mod path;
 pub(crate) mod spec;
 
-pub use self::identity::identity_key;
+pub use self::identity::{id_parts_of, identity_key};
 pub use self::key::{compose, redis_key, redis_key_for, CustomKey, KeyKind};
 pub(crate) use self::key::{hashed_id, Key};
 #[cfg(feature = "e164")]

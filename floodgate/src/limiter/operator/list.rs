@@ -200,6 +200,35 @@ impl Limiter {
         Ok(listed)
     }
 
+    /// The state keys of the rule `rule` under `prefix` (on a Cluster, on
+    /// every master), found with `SCAN`: those that hold counts, and those
+    /// of identities with only an operator record (banned before any
+    /// request). Blocking, as [`Limiter::listed_blocking`].
+    pub fn state_keys_blocking(
+        &self,
+        prefix: &str,
+        rule: &str,
+    ) -> Result<Vec<String>, LimiterError> {
+        let mut conn = self
+            .pool()
+            .get_timeout(self.timeout())
+            .map_err(|e| LimiterError::Other(format!("redis pool: {e}")))?;
+        let pattern = format!("{}:{}:*", glob_escaped(prefix), glob_escaped(rule));
+        let keys = keys_matching(&mut conn, &pattern).and_then(|mut keys| {
+            keys.extend(keys_matching(&mut conn, &format!("!{pattern}"))?);
+            Ok(keys)
+        });
+        conn.note(&keys);
+        let mut keys: Vec<String> = keys
+            .map_err(LimiterError::from)?
+            .into_iter()
+            .map(|k| k.strip_prefix('!').map_or(k.clone(), str::to_string))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+
     /// Adds `entry` to the audit trail under `prefix` (the newest
     /// [`AUDIT_KEEP`] stay) and logs it. Blocking, as
     /// [`Limiter::listed_blocking`].
