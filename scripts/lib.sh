@@ -28,6 +28,22 @@ apt_install() {
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
+# apt_unpack PKG DIR: unpacks the Debian package PKG into DIR without
+# installing it (nothing is configured or started): for a tool the tests run.
+apt_unpack() {
+  local pkg="$1" dir="$2" tmp
+  if [ -z "${APT_UPDATED:-}" ]; then
+    as_root apt-get update -qq
+    APT_UPDATED=1
+  fi
+  tmp="$(mktemp -d)"
+  chmod a+rwx "$tmp" # (apt downloads as its own user)
+  (cd "$tmp" && apt-get download -qq "$pkg" >/dev/null)
+  mkdir -p "$dir"
+  dpkg-deb -x "$tmp"/"$pkg"_*.deb "$dir"
+  rm -rf "$tmp"
+}
+
 ensure_redis_server() {
   command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt_install redis-server
 }

@@ -18,8 +18,8 @@ mod filter;
 mod helpers;
 mod isolation;
 mod keys;
-
 mod limits;
+mod monitoring;
 mod operator;
 mod peek;
 mod resilience;
