@@ -578,3 +578,137 @@ async fn the_applications_own_functions_key_skip_and_answer() {
 fn status_of(res: &reqwest::Response) -> u16 {
     res.status().as_u16()
 }
+
+// ---------------------------------------------------------------------------
+// What a denied or refused request gets, by its Accept
+// ---------------------------------------------------------------------------
+
+/// The Accept a browser sends with a page request.
+const BROWSER: &str = "text/html,application/xhtml+xml,*/*;q=0.8";
+
+/// `GET base path` with these header fields.
+async fn get_with(base: &str, path: &str, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut req = client().get(format!("{base}{path}"));
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    req.send().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_is_json_unless_the_client_asks_for_html() {
+    let redis = RedisServer::start();
+    let toml = "[[rule]]\nname = \"check\"\npaths = [\"/check\"]\ndeny = \"status\"\nlimit = 1\nwindow = \"1m\"\n\
+                [[rule]]\nname = \"page\"\npaths = [\"/free\"]\ndeny = \"redirect\"\nerror_page = \"/err\"\nlimit = 1\nwindow = \"1m\"\n";
+    let base = serve(app(filter(&redis, toml))).await;
+    assert_eq!(get_with(&base, "/check", &[]).await.status(), 200);
+    // No Accept (curl), */* (fetch): the 429 JSON.
+    for accept in [None, Some("*/*")] {
+        let headers: Vec<_> = accept.map(|a| ("accept", a)).into_iter().collect();
+        let res = get_with(&base, "/check", &headers).await;
+        assert_eq!(res.status(), 429, "{accept:?}");
+        let retry: u64 = header(&res, "retry-after").unwrap().parse().unwrap();
+        assert!((1..=60).contains(&retry), "{retry}");
+        assert_eq!(header(&res, "cache-control").as_deref(), Some("no-store"));
+        assert_eq!(
+            header(&res, "content-type").as_deref(),
+            Some("application/json"),
+            "{accept:?}"
+        );
+        let body: Value = res.json().await.unwrap();
+        assert_eq!(
+            body,
+            json!({"error": "rate_limited", "rule": "check", "retry_after": retry})
+        );
+    }
+    // A browser: the HTML page.
+    let res = get_with(&base, "/check", &[("accept", BROWSER)]).await;
+    assert_eq!(res.status(), 429);
+    assert!(header(&res, "retry-after").is_some());
+    assert_eq!(header(&res, "cache-control").as_deref(), Some("no-store"));
+    assert!(header(&res, "content-type")
+        .unwrap()
+        .starts_with("text/html"));
+    let page = res.text().await.unwrap();
+    assert!(page.to_lowercase().contains("<html"), "{page}");
+
+    // A redirect rule: JSON for a client that asks for JSON only, else 303.
+    assert_eq!(get_with(&base, "/free", &[]).await.status(), 200);
+    let res = get_with(&base, "/free", &[("accept", "application/json")]).await;
+    assert_eq!(res.status(), 429);
+    let retry: u64 = header(&res, "retry-after").unwrap().parse().unwrap();
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!({"error": "rate_limited", "rule": "page", "retry_after": retry})
+    );
+    let res = get_with(&base, "/free", &[("accept", BROWSER)]).await;
+    assert_eq!(res.status(), 303);
+    let retry = header(&res, "retry-after").unwrap();
+    assert_eq!(
+        header(&res, "location"),
+        Some(format!("/err?rule=page&retry_after={retry}"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_is_json_unless_the_client_asks_for_html() {
+    let redis = RedisServer::start();
+    let toml = "[server]\nmax_form = \"1KiB\"\n[[rule]]\nname = \"sms\"\npaths = [\"/echo\"]\nkey = \"body:phone\"\nlimit = 5\nwindow = \"1h\"\ndeny = \"status\"\n";
+    let base = serve(app(filter(&redis, toml))).await;
+    let post = |content_type: &'static str, body: String, accept: Option<&'static str>| {
+        let mut req = client()
+            .post(format!("{base}/echo"))
+            .header("content-type", content_type)
+            .body(body);
+        if let Some(a) = accept {
+            req = req.header("accept", a);
+        }
+        req.send()
+    };
+    let form = "application/x-www-form-urlencoded";
+    let big = || format!("phone=1&pad={}", "a".repeat(2000));
+    // 413, 415, 400 (a key member twice: the rule's key is at fault).
+    let cases: [(&str, String, u16, &str, Option<&str>); 3] = [
+        (form, big(), 413, "body_too_large", None),
+        (
+            "application/json; charset=latin1",
+            r#"{"phone":"1"}"#.into(),
+            415,
+            "unsupported_media_type",
+            None,
+        ),
+        (
+            "application/json",
+            r#"{"phone":"1","phone":"2"}"#.into(),
+            400,
+            "bad_request",
+            Some("sms"),
+        ),
+    ];
+    for (ct, body, status, error, rule) in cases {
+        for accept in [None, Some("*/*")] {
+            let res = post(ct, body.clone(), accept).await.unwrap();
+            assert_eq!(res.status(), status, "{error} {accept:?}");
+            assert_eq!(
+                header(&res, "content-type").as_deref(),
+                Some("application/json")
+            );
+            assert_eq!(header(&res, "cache-control").as_deref(), Some("no-store"));
+            let v: Value = res.json().await.unwrap();
+            assert_eq!(v["error"], error, "{v}");
+            assert_eq!(v["rule"], json!(rule), "{v}");
+            assert!(!v["detail"].as_str().unwrap().is_empty(), "{v}");
+        }
+        let res = post(ct, body, Some(BROWSER)).await.unwrap();
+        assert_eq!(res.status(), status, "{error}: a browser");
+        assert!(header(&res, "content-type")
+            .unwrap()
+            .starts_with("text/html"));
+        let page = res.text().await.unwrap();
+        assert!(page.contains("<html"), "{page}");
+        assert!(page.contains(&status.to_string()), "{page}");
+    }
+    // Nothing was counted.
+    assert_eq!(redis.keys("floodgate:*"), Vec::<String>::new());
+}

@@ -31,12 +31,12 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, Limited};
 
 use super::decision::{self, Verdict};
-use super::deny::{self, denying, refusal, unavailable, Answer, DecidedBy, Denied, Refused};
+use super::deny::{self, denying, refusal, unavailable, Answer, DecidedBy, Denied, Input, Refused};
 use super::head::Head;
 use super::request::{checks, count_allowed, give_back, guarding, lookups, Checked};
 use super::{fields, json, values, Filter, Usage};
@@ -198,18 +198,18 @@ where
     let (matched, path) = match guarded {
         Ok(Some(guarded)) => guarded,
         Ok(None) => return pass(inner, Request::from_parts(parts, body)).await,
-        Err(refused) => return Ok(written(refusal(&refused))),
+        Err(refused) => return Ok(written(refusal(&refused, &parts.headers))),
     };
     let (read, body) = match read_body(&filter, &parts, body, &matched).await {
         Ok(read) => read,
-        Err(refused) => return Ok(written(refusal(&refused))),
+        Err(refused) => return Ok(written(refusal(&refused, &parts.headers))),
     };
     let looked_up = lookups(&filter, &TowerHead::new(&parts), &matched).await;
     let head = TowerHead::new(&parts);
     let keyed = checks(&filter, &head, &path, &read.read(), &looked_up, &matched);
     let Checked { checks, own } = match keyed {
         Ok(keyed) => keyed,
-        Err(refused) => return Ok(written(refusal(&refused))),
+        Err(refused) => return Ok(written(refusal(&refused, &parts.headers))),
     };
     let mut matched = matched;
     for (i, r) in &own {
@@ -445,14 +445,14 @@ where
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let too_large = Refused::Plain(StatusCode::PAYLOAD_TOO_LARGE, "body too large\n");
+    let too_large = Refused::Input(Input::BodyTooLarge(max));
     if declared.is_some_and(|n| n > max as u64) {
         return Err(too_large);
     }
     let bytes = match Limited::new(body, max).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(too_large),
-        Err(_) => return Err(Refused::Plain(StatusCode::BAD_REQUEST, "unreadable body\n")),
+        Err(_) => return Err(Refused::Input(Input::BrokenBody)),
     };
     let read = if json_wanted {
         Read {
