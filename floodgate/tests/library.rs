@@ -955,7 +955,7 @@ async fn the_decisions_of_one_tick_reach_the_dispatcher_threads_as_one_call() {
 }
 
 // ---------------------------------------------------------------------------
-// What a denied or refused request gets, by its Accept
+// What a denied or refused request gets, by its Accept; CORS
 // ---------------------------------------------------------------------------
 
 /// The Accept a browser sends with a page request.
@@ -1127,4 +1127,124 @@ async fn a_refusal_is_json_unless_the_client_asks_for_html() {
     assert_eq!(v["rule"], serde_json::Value::Null);
     // Nothing was counted.
     assert_eq!(redis.keys("floodgate:*"), Vec::<String>::new());
+}
+
+#[actix_web::test]
+async fn a_cors_preflight_is_never_counted_nor_denied() {
+    let redis = RedisServer::start();
+    let filter = toml_filter(
+        &redis,
+        "[[rule]]\nname = \"one\"\npaths = [\"/hello\"]\ndeny = \"status\"\nlimit = 1\nwindow = \"1m\"\n",
+    );
+    let app =
+        test::init_service(App::new().wrap(filter).route("/hello", web::route().to(ok))).await;
+    let preflight = || {
+        test::TestRequest::default()
+            .method(actix_web::http::Method::OPTIONS)
+            .uri("/hello")
+            .insert_header(("origin", "https://app.example"))
+            .insert_header(("access-control-request-method", "GET"))
+            .to_request()
+    };
+    for _ in 0..3 {
+        let res = test::call_service(&app, preflight()).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(field(&res, "ratelimit"), None);
+    }
+    assert_eq!(redis.keys("floodgate:*"), Vec::<String>::new());
+    let res = test::call_service(&app, get_with("/hello", &[])).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        field(&res, "ratelimit").as_deref(),
+        Some("\"one\";r=0;t=60")
+    );
+    // A plain OPTIONS is a request like any other.
+    let options = test::TestRequest::default()
+        .method(actix_web::http::Method::OPTIONS)
+        .uri("/hello")
+        .to_request();
+    let res = test::call_service(&app, options).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// The names in `Access-Control-Expose-Headers`, lower case.
+fn exposed<B>(res: &actix_web::dev::ServiceResponse<B>) -> Option<Vec<String>> {
+    field(res, "access-control-expose-headers")
+        .map(|v| v.split(',').map(|n| n.trim().to_lowercase()).collect())
+}
+
+/// The rate-limit fields a response carries, in the order given.
+fn rate_limit_fields<B>(res: &actix_web::dev::ServiceResponse<B>) -> Vec<String> {
+    let mut names: Vec<String> = res
+        .headers()
+        .keys()
+        .map(|n| n.as_str().to_string())
+        .filter(|n| {
+            n.starts_with("ratelimit") || n.starts_with("x-ratelimit") || n == "retry-after"
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[actix_web::test]
+async fn scripts_of_other_origins_are_let_read_the_rate_limit_fields() {
+    let redis = RedisServer::start();
+    let filter = toml_filter(
+        &redis,
+        "[defaults]\ndeny = \"status\"\n\
+         [[rule]]\nname = \"std\"\npaths = [\"/hello\"]\nlimit = 2\nwindow = \"1m\"\n\
+         [[rule]]\nname = \"own\"\npaths = [\"/own\"]\nlimit = 2\nwindow = \"1m\"\n\
+         [[rule]]\nname = \"x\"\npaths = [\"/hello\"]\nlimit = 5\nwindow = \"1m\"\nheaders = \"x-ratelimit\"\n",
+    );
+    let app = test::init_service(
+        App::new()
+            .wrap(filter)
+            .route("/hello", web::get().to(ok))
+            .route(
+                "/own",
+                web::get().to(|| async {
+                    HttpResponse::Ok()
+                        .insert_header(("access-control-expose-headers", "X-Request-Id, RateLimit"))
+                        .body("ok")
+                }),
+            ),
+    )
+    .await;
+    let origin = ("origin", "https://app.example");
+    let res = test::call_service(&app, get_with("/hello", &[origin])).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let mut names = exposed(&res).expect("Access-Control-Expose-Headers");
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "ratelimit",
+            "ratelimit-policy",
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset"
+        ]
+    );
+    assert_eq!(names, rate_limit_fields(&res));
+    // Without an Origin: nothing to expose.
+    let res = test::call_service(&app, get_with("/hello", &[])).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(field(&res, "ratelimit").is_some());
+    assert_eq!(exposed(&res), None);
+    // A denial: Retry-After too.
+    let res = test::call_service(&app, get_with("/hello", &[origin])).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let mut names = exposed(&res).expect("Access-Control-Expose-Headers");
+    names.sort();
+    assert!(names.contains(&"retry-after".to_string()), "{names:?}");
+    assert_eq!(names, rate_limit_fields(&res));
+    // After the application's own names, none twice.
+    let res = test::call_service(&app, get_with("/own", &[origin])).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        exposed(&res).unwrap(),
+        ["x-request-id", "ratelimit", "ratelimit-policy"]
+    );
 }

@@ -580,7 +580,7 @@ fn status_of(res: &reqwest::Response) -> u16 {
 }
 
 // ---------------------------------------------------------------------------
-// What a denied or refused request gets, by its Accept
+// What a denied or refused request gets, by its Accept; CORS
 // ---------------------------------------------------------------------------
 
 /// The Accept a browser sends with a page request.
@@ -711,4 +711,99 @@ async fn a_refusal_is_json_unless_the_client_asks_for_html() {
     }
     // Nothing was counted.
     assert_eq!(redis.keys("floodgate:*"), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cors_preflight_is_never_counted_nor_denied() {
+    let redis = RedisServer::start();
+    let toml = "[[rule]]\nname = \"one\"\npaths = [\"/any\"]\nlimit = 1\nwindow = \"1m\"\ndeny = \"status\"\n";
+    let router = Router::new()
+        .route("/any", axum::routing::any(|| async { "ok" }))
+        .layer(filter(&redis, toml));
+    let base = serve(router).await;
+    for _ in 0..3 {
+        let res = client()
+            .request(reqwest::Method::OPTIONS, format!("{base}/any"))
+            .header("origin", "https://app.example")
+            .header("access-control-request-method", "POST")
+            .header("access-control-request-headers", "content-type")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        assert_eq!(header(&res, "ratelimit"), None);
+    }
+    assert_eq!(redis.keys("floodgate:*"), Vec::<String>::new());
+    let res = get_with(&base, "/any", &[]).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        header(&res, "ratelimit").as_deref(),
+        Some("\"one\";r=0;t=60")
+    );
+    // A plain OPTIONS is a request like any other.
+    let res = client()
+        .request(reqwest::Method::OPTIONS, format!("{base}/any"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 429);
+}
+
+/// The names in `Access-Control-Expose-Headers`, lower case and sorted.
+fn exposed(res: &reqwest::Response) -> Option<Vec<String>> {
+    header(res, "access-control-expose-headers").map(|v| {
+        let mut names: Vec<String> = v.split(',').map(|n| n.trim().to_lowercase()).collect();
+        names.sort();
+        names
+    })
+}
+
+/// The rate-limit fields a response carries, sorted.
+fn rate_limit_fields(res: &reqwest::Response) -> Vec<String> {
+    let mut names: Vec<String> = res
+        .headers()
+        .keys()
+        .map(|n| n.as_str().to_string())
+        .filter(|n| {
+            n.starts_with("ratelimit") || n.starts_with("x-ratelimit") || n == "retry-after"
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_of_other_origins_are_let_read_the_rate_limit_fields() {
+    let redis = RedisServer::start();
+    let toml = "[defaults]\ndeny = \"status\"\n\
+                [[rule]]\nname = \"std\"\npaths = [\"/check\"]\nlimit = 2\nwindow = \"1m\"\n\
+                [[rule]]\nname = \"x\"\npaths = [\"/check\"]\nlimit = 5\nwindow = \"1m\"\nheaders = \"x-ratelimit\"\n";
+    let base = serve(app(filter(&redis, toml))).await;
+    let origin = ("origin", "https://app.example");
+    let res = get_with(&base, "/check", &[origin]).await;
+    assert_eq!(res.status(), 200);
+    let names = exposed(&res).expect("Access-Control-Expose-Headers");
+    assert_eq!(
+        names,
+        [
+            "ratelimit",
+            "ratelimit-policy",
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset"
+        ]
+    );
+    assert_eq!(names, rate_limit_fields(&res));
+    // Without an Origin: nothing to expose.
+    let res = get_with(&base, "/check", &[]).await;
+    assert_eq!(res.status(), 200);
+    assert!(header(&res, "ratelimit").is_some());
+    assert_eq!(exposed(&res), None);
+    // A denial: Retry-After too.
+    let res = get_with(&base, "/check", &[origin]).await;
+    assert_eq!(res.status(), 429);
+    let names = exposed(&res).expect("Access-Control-Expose-Headers");
+    assert!(names.contains(&"retry-after".to_string()), "{names:?}");
+    assert_eq!(names, rate_limit_fields(&res));
 }

@@ -87,7 +87,11 @@ pub(super) fn deny<B>(
             fields::on_denial(&mut response, req.request(), rules, outcomes);
             response
         }
-        Denied::Unavailable(_) => unavailable().to_actix(),
+        Denied::Unavailable(_) => {
+            let mut response = unavailable().to_actix();
+            fields::on_unavailable(&mut response, req.request());
+            response
+        }
     };
     // Units an outer filter already took for this request go back.
     Usage::deny_outer(req.request());

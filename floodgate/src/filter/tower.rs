@@ -221,6 +221,9 @@ where
         decision::decide(&filter.state.limiter, metrics, &matched, &checks, started).await;
     metrics.observe(started.elapsed());
     let method = parts.method.clone();
+    // Whether the fields are named for a page's script (the request moves
+    // on to the inner service before they are written).
+    let origin = parts.headers.contains_key(http::header::ORIGIN);
     let denial = |denied: Denied<'_>, parts: &Parts| {
         deny::noted(&filter, method.as_str(), &path, &denied);
         match denied {
@@ -232,10 +235,17 @@ where
                 ..
             } => {
                 let mut answered = deny::denial(&filter, &TowerHead::new(parts), rule, retry);
-                fields::write(&mut answered.headers, None, rules, outcomes, true);
+                with_fields(&mut answered.headers, origin, rules, outcomes, true);
                 written(answered)
             }
-            Denied::Unavailable(_) => written(unavailable()),
+            Denied::Unavailable(_) => {
+                let mut answered = unavailable();
+                if origin {
+                    let mut exposed = fields::Exposed::of(&answered.headers);
+                    fields::expose(&mut answered.headers, &mut exposed, true);
+                }
+                written(answered)
+            }
         }
     };
     match verdict {
@@ -256,7 +266,13 @@ where
             if charged && res.status().as_u16() < 400 {
                 give_back(&filter, &matched, &taken, &mut decision).await;
             }
-            fields::write(res.headers_mut(), None, &matched, &decision.outcomes, false);
+            with_fields(
+                res.headers_mut(),
+                origin,
+                &matched,
+                &decision.outcomes,
+                false,
+            );
             Ok(res)
         }
         Verdict::Redis(decision) => {
@@ -333,10 +349,24 @@ where
                     }
                 }
             }
-            fields::write(res.headers_mut(), None, &rules, &decision.outcomes, false);
+            with_fields(res.headers_mut(), origin, &rules, &decision.outcomes, false);
             Ok(res)
         }
     }
+}
+
+/// Writes the fields of `rules` into a response (see [`fields::write`]):
+/// this door has no filter inside it, and `origin` says whether the
+/// request came with an `Origin`.
+fn with_fields(
+    headers: &mut http::HeaderMap,
+    origin: bool,
+    rules: &[&Rule],
+    outcomes: &[Outcome],
+    denied: bool,
+) {
+    let mut exposed = origin.then(|| fields::Exposed::of(headers));
+    fields::write(headers, None, rules, outcomes, denied, exposed.as_mut());
 }
 
 /// The inner service's answer to a request no rule guards.
