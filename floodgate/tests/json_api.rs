@@ -350,10 +350,15 @@ async fn a_rule_that_rejects_missing_keys_answers_400_json() {
     ] {
         let res = test::call_service(&app, json_post("/echo", body).to_request()).await;
         assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{body}");
-        let v: serde_json::Value = test::read_body_json(res).await;
+        let mut v: serde_json::Value = test::read_body_json(res).await;
+        let detail = v["detail"].take();
+        assert!(
+            detail.as_str().is_some_and(|d| d.contains("json:user")),
+            "{detail}"
+        );
         assert_eq!(
             v,
-            serde_json::json!({"error": "missing_key", "rule": "by-user", "key": "json:user"})
+            serde_json::json!({"error": "missing_key", "rule": "by-user", "key": "json:user", "detail": null})
         );
     }
     let res = test::call_service(&app, json_post("/echo", r#"{"user":"a"}"#).to_request()).await;

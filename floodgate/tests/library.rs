@@ -953,3 +953,298 @@ async fn the_decisions_of_one_tick_reach_the_dispatcher_threads_as_one_call() {
         assert_eq!(redis.units(&format!("tick:{key}")), 30);
     }
 }
+
+// ---------------------------------------------------------------------------
+// What a denied or refused request gets, by its Accept; CORS
+// ---------------------------------------------------------------------------
+
+/// The Accept a browser sends with a page request.
+const BROWSER: &str = "text/html,application/xhtml+xml,*/*;q=0.8";
+
+/// `GET uri` with these header fields.
+fn get_with(uri: &str, headers: &[(&'static str, &'static str)]) -> actix_http::Request {
+    let mut req = test::TestRequest::get().uri(uri);
+    for h in headers {
+        req = req.insert_header(*h);
+    }
+    req.to_request()
+}
+
+fn field<B>(res: &actix_web::dev::ServiceResponse<B>, name: &str) -> Option<String> {
+    res.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_string())
+}
+
+#[actix_web::test]
+async fn a_denial_is_json_unless_the_client_asks_for_html() {
+    let redis = RedisServer::start();
+    let filter = toml_filter(
+        &redis,
+        "[[rule]]\nname = \"api\"\npaths = [\"/api\"]\ndeny = \"status\"\nlimit = 1\nwindow = \"1m\"\n\
+         [[rule]]\nname = \"page\"\npaths = [\"/page\"]\ndeny = \"redirect\"\nerror_page = \"/err\"\nlimit = 1\nwindow = \"1m\"\n",
+    );
+    let app = test::init_service(
+        App::new()
+            .wrap(filter)
+            .route("/api", web::get().to(ok))
+            .route("/page", web::get().to(ok)),
+    )
+    .await;
+    let res = test::call_service(&app, get_with("/api", &[])).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    // No Accept (curl), */* (fetch), JSON: the 429 JSON.
+    for accept in [None, Some("*/*"), Some("application/json")] {
+        let headers: Vec<_> = accept.map(|a| ("accept", a)).into_iter().collect();
+        let res = test::call_service(&app, get_with("/api", &headers)).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "{accept:?}");
+        let retry: u64 = field(&res, "retry-after").unwrap().parse().unwrap();
+        assert!((1..=60).contains(&retry), "{retry}");
+        assert_eq!(field(&res, "cache-control").as_deref(), Some("no-store"));
+        assert_eq!(
+            field(&res, "content-type").as_deref(),
+            Some("application/json"),
+            "{accept:?}"
+        );
+        let body: serde_json::Value = test::read_body_json(res).await;
+        assert_eq!(
+            body,
+            serde_json::json!({"error": "rate_limited", "rule": "api", "retry_after": retry})
+        );
+    }
+    // A browser: the HTML page.
+    let res = test::call_service(&app, get_with("/api", &[("accept", BROWSER)])).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(field(&res, "retry-after").is_some());
+    assert_eq!(field(&res, "cache-control").as_deref(), Some("no-store"));
+    assert!(field(&res, "content-type")
+        .unwrap()
+        .starts_with("text/html"));
+    let page = String::from_utf8(test::read_body(res).await.to_vec()).unwrap();
+    assert!(page.to_lowercase().contains("<html"), "{page}");
+
+    // A redirect rule: JSON for a client that asks for JSON only, else 303.
+    let res = test::call_service(&app, get_with("/page", &[])).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let res = test::call_service(&app, get_with("/page", &[("accept", "application/json")])).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = field(&res, "retry-after").unwrap().parse().unwrap();
+    let body: serde_json::Value = test::read_body_json(res).await;
+    assert_eq!(
+        body,
+        serde_json::json!({"error": "rate_limited", "rule": "page", "retry_after": retry})
+    );
+    for accept in [BROWSER, "text/html"] {
+        let res = test::call_service(&app, get_with("/page", &[("accept", accept)])).await;
+        assert_eq!(res.status(), StatusCode::SEE_OTHER, "{accept}");
+        let retry = field(&res, "retry-after").unwrap();
+        assert_eq!(
+            field(&res, "location"),
+            Some(format!("/err?rule=page&retry_after={retry}"))
+        );
+    }
+}
+
+#[actix_web::test]
+async fn a_refusal_is_json_unless_the_client_asks_for_html() {
+    let redis = RedisServer::start();
+    let filter = toml_filter(
+        &redis,
+        "[server]\nmax_form = \"1KiB\"\n[[rule]]\nname = \"sms\"\npaths = [\"/sms\"]\nkey = \"form:phone\"\ndeny = \"status\"\nlimit = 5\nwindow = \"1m\"\n",
+    );
+    let app = test::init_service(
+        App::new()
+            .wrap(filter)
+            .route("/sms", web::post().to(ok))
+            .route("/hello", web::get().to(ok)),
+    )
+    .await;
+    let post = |content_type: &'static str, body: String, accept: Option<&'static str>| {
+        let mut req = test::TestRequest::post()
+            .uri("/sms")
+            .insert_header(("content-type", content_type))
+            .set_payload(body);
+        if let Some(a) = accept {
+            req = req.insert_header(("accept", a));
+        }
+        req.to_request()
+    };
+    let form = "application/x-www-form-urlencoded";
+    let big = || format!("phone=1&pad={}", "a".repeat(2000));
+    // 413, 415, 400 (a key field twice: the rule's key is at fault).
+    let cases: [(&str, String, StatusCode, &str, Option<&str>); 3] = [
+        (
+            form,
+            big(),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            None,
+        ),
+        (
+            "application/x-www-form-urlencoded; charset=nope",
+            "phone=1".into(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            None,
+        ),
+        (
+            form,
+            "phone=1&phone=2".into(),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            Some("sms"),
+        ),
+    ];
+    for (ct, body, status, error, rule) in cases {
+        for accept in [None, Some("*/*")] {
+            let res = test::call_service(&app, post(ct, body.clone(), accept)).await;
+            assert_eq!(res.status(), status, "{error} {accept:?}");
+            assert_eq!(
+                field(&res, "content-type").as_deref(),
+                Some("application/json")
+            );
+            assert_eq!(field(&res, "cache-control").as_deref(), Some("no-store"));
+            let v: serde_json::Value = test::read_body_json(res).await;
+            assert_eq!(v["error"], error, "{v}");
+            assert_eq!(v["rule"], serde_json::json!(rule), "{v}");
+            assert!(!v["detail"].as_str().unwrap().is_empty(), "{v}");
+        }
+        let res = test::call_service(&app, post(ct, body, Some(BROWSER))).await;
+        assert_eq!(res.status(), status, "{error}: a browser");
+        assert!(field(&res, "content-type")
+            .unwrap()
+            .starts_with("text/html"));
+        let page = String::from_utf8(test::read_body(res).await.to_vec()).unwrap();
+        assert!(page.contains("<html"), "{page}");
+        assert!(page.contains(&status.as_u16().to_string()), "{page}");
+    }
+    // 431: a header block over 32 KiB.
+    let huge: &'static str = Box::leak("a".repeat(33 * 1024).into_boxed_str());
+    let res = test::call_service(&app, get_with("/hello", &[("x-pad", huge)])).await;
+    assert_eq!(res.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    let v: serde_json::Value = test::read_body_json(res).await;
+    assert_eq!(v["error"], "header_fields_too_large");
+    assert_eq!(v["rule"], serde_json::Value::Null);
+    // Nothing was counted.
+    assert_eq!(redis.keys("floodgate:*"), Vec::<String>::new());
+}
+
+#[actix_web::test]
+async fn a_cors_preflight_is_never_counted_nor_denied() {
+    let redis = RedisServer::start();
+    let filter = toml_filter(
+        &redis,
+        "[[rule]]\nname = \"one\"\npaths = [\"/hello\"]\ndeny = \"status\"\nlimit = 1\nwindow = \"1m\"\n",
+    );
+    let app =
+        test::init_service(App::new().wrap(filter).route("/hello", web::route().to(ok))).await;
+    let preflight = || {
+        test::TestRequest::default()
+            .method(actix_web::http::Method::OPTIONS)
+            .uri("/hello")
+            .insert_header(("origin", "https://app.example"))
+            .insert_header(("access-control-request-method", "GET"))
+            .to_request()
+    };
+    for _ in 0..3 {
+        let res = test::call_service(&app, preflight()).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(field(&res, "ratelimit"), None);
+    }
+    assert_eq!(redis.keys("floodgate:*"), Vec::<String>::new());
+    let res = test::call_service(&app, get_with("/hello", &[])).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        field(&res, "ratelimit").as_deref(),
+        Some("\"one\";r=0;t=60")
+    );
+    // A plain OPTIONS is a request like any other.
+    let options = test::TestRequest::default()
+        .method(actix_web::http::Method::OPTIONS)
+        .uri("/hello")
+        .to_request();
+    let res = test::call_service(&app, options).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// The names in `Access-Control-Expose-Headers`, lower case.
+fn exposed<B>(res: &actix_web::dev::ServiceResponse<B>) -> Option<Vec<String>> {
+    field(res, "access-control-expose-headers")
+        .map(|v| v.split(',').map(|n| n.trim().to_lowercase()).collect())
+}
+
+/// The rate-limit fields a response carries, in the order given.
+fn rate_limit_fields<B>(res: &actix_web::dev::ServiceResponse<B>) -> Vec<String> {
+    let mut names: Vec<String> = res
+        .headers()
+        .keys()
+        .map(|n| n.as_str().to_string())
+        .filter(|n| {
+            n.starts_with("ratelimit") || n.starts_with("x-ratelimit") || n == "retry-after"
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[actix_web::test]
+async fn scripts_of_other_origins_are_let_read_the_rate_limit_fields() {
+    let redis = RedisServer::start();
+    let filter = toml_filter(
+        &redis,
+        "[defaults]\ndeny = \"status\"\n\
+         [[rule]]\nname = \"std\"\npaths = [\"/hello\"]\nlimit = 2\nwindow = \"1m\"\n\
+         [[rule]]\nname = \"own\"\npaths = [\"/own\"]\nlimit = 2\nwindow = \"1m\"\n\
+         [[rule]]\nname = \"x\"\npaths = [\"/hello\"]\nlimit = 5\nwindow = \"1m\"\nheaders = \"x-ratelimit\"\n",
+    );
+    let app = test::init_service(
+        App::new()
+            .wrap(filter)
+            .route("/hello", web::get().to(ok))
+            .route(
+                "/own",
+                web::get().to(|| async {
+                    HttpResponse::Ok()
+                        .insert_header(("access-control-expose-headers", "X-Request-Id, RateLimit"))
+                        .body("ok")
+                }),
+            ),
+    )
+    .await;
+    let origin = ("origin", "https://app.example");
+    let res = test::call_service(&app, get_with("/hello", &[origin])).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let mut names = exposed(&res).expect("Access-Control-Expose-Headers");
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "ratelimit",
+            "ratelimit-policy",
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset"
+        ]
+    );
+    assert_eq!(names, rate_limit_fields(&res));
+    // Without an Origin: nothing to expose.
+    let res = test::call_service(&app, get_with("/hello", &[])).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(field(&res, "ratelimit").is_some());
+    assert_eq!(exposed(&res), None);
+    // A denial: Retry-After too.
+    let res = test::call_service(&app, get_with("/hello", &[origin])).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let mut names = exposed(&res).expect("Access-Control-Expose-Headers");
+    names.sort();
+    assert!(names.contains(&"retry-after".to_string()), "{names:?}");
+    assert_eq!(names, rate_limit_fields(&res));
+    // After the application's own names, none twice.
+    let res = test::call_service(&app, get_with("/own", &[origin])).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        exposed(&res).unwrap(),
+        ["x-request-id", "ratelimit", "ratelimit-policy"]
+    );
+}

@@ -578,3 +578,232 @@ async fn the_applications_own_functions_key_skip_and_answer() {
 fn status_of(res: &reqwest::Response) -> u16 {
     res.status().as_u16()
 }
+
+// ---------------------------------------------------------------------------
+// What a denied or refused request gets, by its Accept; CORS
+// ---------------------------------------------------------------------------
+
+/// The Accept a browser sends with a page request.
+const BROWSER: &str = "text/html,application/xhtml+xml,*/*;q=0.8";
+
+/// `GET base path` with these header fields.
+async fn get_with(base: &str, path: &str, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut req = client().get(format!("{base}{path}"));
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    req.send().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_is_json_unless_the_client_asks_for_html() {
+    let redis = RedisServer::start();
+    let toml = "[[rule]]\nname = \"check\"\npaths = [\"/check\"]\ndeny = \"status\"\nlimit = 1\nwindow = \"1m\"\n\
+                [[rule]]\nname = \"page\"\npaths = [\"/free\"]\ndeny = \"redirect\"\nerror_page = \"/err\"\nlimit = 1\nwindow = \"1m\"\n";
+    let base = serve(app(filter(&redis, toml))).await;
+    assert_eq!(get_with(&base, "/check", &[]).await.status(), 200);
+    // No Accept (curl), */* (fetch): the 429 JSON.
+    for accept in [None, Some("*/*")] {
+        let headers: Vec<_> = accept.map(|a| ("accept", a)).into_iter().collect();
+        let res = get_with(&base, "/check", &headers).await;
+        assert_eq!(res.status(), 429, "{accept:?}");
+        let retry: u64 = header(&res, "retry-after").unwrap().parse().unwrap();
+        assert!((1..=60).contains(&retry), "{retry}");
+        assert_eq!(header(&res, "cache-control").as_deref(), Some("no-store"));
+        assert_eq!(
+            header(&res, "content-type").as_deref(),
+            Some("application/json"),
+            "{accept:?}"
+        );
+        let body: Value = res.json().await.unwrap();
+        assert_eq!(
+            body,
+            json!({"error": "rate_limited", "rule": "check", "retry_after": retry})
+        );
+    }
+    // A browser: the HTML page.
+    let res = get_with(&base, "/check", &[("accept", BROWSER)]).await;
+    assert_eq!(res.status(), 429);
+    assert!(header(&res, "retry-after").is_some());
+    assert_eq!(header(&res, "cache-control").as_deref(), Some("no-store"));
+    assert!(header(&res, "content-type")
+        .unwrap()
+        .starts_with("text/html"));
+    let page = res.text().await.unwrap();
+    assert!(page.to_lowercase().contains("<html"), "{page}");
+
+    // A redirect rule: JSON for a client that asks for JSON only, else 303.
+    assert_eq!(get_with(&base, "/free", &[]).await.status(), 200);
+    let res = get_with(&base, "/free", &[("accept", "application/json")]).await;
+    assert_eq!(res.status(), 429);
+    let retry: u64 = header(&res, "retry-after").unwrap().parse().unwrap();
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!({"error": "rate_limited", "rule": "page", "retry_after": retry})
+    );
+    let res = get_with(&base, "/free", &[("accept", BROWSER)]).await;
+    assert_eq!(res.status(), 303);
+    let retry = header(&res, "retry-after").unwrap();
+    assert_eq!(
+        header(&res, "location"),
+        Some(format!("/err?rule=page&retry_after={retry}"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_is_json_unless_the_client_asks_for_html() {
+    let redis = RedisServer::start();
+    let toml = "[server]\nmax_form = \"1KiB\"\n[[rule]]\nname = \"sms\"\npaths = [\"/echo\"]\nkey = \"body:phone\"\nlimit = 5\nwindow = \"1h\"\ndeny = \"status\"\n";
+    let base = serve(app(filter(&redis, toml))).await;
+    let post = |content_type: &'static str, body: String, accept: Option<&'static str>| {
+        let mut req = client()
+            .post(format!("{base}/echo"))
+            .header("content-type", content_type)
+            .body(body);
+        if let Some(a) = accept {
+            req = req.header("accept", a);
+        }
+        req.send()
+    };
+    let form = "application/x-www-form-urlencoded";
+    let big = || format!("phone=1&pad={}", "a".repeat(2000));
+    // 413, 415, 400 (a key member twice: the rule's key is at fault).
+    let cases: [(&str, String, u16, &str, Option<&str>); 3] = [
+        (form, big(), 413, "body_too_large", None),
+        (
+            "application/json; charset=latin1",
+            r#"{"phone":"1"}"#.into(),
+            415,
+            "unsupported_media_type",
+            None,
+        ),
+        (
+            "application/json",
+            r#"{"phone":"1","phone":"2"}"#.into(),
+            400,
+            "bad_request",
+            Some("sms"),
+        ),
+    ];
+    for (ct, body, status, error, rule) in cases {
+        for accept in [None, Some("*/*")] {
+            let res = post(ct, body.clone(), accept).await.unwrap();
+            assert_eq!(res.status(), status, "{error} {accept:?}");
+            assert_eq!(
+                header(&res, "content-type").as_deref(),
+                Some("application/json")
+            );
+            assert_eq!(header(&res, "cache-control").as_deref(), Some("no-store"));
+            let v: Value = res.json().await.unwrap();
+            assert_eq!(v["error"], error, "{v}");
+            assert_eq!(v["rule"], json!(rule), "{v}");
+            assert!(!v["detail"].as_str().unwrap().is_empty(), "{v}");
+        }
+        let res = post(ct, body, Some(BROWSER)).await.unwrap();
+        assert_eq!(res.status(), status, "{error}: a browser");
+        assert!(header(&res, "content-type")
+            .unwrap()
+            .starts_with("text/html"));
+        let page = res.text().await.unwrap();
+        assert!(page.contains("<html"), "{page}");
+        assert!(page.contains(&status.to_string()), "{page}");
+    }
+    // Nothing was counted.
+    assert_eq!(redis.keys("floodgate:*"), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cors_preflight_is_never_counted_nor_denied() {
+    let redis = RedisServer::start();
+    let toml = "[[rule]]\nname = \"one\"\npaths = [\"/any\"]\nlimit = 1\nwindow = \"1m\"\ndeny = \"status\"\n";
+    let router = Router::new()
+        .route("/any", axum::routing::any(|| async { "ok" }))
+        .layer(filter(&redis, toml));
+    let base = serve(router).await;
+    for _ in 0..3 {
+        let res = client()
+            .request(reqwest::Method::OPTIONS, format!("{base}/any"))
+            .header("origin", "https://app.example")
+            .header("access-control-request-method", "POST")
+            .header("access-control-request-headers", "content-type")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        assert_eq!(header(&res, "ratelimit"), None);
+    }
+    assert_eq!(redis.keys("floodgate:*"), Vec::<String>::new());
+    let res = get_with(&base, "/any", &[]).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        header(&res, "ratelimit").as_deref(),
+        Some("\"one\";r=0;t=60")
+    );
+    // A plain OPTIONS is a request like any other.
+    let res = client()
+        .request(reqwest::Method::OPTIONS, format!("{base}/any"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 429);
+}
+
+/// The names in `Access-Control-Expose-Headers`, lower case and sorted.
+fn exposed(res: &reqwest::Response) -> Option<Vec<String>> {
+    header(res, "access-control-expose-headers").map(|v| {
+        let mut names: Vec<String> = v.split(',').map(|n| n.trim().to_lowercase()).collect();
+        names.sort();
+        names
+    })
+}
+
+/// The rate-limit fields a response carries, sorted.
+fn rate_limit_fields(res: &reqwest::Response) -> Vec<String> {
+    let mut names: Vec<String> = res
+        .headers()
+        .keys()
+        .map(|n| n.as_str().to_string())
+        .filter(|n| {
+            n.starts_with("ratelimit") || n.starts_with("x-ratelimit") || n == "retry-after"
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_of_other_origins_are_let_read_the_rate_limit_fields() {
+    let redis = RedisServer::start();
+    let toml = "[defaults]\ndeny = \"status\"\n\
+                [[rule]]\nname = \"std\"\npaths = [\"/check\"]\nlimit = 2\nwindow = \"1m\"\n\
+                [[rule]]\nname = \"x\"\npaths = [\"/check\"]\nlimit = 5\nwindow = \"1m\"\nheaders = \"x-ratelimit\"\n";
+    let base = serve(app(filter(&redis, toml))).await;
+    let origin = ("origin", "https://app.example");
+    let res = get_with(&base, "/check", &[origin]).await;
+    assert_eq!(res.status(), 200);
+    let names = exposed(&res).expect("Access-Control-Expose-Headers");
+    assert_eq!(
+        names,
+        [
+            "ratelimit",
+            "ratelimit-policy",
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset"
+        ]
+    );
+    assert_eq!(names, rate_limit_fields(&res));
+    // Without an Origin: nothing to expose.
+    let res = get_with(&base, "/check", &[]).await;
+    assert_eq!(res.status(), 200);
+    assert!(header(&res, "ratelimit").is_some());
+    assert_eq!(exposed(&res), None);
+    // A denial: Retry-After too.
+    let res = get_with(&base, "/check", &[origin]).await;
+    assert_eq!(res.status(), 429);
+    let names = exposed(&res).expect("Access-Control-Expose-Headers");
+    assert!(names.contains(&"retry-after".to_string()), "{names:?}");
+    assert_eq!(names, rate_limit_fields(&res));
+}

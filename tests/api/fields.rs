@@ -265,7 +265,13 @@ async fn an_html_429_carries_the_fields_too() {
     )
     .await;
     assert_eq!(app.get("/check").await.status(), 200);
-    let res = app.get("/check").await;
+    let res = app
+        .client
+        .get(app.url("/check"))
+        .header("accept", "text/html")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 429);
     assert!(header(&res, "content-type")
         .unwrap()

@@ -175,10 +175,10 @@ async fn json_clients_get_429_json_even_from_redirect_rules() {
 async fn status_rules_show_browsers_the_html_page() {
     let app = spawn_app(DENIALS).await;
     assert_eq!(app.get("/api/ping").await.status(), 200);
-    for accept in [None, Some("text/html"), Some("*/*")] {
-        let headers: Vec<(&str, &str)> = accept.map(|a| ("accept", a)).into_iter().collect();
-        let res = get_with(&app, "/api/ping", &headers).await;
-        assert_eq!(res.status(), 429, "Accept: {accept:?}");
+    let browser = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8";
+    for accept in ["text/html", browser] {
+        let res = get_with(&app, "/api/ping", &[("accept", accept)]).await;
+        assert_eq!(res.status(), 429, "Accept: {accept}");
         retry_after(&res);
         assert_eq!(header(&res, "cache-control").as_deref(), Some("no-store"));
         let ct = header(&res, "content-type").unwrap();
@@ -186,6 +186,29 @@ async fn status_rules_show_browsers_the_html_page() {
         let body = res.text().await.unwrap();
         assert!(body.to_lowercase().contains("<html"), "{body}");
         assert!(body.contains("quokka"), "the page names the rule: {body}");
+    }
+}
+
+#[actix_web::test]
+async fn status_rules_answer_clients_that_ask_for_no_html_with_json() {
+    let app = spawn_app(DENIALS).await;
+    assert_eq!(app.get("/api/ping").await.status(), 200);
+    // curl sends */*, a script's fetch */* or nothing.
+    for accept in [None, Some("*/*"), Some("text/plain, */*")] {
+        let headers: Vec<(&str, &str)> = accept.map(|a| ("accept", a)).into_iter().collect();
+        let res = get_with(&app, "/api/ping", &headers).await;
+        assert_eq!(res.status(), 429, "Accept: {accept:?}");
+        let n = retry_after(&res);
+        assert_eq!(header(&res, "cache-control").as_deref(), Some("no-store"));
+        assert_eq!(
+            header(&res, "content-type").as_deref(),
+            Some("application/json"),
+            "Accept: {accept:?}"
+        );
+        assert_eq!(
+            res.text().await.unwrap(),
+            format!("{{\"error\":\"rate_limited\",\"rule\":\"quokka\",\"retry_after\":{n}}}")
+        );
     }
 }
 

@@ -9,9 +9,8 @@ use actix_web::http::header;
 use actix_web::web::{Bytes, BytesMut};
 use actix_web::HttpMessage;
 use futures_util::StreamExt;
-use http::StatusCode;
 
-use super::deny::Refused;
+use super::deny::{Input, Refused};
 use super::{json, values, Filter};
 use crate::rule::Rule;
 
@@ -55,14 +54,9 @@ pub(super) async fn read_bodies(
     let body = match read_body(req, filter.state.max_form).await {
         Ok(body) => body,
         Err(BodyError::TooLarge) => {
-            return Err(Refused::Plain(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body too large\n",
-            ))
+            return Err(Refused::Input(Input::BodyTooLarge(filter.state.max_form)))
         }
-        Err(BodyError::Broken) => {
-            return Err(Refused::Plain(StatusCode::BAD_REQUEST, "unreadable body\n"))
-        }
+        Err(BodyError::Broken) => return Err(Refused::Input(Input::BrokenBody)),
     };
     req.set_payload(Payload::from(body.clone()));
     // A body read only because the app takes any body as JSON names no one
@@ -108,19 +102,19 @@ pub(crate) fn form_text<'a>(
             .to_str()
             .is_ok_and(|c| c.trim().eq_ignore_ascii_case("identity"));
         if !identity {
-            return Err(unsupported("a form with a content coding cannot be read\n"));
+            return Err(unsupported("a form with a content coding cannot be read"));
         }
     }
     let encoding = req
         .encoding()
-        .map_err(|_| unsupported("unknown form charset\n"))?;
+        .map_err(|_| unsupported("unknown form charset"))?;
     // actix hands UTF-8 bodies to serde as bytes, anything else decoded.
     if encoding.name() == "UTF-8" {
         return Ok(Cow::Borrowed(body));
     }
     match encoding.decode_without_bom_handling_and_without_replacement(body) {
         Some(text) => Ok(Cow::Owned(text.into_owned().into_bytes())),
-        None => Err(unsupported("the form is not in its charset\n")),
+        None => Err(unsupported("the form is not in its charset")),
     }
 }
 

@@ -425,8 +425,8 @@ impl FilterBuilder {
         let denial_page = self.denial_page.unwrap_or_else(|| {
             Box::new(|rule: &Rule, retry: u64| {
                 format!(
-                    "<!doctype html><title>Too many requests</title><p>Too many requests: {}. Try again in {retry} s.</p>\n",
-                    rule.description.replace('<', "&lt;")
+                    "<!doctype html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>Too many requests</title></head>\n<body><p>Too many requests: {}. Try again in {retry} s.</p></body>\n</html>\n",
+                    super::deny::Html(&rule.description)
                 )
             })
         });

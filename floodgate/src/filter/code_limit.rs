@@ -100,8 +100,9 @@ impl Filter {
 /// with [`FilterBuilder::rule`](super::FilterBuilder::rule).
 ///
 /// Defaults: key by client address, sliding window, cost 1, `429` on
-/// denial (JSON for clients that ask for it), Redis errors let requests
-/// through, enforced, every request counted.
+/// denial (JSON, or the HTML page for a client whose `Accept` names
+/// `text/html`), Redis errors let requests through, enforced, every request
+/// counted.
 ///
 /// ```
 /// use std::time::Duration;
@@ -271,7 +272,9 @@ impl Limit {
     }
 
     /// Denied requests are sent (`303`) to `error_page` with the rule and
-    /// retry time in the query, instead of getting a `429`.
+    /// retry time in the query, instead of getting a `429` (a client whose
+    /// `Accept` names `application/json` and not `text/html` still gets the
+    /// 429 JSON).
     pub fn redirect_to(mut self, error_page: &str) -> Limit {
         self.deny = Deny::Redirect;
         self.error_page = error_page.to_string();

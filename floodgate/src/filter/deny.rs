@@ -87,7 +87,11 @@ pub(super) fn deny<B>(
             fields::on_denial(&mut response, req.request(), rules, outcomes);
             response
         }
-        Denied::Unavailable(_) => unavailable().to_actix(),
+        Denied::Unavailable(_) => {
+            let mut response = unavailable().to_actix();
+            fields::on_unavailable(&mut response, req.request());
+            response
+        }
     };
     // Units an outer filter already took for this request go back.
     Usage::deny_outer(req.request());
@@ -149,14 +153,27 @@ pub(super) fn noted(filter: &Filter, method: &str, path: &str, denied: &Denied<'
 /// A request refused before it is decided: its input cannot be read as the
 /// handler would read it.
 pub(super) enum Refused<'r> {
-    /// Malformed or oversized input: the status, and a short text.
-    Plain(StatusCode, &'static str),
+    /// Input the filter cannot read at all (no rule's key is at fault).
+    Input(Input),
     /// A key value that cannot be read, or is missing for a rule that
     /// rejects those (the rule, when one rule's key is at fault).
     Unreadable(values::Unreadable, Option<&'r Rule>),
 }
 
-/// The answer to a [`Refused`] request.
+/// Input the filter cannot read, whatever the rules' keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Input {
+    /// 431: a header block over [`MAX_HEADER_BYTES`](super::MAX_HEADER_BYTES).
+    HeadersTooLarge,
+    /// 400: a path whose percent-decoding is not UTF-8.
+    BadPath,
+    /// 413: a body over `max_form` (the bound, in bytes).
+    BodyTooLarge(usize),
+    /// 400: a body that broke off before its end.
+    BrokenBody,
+}
+
+/// The answer to a [`Refused`] request, as the actix door sends it.
 pub(super) fn refuse<B>(
     req: ServiceRequest,
     refused: Refused<'_>,
@@ -171,7 +188,7 @@ pub(super) fn refuse<B>(
                 .map_or("key".to_string(), ToString::to_string)
         );
     }
-    let response = refusal(&refused).to_actix();
+    let response = refusal(&refused, req.headers()).to_actix();
     req.into_response(response).map_into_right_body()
 }
 
@@ -233,8 +250,16 @@ impl Answer {
     }
 }
 
+/// Whether the client asks for a page: its `Accept` names `text/html`, as
+/// browsers' do. Everyone else (no `Accept`, `*/*`, `application/json`) is
+/// answered JSON.
+pub(crate) fn wants_html(headers: &impl HeaderLines) -> bool {
+    accepts_in(headers, "text/html")
+}
+
 /// The filter's own answer to a denied request (no application responder):
-/// a 303 to the error page, or a 429 (JSON or the HTML page, by `Accept`).
+/// a 303 to the error page, or a 429: the HTML page for a client whose
+/// `Accept` names `text/html`, JSON for every other.
 pub(crate) fn answer(
     filter: &Filter,
     headers: &impl HeaderLines,
@@ -242,14 +267,15 @@ pub(crate) fn answer(
     rule: &Rule,
     retry: u64,
 ) -> Answer {
-    let json = accepts_in(headers, "application/json");
+    let html = wants_html(headers);
+    // A client that asks for JSON and not for HTML is never sent to a page.
+    let json_only = !html && accepts_in(headers, "application/json");
     // A limit wrapped on the error page's own resource would send the
     // browser back to the page that denied it, forever: that one gets the
     // 429 instead (a file's or a builder's rule that covers its page is
     // refused when the filter is built).
-    let redirect = rule.deny == Deny::Redirect
-        && (!json || accepts_in(headers, "text/html"))
-        && !is_error_page(raw_path, &rule.error_page);
+    let redirect =
+        rule.deny == Deny::Redirect && !json_only && !is_error_page(raw_path, &rule.error_page);
     let mut fields = vec![
         ("retry-after", retry.to_string()),
         ("cache-control", "no-store".to_string()),
@@ -260,18 +286,18 @@ pub(crate) fn answer(
         fields.push(("location", location));
         return Answer::new(StatusCode::SEE_OTHER, fields, String::new());
     }
-    if json {
-        fields.push(("content-type", "application/json".to_string()));
-        // Rule names are [A-Za-z0-9_-]: nothing to escape; fields in the documented order.
-        let body = format!(
-            "{{\"error\":\"rate_limited\",\"rule\":\"{}\",\"retry_after\":{retry}}}",
-            rule.name
-        );
-        return Answer::new(StatusCode::TOO_MANY_REQUESTS, fields, body);
+    if html {
+        fields.push(("content-type", "text/html; charset=utf-8".to_string()));
+        let page = (filter.state.denial_page)(rule, retry);
+        return Answer::new(StatusCode::TOO_MANY_REQUESTS, fields, page);
     }
-    fields.push(("content-type", "text/html; charset=utf-8".to_string()));
-    let page = (filter.state.denial_page)(rule, retry);
-    Answer::new(StatusCode::TOO_MANY_REQUESTS, fields, page)
+    fields.push(("content-type", "application/json".to_string()));
+    // Rule names are [A-Za-z0-9_-]: nothing to escape; fields in the documented order.
+    let body = format!(
+        "{{\"error\":\"rate_limited\",\"rule\":\"{}\",\"retry_after\":{retry}}}",
+        rule.name
+    );
+    Answer::new(StatusCode::TOO_MANY_REQUESTS, fields, body)
 }
 
 /// The answer to a request no one could decide, under a rule whose
@@ -288,45 +314,144 @@ pub(crate) fn unavailable() -> Answer {
     )
 }
 
-/// The answer to a request refused before it is decided.
-pub(crate) fn refusal(refused: &Refused<'_>) -> Answer {
-    let plain = |status: StatusCode, text: &str| {
-        Answer::new(
+/// What a refused request is told: its status, the `error` code of the
+/// JSON answer, the rule whose key is at fault (when one is), and why.
+struct Refusal<'a> {
+    status: StatusCode,
+    error: &'static str,
+    rule: Option<&'a str>,
+    detail: String,
+    /// The kind of key value missing (`missing_key` only).
+    key: Option<String>,
+}
+
+impl Refused<'_> {
+    fn told(&self) -> Refusal<'_> {
+        let plain = |status, error, detail: &str| Refusal {
             status,
-            vec![("content-type", "text/plain; charset=utf-8".to_string())],
-            text.to_string(),
-        )
-    };
-    match refused {
-        Refused::Plain(status, text) => plain(*status, text),
-        Refused::Unreadable(values::Unreadable::Malformed(why), _) => {
-            plain(StatusCode::BAD_REQUEST, why)
-        }
-        Refused::Unreadable(values::Unreadable::Unsupported(why), _) => {
-            plain(StatusCode::UNSUPPORTED_MEDIA_TYPE, why)
-        }
-        Refused::Unreadable(values::Unreadable::Missing(at), rule) => {
-            let (name, kind) = match rule {
-                Some(r) => (
-                    r.name.as_str(),
-                    r.key.kinds().get(*at).map(ToString::to_string),
+            error,
+            rule: None,
+            detail: detail.to_string(),
+            key: None,
+        };
+        match self {
+            Refused::Input(Input::HeadersTooLarge) => plain(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "header_fields_too_large",
+                &format!(
+                    "the request's header fields are over {} KiB",
+                    super::MAX_HEADER_BYTES / 1024
                 ),
-                None => ("", None),
-            };
-            let body = serde_json::json!({
-                "error": "missing_key",
-                "rule": name,
-                "key": kind.unwrap_or_default(),
-            });
-            Answer::new(
+            ),
+            Refused::Input(Input::BadPath) => plain(
                 StatusCode::BAD_REQUEST,
-                vec![
-                    ("cache-control", "no-store".to_string()),
-                    ("content-type", "application/json".to_string()),
-                ],
-                body.to_string(),
-            )
+                "bad_request",
+                "the request path does not percent-decode to UTF-8",
+            ),
+            Refused::Input(Input::BodyTooLarge(max)) => plain(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                &format!("the body is over the {max} bytes the filter reads (max_form)"),
+            ),
+            Refused::Input(Input::BrokenBody) => plain(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "the body could not be read to its end",
+            ),
+            Refused::Unreadable(values::Unreadable::Malformed(why), rule) => Refusal {
+                rule: rule.map(|r| r.name.as_str()),
+                ..plain(StatusCode::BAD_REQUEST, "bad_request", why)
+            },
+            Refused::Unreadable(values::Unreadable::Unsupported(why), rule) => Refusal {
+                rule: rule.map(|r| r.name.as_str()),
+                ..plain(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "unsupported_media_type",
+                    why,
+                )
+            },
+            Refused::Unreadable(values::Unreadable::Missing(at), rule) => {
+                let kind = rule
+                    .and_then(|r| r.key.kinds().get(*at))
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                let detail = match rule {
+                    Some(r) => format!(
+                        "the request has no {kind} value, and rule {} refuses requests without one",
+                        r.name
+                    ),
+                    None => "the request has no value for a rule's key".to_string(),
+                };
+                Refusal {
+                    status: StatusCode::BAD_REQUEST,
+                    error: "missing_key",
+                    rule: rule.map(|r| r.name.as_str()),
+                    detail,
+                    key: Some(kind),
+                }
+            }
         }
+    }
+}
+
+/// The answer to a request refused before it is decided: JSON
+/// (`{"error":CODE,"rule":NAME_OR_NULL,"detail":TEXT}`, and `"key"` for a
+/// missing key), or a small HTML page saying the same to a client whose
+/// `Accept` (in `headers`) names `text/html`.
+pub(crate) fn refusal(refused: &Refused<'_>, headers: &impl HeaderLines) -> Answer {
+    let told = refused.told();
+    let mut fields = vec![("cache-control", "no-store".to_string())];
+    if wants_html(headers) {
+        fields.push(("content-type", "text/html; charset=utf-8".to_string()));
+        return Answer::new(told.status, fields, refusal_page(&told));
+    }
+    let body = match &told.key {
+        Some(key) => serde_json::json!({
+            "error": told.error,
+            "rule": told.rule,
+            "key": key,
+            "detail": told.detail,
+        }),
+        None => serde_json::json!({
+            "error": told.error,
+            "rule": told.rule,
+            "detail": told.detail,
+        }),
+    };
+    fields.push(("content-type", "application/json".to_string()));
+    Answer::new(told.status, fields, body.to_string())
+}
+
+/// The page a browser is shown for a refusal: the status, and why.
+fn refusal_page(told: &Refusal<'_>) -> String {
+    let code = told.status.as_u16();
+    let reason = told.status.canonical_reason().unwrap_or("Refused");
+    let rule = match told.rule {
+        Some(name) => format!("<p>Rule: {}</p>\n", Html(name)),
+        None => String::new(),
+    };
+    format!(
+        "<!doctype html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>{code} {reason}</title></head>\n<body>\n<h1>{code} {reason}</h1>\n<p>{}</p>\n{rule}</body>\n</html>\n",
+        Html(&told.detail)
+    )
+}
+
+/// Text written into HTML: `&`, `<`, `>` and quotes escaped.
+pub(crate) struct Html<'a>(pub(crate) &'a str);
+
+impl std::fmt::Display for Html<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for c in self.0.chars() {
+            match c {
+                '&' => f.write_str("&amp;")?,
+                '<' => f.write_str("&lt;")?,
+                '>' => f.write_str("&gt;")?,
+                '"' => f.write_str("&quot;")?,
+                '\'' => f.write_str("&#39;")?,
+                c => std::fmt::Write::write_char(f, c)?,
+            }
+        }
+        Ok(())
     }
 }
 
@@ -356,5 +481,91 @@ pub(crate) fn denial<H: Head>(filter: &Filter, req: &H, rule: &Rule, retry: u64)
         status: parts.status,
         headers,
         body,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accepting(accept: Option<&str>) -> http::HeaderMap {
+        let mut headers = http::HeaderMap::new();
+        if let Some(a) = accept {
+            headers.insert(http::header::ACCEPT, a.parse().unwrap());
+        }
+        headers
+    }
+
+    fn field<'a>(answer: &'a Answer, name: &str) -> Option<&'a str> {
+        answer.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    #[test]
+    fn refusals_are_json_unless_the_client_asks_for_html() {
+        let refused = Refused::Input(Input::BodyTooLarge(1024));
+        for accept in [None, Some("*/*"), Some("application/json")] {
+            let answer = refusal(&refused, &accepting(accept));
+            assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE);
+            assert_eq!(field(&answer, "content-type"), Some("application/json"));
+            assert_eq!(field(&answer, "cache-control"), Some("no-store"));
+            let body: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+            assert_eq!(body["error"], "body_too_large", "{accept:?}");
+            assert_eq!(body["rule"], serde_json::Value::Null);
+            assert!(body["detail"].as_str().unwrap().contains("1024"), "{body}");
+        }
+        let browser = "text/html,application/xhtml+xml,*/*;q=0.8";
+        let answer = refusal(&refused, &accepting(Some(browser)));
+        assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(
+            field(&answer, "content-type"),
+            Some("text/html; charset=utf-8")
+        );
+        assert_eq!(field(&answer, "cache-control"), Some("no-store"));
+        assert!(answer.body.contains("<html"), "{}", answer.body);
+        assert!(answer.body.contains("1024 bytes"), "{}", answer.body);
+    }
+
+    #[test]
+    fn every_refusal_has_its_code() {
+        let cases = [
+            (
+                Refused::Input(Input::HeadersTooLarge),
+                431,
+                "header_fields_too_large",
+            ),
+            (Refused::Input(Input::BadPath), 400, "bad_request"),
+            (Refused::Input(Input::BrokenBody), 400, "bad_request"),
+            (
+                Refused::Unreadable(
+                    values::Unreadable::Malformed("a key field is repeated"),
+                    None,
+                ),
+                400,
+                "bad_request",
+            ),
+            (
+                Refused::Unreadable(
+                    values::Unreadable::Unsupported("unknown form charset"),
+                    None,
+                ),
+                415,
+                "unsupported_media_type",
+            ),
+        ];
+        for (refused, status, error) in cases {
+            let answer = refusal(&refused, &accepting(None));
+            assert_eq!(answer.status.as_u16(), status, "{error}");
+            let body: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+            assert_eq!(body["error"], error);
+            assert!(!body["detail"].as_str().unwrap().is_empty(), "{body}");
+        }
+    }
+
+    #[test]
+    fn html_escapes_what_it_echoes() {
+        assert_eq!(
+            Html("<a href=\"x\">&'</a>").to_string(),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;&lt;/a&gt;"
+        );
     }
 }

@@ -20,6 +20,12 @@
 //! merged as text (ours first, then the inner's items); the one-rule
 //! dialects are merged from what the inner filter noted in the request's
 //! extensions, so that the pick is the most restrictive over both filters.
+//!
+//! A request with an `Origin` (a page's script, across origins) gets the
+//! names of the rate-limit fields its response carries (and `Retry-After`
+//! on a denial) in `Access-Control-Expose-Headers`, after the names the
+//! application listed there itself: a browser lets the script read only
+//! the fields named there.
 
 use std::cell::RefCell;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -93,6 +99,8 @@ fn slot(dialect: HeaderDialect) -> Option<usize> {
 pub(crate) trait FieldMap {
     /// The field's value, when it is text.
     fn text(&self, name: &'static str) -> Option<&str>;
+    /// Every line of the field that is text, joined as one list.
+    fn joined(&self, name: &'static str) -> Option<String>;
     /// Whether the field is there.
     fn has(&self, name: &'static str) -> bool;
     /// Sets the field (a value that is no field value is left out).
@@ -104,6 +112,9 @@ pub(crate) trait FieldMap {
 impl FieldMap for actix_web::http::header::HeaderMap {
     fn text(&self, name: &'static str) -> Option<&str> {
         self.get(name).and_then(|v| v.to_str().ok())
+    }
+    fn joined(&self, name: &'static str) -> Option<String> {
+        join(self.get_all(name).filter_map(|v| v.to_str().ok()))
     }
     fn has(&self, name: &'static str) -> bool {
         self.contains_key(name)
@@ -123,6 +134,9 @@ impl FieldMap for http::HeaderMap {
     fn text(&self, name: &'static str) -> Option<&str> {
         self.get(name).and_then(|v| v.to_str().ok())
     }
+    fn joined(&self, name: &'static str) -> Option<String> {
+        join(self.get_all(name).iter().filter_map(|v| v.to_str().ok()))
+    }
     fn has(&self, name: &'static str) -> bool {
         self.contains_key(name)
     }
@@ -133,6 +147,96 @@ impl FieldMap for http::HeaderMap {
     }
     fn unset(&mut self, name: &'static str) {
         self.remove(name);
+    }
+}
+
+/// The lines of a field as one list (`None` when there is none).
+fn join<'a>(lines: impl Iterator<Item = &'a str>) -> Option<String> {
+    let mut joined: Option<String> = None;
+    for line in lines {
+        match &mut joined {
+            Some(j) => {
+                j.push_str(", ");
+                j.push_str(line);
+            }
+            None => joined = Some(line.to_string()),
+        }
+    }
+    joined
+}
+
+/// The field that names what a page's script may read of a response.
+const EXPOSE: &str = "access-control-expose-headers";
+
+/// The fields a script may be let read: every name a dialect writes, then
+/// `Retry-After` (of a denial).
+const EXPOSABLE: [&str; 9] = [
+    "ratelimit-policy",
+    "ratelimit",
+    "ratelimit-limit",
+    "ratelimit-remaining",
+    "ratelimit-reset",
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+    "retry-after",
+];
+
+/// What `Access-Control-Expose-Headers` holds for a request with an
+/// `Origin`: the application's own list, and the names a filter added after
+/// it. Noted in the request's extensions for the filter around (actix), so
+/// that it lists exactly the fields the response carries once it merged
+/// its own.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Exposed {
+    /// The application's own list, as it was before any filter added to it.
+    app: Option<String>,
+    /// The rate-limit fields a filter listed after it.
+    listed: Vec<&'static str>,
+}
+
+impl Exposed {
+    /// For a response whose `Access-Control-Expose-Headers`, if any, is the
+    /// application's own.
+    pub(crate) fn of(headers: &impl FieldMap) -> Exposed {
+        Exposed {
+            app: headers.joined(EXPOSE),
+            listed: Vec::new(),
+        }
+    }
+}
+
+/// Names in `Access-Control-Expose-Headers` the rate-limit fields that
+/// `headers` carry (`Retry-After` only on a denial: `denied`, or a filter
+/// inside listed it), after the application's own names, none twice.
+pub(crate) fn expose(headers: &mut impl FieldMap, exposed: &mut Exposed, denied: bool) {
+    let carried: Vec<&'static str> = EXPOSABLE
+        .iter()
+        .copied()
+        .filter(|name| {
+            headers.has(name) && (*name != "retry-after" || denied || exposed.listed.contains(name))
+        })
+        .collect();
+    if carried.is_empty() && exposed.listed.is_empty() {
+        return;
+    }
+    let mut value = exposed.app.clone().unwrap_or_default();
+    for name in &carried {
+        let listed = value
+            .split(',')
+            .any(|item| item.trim().eq_ignore_ascii_case(name));
+        if !listed {
+            if !value.trim().is_empty() {
+                value.push_str(", ");
+            }
+            value.push_str(name);
+        }
+    }
+    exposed.listed = carried;
+    if value.trim().is_empty() {
+        headers.unset(EXPOSE);
+    } else {
+        headers.set(EXPOSE, value);
     }
 }
 
@@ -170,8 +274,25 @@ pub(super) fn on_denial(
     noted(req, res.headers_mut(), rules, outcomes, true);
 }
 
-/// [`write`], with what an inner filter showed taken from, and what this
-/// one shows noted in, the request's extensions.
+/// Names `Retry-After` in `Access-Control-Expose-Headers` of the `503` a
+/// request with an `Origin` gets when no one could decide it.
+pub(super) fn on_unavailable(res: &mut HttpResponse, req: &HttpRequest) {
+    if !has_origin(req) {
+        return;
+    }
+    let headers = res.headers_mut();
+    let mut exposed = Exposed::of(headers);
+    expose(headers, &mut exposed, true);
+    req.extensions_mut().insert(exposed);
+}
+
+/// Whether the request names the origin of a page's script.
+fn has_origin(req: &HttpRequest) -> bool {
+    req.headers().contains_key(actix_web::http::header::ORIGIN)
+}
+
+/// [`write`], with what an inner filter showed (and exposed) taken from,
+/// and what this one shows noted in, the request's extensions.
 fn noted(
     req: &HttpRequest,
     headers: &mut actix_web::http::header::HeaderMap,
@@ -180,8 +301,15 @@ fn noted(
     denied: bool,
 ) {
     let inner = req.extensions_mut().remove::<Shown>();
-    if let Some(shown) = write(headers, inner, rules, outcomes, denied) {
+    let mut exposed = has_origin(req).then(|| {
+        let earlier = req.extensions_mut().remove::<Exposed>();
+        earlier.unwrap_or_else(|| Exposed::of(headers))
+    });
+    if let Some(shown) = write(headers, inner, rules, outcomes, denied, exposed.as_mut()) {
         req.extensions_mut().insert(shown);
+    }
+    if let Some(exposed) = exposed {
+        req.extensions_mut().insert(exposed);
     }
 }
 
@@ -189,9 +317,27 @@ fn noted(
 /// response's `headers`, after what an `inner` filter showed. `denied`: the
 /// request took nothing from any of these rules (it was denied): a rule
 /// that denied shows 0 remaining, one that would have admitted it shows its
-/// units as still there. Returns what a filter around this one must know
-/// of the one-rule dialects shown, when any was.
+/// units as still there. `exposed`: the request has an `Origin`, and the
+/// fields the response then carries are named in
+/// `Access-Control-Expose-Headers` ([`expose`]). Returns what a filter
+/// around this one must know of the one-rule dialects shown, when any was.
 pub(crate) fn write(
+    headers: &mut impl FieldMap,
+    inner: Option<Shown>,
+    rules: &[&Rule],
+    outcomes: &[Outcome],
+    denied: bool,
+    exposed: Option<&mut Exposed>,
+) -> Option<Shown> {
+    let shown = fields_of(headers, inner, rules, outcomes, denied);
+    if let Some(exposed) = exposed {
+        expose(headers, exposed, denied);
+    }
+    shown
+}
+
+/// [`write`] but for `Access-Control-Expose-Headers`.
+fn fields_of(
     headers: &mut impl FieldMap,
     inner: Option<Shown>,
     rules: &[&Rule],
@@ -458,6 +604,129 @@ mod tests {
         assert_eq!(
             text(&h, "ratelimit").as_deref(),
             Some("\"a\";r=5;t=60, \"b\";r=0;t=2")
+        );
+    }
+
+    /// The names of `Access-Control-Expose-Headers`, in order.
+    fn exposed(h: &HeaderMap) -> Vec<String> {
+        text(h, EXPOSE)
+            .map(|v| v.split(", ").map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    fn from_origin() -> actix_web::HttpRequest {
+        actix_web::test::TestRequest::default()
+            .insert_header(("origin", "https://app.example"))
+            .to_http_request()
+    }
+
+    #[test]
+    fn a_request_with_an_origin_is_let_read_the_fields_it_gets() {
+        let a = rule("a", HeaderDialect::Ietf, 10);
+        let x = rule("x", HeaderDialect::XRateLimit, 5);
+        let h = written(&[&a, &x], &[ok(9, 60), ok(4, 60)]);
+        assert_eq!(text(&h, EXPOSE), None, "no Origin, nothing exposed");
+        let mut h = HeaderMap::new();
+        noted(
+            &from_origin(),
+            &mut h,
+            &[&a, &x],
+            &[ok(9, 60), ok(4, 60)],
+            false,
+        );
+        assert_eq!(
+            exposed(&h),
+            [
+                "ratelimit-policy",
+                "ratelimit",
+                "x-ratelimit-limit",
+                "x-ratelimit-remaining",
+                "x-ratelimit-reset"
+            ]
+        );
+        // Rules that never show leave the field out.
+        let hidden = rule("hidden", HeaderDialect::None, 3);
+        let mut h = HeaderMap::new();
+        noted(&from_origin(), &mut h, &[&hidden], &[ok(2, 60)], false);
+        assert!(h.is_empty(), "{h:?}");
+    }
+
+    #[test]
+    fn the_applications_own_names_come_first_and_none_twice() {
+        use actix_web::http::header::{HeaderName, HeaderValue};
+        let a = rule("a", HeaderDialect::Ietf, 10);
+        let mut h = HeaderMap::new();
+        h.append(
+            HeaderName::from_static(EXPOSE),
+            HeaderValue::from_static("X-Request-Id, RateLimit"),
+        );
+        h.append(
+            HeaderName::from_static(EXPOSE),
+            HeaderValue::from_static("Retry-After"),
+        );
+        // A denial: Retry-After is named too (once: the app named it).
+        h.insert(
+            HeaderName::from_static("retry-after"),
+            HeaderValue::from_static("5"),
+        );
+        noted(&from_origin(), &mut h, &[&a], &[ok(9, 60)], true);
+        assert_eq!(
+            exposed(&h),
+            [
+                "X-Request-Id",
+                "RateLimit",
+                "Retry-After",
+                "ratelimit-policy"
+            ]
+        );
+        // An allowed response's own Retry-After is no rate-limit field.
+        let mut h = HeaderMap::new();
+        h.insert(
+            HeaderName::from_static("retry-after"),
+            HeaderValue::from_static("5"),
+        );
+        noted(&from_origin(), &mut h, &[&a], &[ok(9, 60)], false);
+        assert_eq!(exposed(&h), ["ratelimit-policy", "ratelimit"]);
+    }
+
+    #[test]
+    fn an_outer_filter_names_exactly_the_fields_left_after_its_merge() {
+        use actix_web::http::header::{HeaderName, HeaderValue};
+        let req = from_origin();
+        let mut h = HeaderMap::new();
+        h.insert(
+            HeaderName::from_static(EXPOSE),
+            HeaderValue::from_static("x-app"),
+        );
+        h.insert(
+            HeaderName::from_static("retry-after"),
+            HeaderValue::from_static("5"),
+        );
+        // The inner filter denies under draft-6; the outer one's ietf rule
+        // takes RateLimit-Policy, so draft-6 leaves the response.
+        let inner = rule("inner", HeaderDialect::Draft6, 5);
+        let denied = Outcome {
+            allowed: false,
+            ..ok(0, 5)
+        };
+        noted(&req, &mut h, &[&inner], &[denied], true);
+        assert_eq!(
+            exposed(&h),
+            [
+                "x-app",
+                "ratelimit-policy",
+                "ratelimit-limit",
+                "ratelimit-remaining",
+                "ratelimit-reset",
+                "retry-after"
+            ]
+        );
+        let outer = rule("outer", HeaderDialect::Ietf, 100);
+        noted(&req, &mut h, &[&outer], &[ok(50, 60)], false);
+        assert_eq!(text(&h, "ratelimit-limit"), None);
+        assert_eq!(
+            exposed(&h),
+            ["x-app", "ratelimit-policy", "ratelimit", "retry-after"]
         );
     }
 }

@@ -71,7 +71,7 @@ pub(crate) fn check_json_headers(headers: &impl HeaderLines) -> Result<(), Unrea
             std::str::from_utf8(coding).is_ok_and(|c| c.trim().eq_ignore_ascii_case("identity"));
         if !identity {
             return Err(unsupported(
-                "a JSON body with a content coding cannot be read\n",
+                "a JSON body with a content coding cannot be read",
             ));
         }
     }
@@ -89,7 +89,7 @@ pub(crate) fn check_json_headers(headers: &impl HeaderLines) -> Result<(), Unrea
         if name.trim().eq_ignore_ascii_case("charset") {
             let value = value.trim().trim_matches('"');
             if !(value.eq_ignore_ascii_case("utf-8") || value.eq_ignore_ascii_case("utf8")) {
-                return Err(unsupported("a JSON body must be UTF-8\n"));
+                return Err(unsupported("a JSON body must be UTF-8"));
             }
         }
     }
@@ -111,8 +111,8 @@ pub(crate) fn json_value(body: &[u8], name: &str) -> Result<Option<String>, Unre
     match found {
         Ok(Found::Once(raw)) => Ok(scalar(&raw)),
         Ok(Found::Absent) => Ok(None),
-        Ok(Found::Twice) => Err(Unreadable::Malformed("a key member is repeated\n")),
-        Err(_) => Err(Unreadable::Malformed("the body is not valid JSON\n")),
+        Ok(Found::Twice) => Err(Unreadable::Malformed("a key member is repeated")),
+        Err(_) => Err(Unreadable::Malformed("the body is not valid JSON")),
     }
 }
 

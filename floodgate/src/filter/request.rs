@@ -9,17 +9,16 @@ use actix_service::Service;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::{Error, HttpMessage, HttpRequest};
-use http::StatusCode;
 
 use super::body::read_bodies;
 use super::decision::{self, summary, Verdict};
-use super::deny::{deny, denying, refuse, DecidedBy, Denied, Refused};
+use super::deny::{deny, denying, refuse, DecidedBy, Denied, Input, Refused};
 use super::head::Head;
 use super::{fields, json, usage, values, Filter, Usage, MAX_HEADER_BYTES};
 use crate::limiter::{Check, Decision, Outcome};
 use crate::logging::{self, Escaped};
 use crate::metrics::{DecisionKind as Counted, Metrics};
-use crate::net;
+use crate::net::{self, HeaderLines};
 use crate::rule::{self, Count, KeyKind, Mode, OnMissingKey, Rule};
 
 impl Filter {
@@ -192,27 +191,27 @@ where
 
 /// Stage 1: the rules that guard `req` (its method, and its decoded path or
 /// the path the router routes, less the rules that skip or exempt it), and
-/// its decoded path; `None` when no rule does, or when the router routes it
-/// under the unguarded prefix. Refused: a header block over [`MAX_HEADER_BYTES`], a path
-/// that does not decode. The path is copied only when a rule matched, so
-/// an unguarded request allocates nothing here.
+/// its decoded path; `None` when no rule does, when the router routes it
+/// under the unguarded prefix, or when it is a CORS preflight ([`is_preflight`]).
+/// Refused: a header block over [`MAX_HEADER_BYTES`], a path that does not
+/// decode. The path is copied only when a rule matched, so an unguarded
+/// request allocates nothing here.
 pub(super) fn guarding<'r, H: Head>(
     filter: &Filter,
     req: &H,
     rules: &'r [Rule],
 ) -> Result<Option<(Vec<&'r Rule>, String)>, Refused<'r>> {
     if req.header_bytes() > MAX_HEADER_BYTES {
-        return Err(Refused::Plain(
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "request header fields too large\n",
-        ));
+        return Err(Refused::Input(Input::HeadersTooLarge));
     }
     let Ok(decoded) = percent_encoding::percent_decode_str(req.raw_path()).decode_utf8() else {
-        return Err(Refused::Plain(
-            StatusCode::BAD_REQUEST,
-            "bad request path\n",
-        ));
+        return Err(Refused::Input(Input::BadPath));
     };
+    // A CORS preflight asks whether the real request may be sent: no rule
+    // counts or denies it (the browser could not read a denial anyway).
+    if is_preflight(req) {
+        return Ok(None);
+    }
     let method = req.method();
     let routed = req.routed_path();
     // Exempt only what the router sends under the unguarded prefix.
@@ -574,6 +573,17 @@ pub(super) fn count_allowed(metrics: &Metrics, matched: &[&Rule], decision: &Dec
         };
         metrics.decision(&r.name, outcome);
     }
+}
+
+/// Whether `req` is a CORS preflight: `OPTIONS` with
+/// `Access-Control-Request-Method`.
+pub(super) fn is_preflight<H: Head>(req: &H) -> bool {
+    req.method() == "OPTIONS"
+        && req
+            .headers()
+            .lines("access-control-request-method")
+            .next()
+            .is_some()
 }
 
 /// Whether `path` is `prefix` or below it.

@@ -31,12 +31,12 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, Limited};
 
 use super::decision::{self, Verdict};
-use super::deny::{self, denying, refusal, unavailable, Answer, DecidedBy, Denied, Refused};
+use super::deny::{self, denying, refusal, unavailable, Answer, DecidedBy, Denied, Input, Refused};
 use super::head::Head;
 use super::request::{checks, count_allowed, give_back, guarding, lookups, Checked};
 use super::{fields, json, values, Filter, Usage};
@@ -198,18 +198,18 @@ where
     let (matched, path) = match guarded {
         Ok(Some(guarded)) => guarded,
         Ok(None) => return pass(inner, Request::from_parts(parts, body)).await,
-        Err(refused) => return Ok(written(refusal(&refused))),
+        Err(refused) => return Ok(written(refusal(&refused, &parts.headers))),
     };
     let (read, body) = match read_body(&filter, &parts, body, &matched).await {
         Ok(read) => read,
-        Err(refused) => return Ok(written(refusal(&refused))),
+        Err(refused) => return Ok(written(refusal(&refused, &parts.headers))),
     };
     let looked_up = lookups(&filter, &TowerHead::new(&parts), &matched).await;
     let head = TowerHead::new(&parts);
     let keyed = checks(&filter, &head, &path, &read.read(), &looked_up, &matched);
     let Checked { checks, own } = match keyed {
         Ok(keyed) => keyed,
-        Err(refused) => return Ok(written(refusal(&refused))),
+        Err(refused) => return Ok(written(refusal(&refused, &parts.headers))),
     };
     let mut matched = matched;
     for (i, r) in &own {
@@ -221,6 +221,9 @@ where
         decision::decide(&filter.state.limiter, metrics, &matched, &checks, started).await;
     metrics.observe(started.elapsed());
     let method = parts.method.clone();
+    // Whether the fields are named for a page's script (the request moves
+    // on to the inner service before they are written).
+    let origin = parts.headers.contains_key(http::header::ORIGIN);
     let denial = |denied: Denied<'_>, parts: &Parts| {
         deny::noted(&filter, method.as_str(), &path, &denied);
         match denied {
@@ -232,10 +235,17 @@ where
                 ..
             } => {
                 let mut answered = deny::denial(&filter, &TowerHead::new(parts), rule, retry);
-                fields::write(&mut answered.headers, None, rules, outcomes, true);
+                with_fields(&mut answered.headers, origin, rules, outcomes, true);
                 written(answered)
             }
-            Denied::Unavailable(_) => written(unavailable()),
+            Denied::Unavailable(_) => {
+                let mut answered = unavailable();
+                if origin {
+                    let mut exposed = fields::Exposed::of(&answered.headers);
+                    fields::expose(&mut answered.headers, &mut exposed, true);
+                }
+                written(answered)
+            }
         }
     };
     match verdict {
@@ -256,7 +266,13 @@ where
             if charged && res.status().as_u16() < 400 {
                 give_back(&filter, &matched, &taken, &mut decision).await;
             }
-            fields::write(res.headers_mut(), None, &matched, &decision.outcomes, false);
+            with_fields(
+                res.headers_mut(),
+                origin,
+                &matched,
+                &decision.outcomes,
+                false,
+            );
             Ok(res)
         }
         Verdict::Redis(decision) => {
@@ -333,10 +349,24 @@ where
                     }
                 }
             }
-            fields::write(res.headers_mut(), None, &rules, &decision.outcomes, false);
+            with_fields(res.headers_mut(), origin, &rules, &decision.outcomes, false);
             Ok(res)
         }
     }
+}
+
+/// Writes the fields of `rules` into a response (see [`fields::write`]):
+/// this door has no filter inside it, and `origin` says whether the
+/// request came with an `Origin`.
+fn with_fields(
+    headers: &mut http::HeaderMap,
+    origin: bool,
+    rules: &[&Rule],
+    outcomes: &[Outcome],
+    denied: bool,
+) {
+    let mut exposed = origin.then(|| fields::Exposed::of(headers));
+    fields::write(headers, None, rules, outcomes, denied, exposed.as_mut());
 }
 
 /// The inner service's answer to a request no rule guards.
@@ -445,14 +475,14 @@ where
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let too_large = Refused::Plain(StatusCode::PAYLOAD_TOO_LARGE, "body too large\n");
+    let too_large = Refused::Input(Input::BodyTooLarge(max));
     if declared.is_some_and(|n| n > max as u64) {
         return Err(too_large);
     }
     let bytes = match Limited::new(body, max).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(too_large),
-        Err(_) => return Err(Refused::Plain(StatusCode::BAD_REQUEST, "unreadable body\n")),
+        Err(_) => return Err(Refused::Input(Input::BrokenBody)),
     };
     let read = if json_wanted {
         Read {

@@ -65,10 +65,10 @@ pub(crate) fn urlencoded_value(encoded: &[u8], name: &str) -> Result<Option<Stri
             continue;
         }
         if found.is_some() {
-            return Err(Unreadable::Malformed("a key field is repeated\n"));
+            return Err(Unreadable::Malformed("a key field is repeated"));
         }
         let value = String::from_utf8(decode(v))
-            .map_err(|_| Unreadable::Malformed("a key field is not valid UTF-8\n"))?;
+            .map_err(|_| Unreadable::Malformed("a key field is not valid UTF-8"))?;
         found = Some(value);
     }
     Ok(found)
@@ -86,13 +86,13 @@ pub(crate) fn header_value(
         return Ok(None);
     };
     if lines.next().is_some() {
-        return Err(Unreadable::Malformed("a key header is repeated\n"));
+        return Err(Unreadable::Malformed("a key header is repeated"));
     }
     // What `HeaderValue::to_str` accepts: visible ASCII and tabs.
     if first.iter().all(|&b| b == b'\t' || (32..127).contains(&b)) {
         Ok(Some(String::from_utf8_lossy(first).into_owned()))
     } else {
-        Err(Unreadable::Malformed("a key header is not visible ASCII\n"))
+        Err(Unreadable::Malformed("a key header is not visible ASCII"))
     }
 }
 

@@ -67,9 +67,11 @@ pub enum Count {
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Deny {
-    /// `303` to the error page (JSON clients get a 429).
+    /// `303` to the error page (a client that asks for JSON and not for
+    /// HTML gets the 429).
     Redirect,
-    /// `429` with `Retry-After`.
+    /// `429` with `Retry-After`: JSON, or the HTML page for a client whose
+    /// `Accept` names `text/html`.
     Status,
 }
 

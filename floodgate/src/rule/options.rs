@@ -20,7 +20,9 @@ pub enum OnMissingKey {
     /// Keyed by its client address under the same rule.
     #[default]
     Ip,
-    /// Refused: `400` with `{"error":"missing_key","rule":NAME,"key":KIND}`.
+    /// Refused: `400` with
+    /// `{"error":"missing_key","rule":NAME,"key":KIND,"detail":TEXT}` (a
+    /// page for a client whose `Accept` names `text/html`).
     Reject,
 }
 
