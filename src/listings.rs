@@ -161,6 +161,35 @@ pub fn audit_objects(entries: &[AuditEntry]) -> Vec<Value> {
         .collect()
 }
 
+/// `floodgate top RULE [--since D]`: the identities denied most under
+/// `rule` since `since` ago (default 10 minutes, at most a day), most
+/// first: `{"rule","id","denied","last_s"}`. Blocking.
+pub fn top(
+    limiter: &Limiter,
+    prefix: &str,
+    rule: &str,
+    since: Duration,
+) -> Result<Vec<Value>, LimiterError> {
+    Ok(limiter
+        .top_blocking(prefix, rule, since)?
+        .into_iter()
+        .map(|e| json!({"rule": rule, "id": e.id, "denied": e.denied, "last_s": e.last_s}))
+        .collect())
+}
+
+/// How far back `top` looks: `since` as written (default 10 minutes, at
+/// most a day).
+pub fn top_since(since: Option<&str>) -> Result<Duration, String> {
+    let Some(text) = since else {
+        return Ok(Duration::from_secs(600));
+    };
+    let d = floodgate::config::operator_duration("--since", text)?;
+    if d > floodgate::limiter::TOP_SINCE_MOST {
+        return Err(format!("top looks back at most 24h, not {text}"));
+    }
+    Ok(d)
+}
+
 /// Seconds since the epoch `since` ago (a duration as the config writes
 /// them, like `10m`); everything when `None`.
 pub fn since(text: Option<&str>) -> Result<u64, String> {

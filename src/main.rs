@@ -18,6 +18,7 @@ const USAGE: &str = "usage: floodgate [serve [--config FILE]] | check-config [FI
        floodgate override [--config FILE] RULE [VALUE...] (--limit N [--window D] | --clear) [--for D]
        floodgate ban|unban|reset [--config FILE] --all-rules VALUE [--for DURATION]
        floodgate bans|overrides [--config FILE] [RULE]
+       floodgate top [--config FILE] RULE [--since D]
        floodgate find [--config FILE] VALUE
        floodgate audit [--config FILE] [--since D]";
 
@@ -40,7 +41,7 @@ fn main() -> ExitCode {
         [command @ ("inspect" | "reset" | "ban" | "unban" | "override"), rest @ ..] => {
             operator::run(command, rest, default_path())
         }
-        [command @ ("bans" | "overrides" | "audit" | "find"), rest @ ..] => {
+        [command @ ("bans" | "overrides" | "audit" | "find" | "top"), rest @ ..] => {
             operator::run_listing(command, rest, default_path())
         }
         ["-h" | "--help" | "help"] => {

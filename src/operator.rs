@@ -239,6 +239,13 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
     let rule = match (command, args.positional.as_slice()) {
         ("audit", []) | ("bans" | "overrides", []) => None,
         ("find", [value]) => Some(*value),
+        ("top", [rule]) => {
+            if let Err(e) = listings::known_rule(&rules, rule) {
+                return bad(&e);
+            }
+            Some(*rule)
+        }
+        ("top", _) => return bad("takes one rule (and --since D)"),
         ("find", _) => return bad("takes one value, written as a request carries it"),
         ("bans" | "overrides", [rule]) => {
             if let Err(e) = listings::known_rule(&rules, rule) {
@@ -249,10 +256,14 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
         ("audit", _) => return bad("takes no rule (only --since D)"),
         _ => return bad("takes at most one rule"),
     };
-    if command != "audit" && args.since.is_some() {
+    if !matches!(command, "audit" | "top") && args.since.is_some() {
         return bad("takes no --since");
     }
-    let since = match listings::since(args.since) {
+    let since = match listings::since(args.since.filter(|_| command == "audit")) {
+        Ok(s) => s,
+        Err(e) => return bad(&e),
+    };
+    let top_since = match listings::top_since(args.since.filter(|_| command == "top")) {
         Ok(s) => s,
         Err(e) => return bad(&e),
     };
@@ -269,6 +280,12 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
         }
     };
     let objects = match command {
+        "top" => listings::top(
+            &limiter,
+            &redis.key_prefix,
+            rule.unwrap_or_default(),
+            top_since,
+        ),
         "find" => listings::find(
             &limiter,
             &redis.key_prefix,

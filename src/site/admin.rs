@@ -115,7 +115,7 @@ async fn handle(site: web::Data<Site>, req: HttpRequest, payload: web::Payload) 
         .strip_prefix(PATH)
         .unwrap_or_default();
     let what = what.strip_prefix('/').unwrap_or(what);
-    if ["bans", "overrides", "audit", "find"].contains(&what) {
+    if ["bans", "overrides", "audit", "find", "top"].contains(&what) {
         if req.method() != actix_web::http::Method::GET {
             return error(StatusCode::METHOD_NOT_ALLOWED, "use GET");
         }
@@ -345,7 +345,10 @@ async fn listing(site: &Site, what: &str, query: &str) -> HttpResponse {
     let mut found = None;
     for (name, value) in form_urlencoded::parse(query.as_bytes()) {
         match (what, name.as_ref()) {
-            ("bans" | "overrides", "rule") if rule.is_none() => rule = Some(value.into_owned()),
+            ("bans" | "overrides" | "top", "rule") if rule.is_none() => {
+                rule = Some(value.into_owned())
+            }
+            ("top", "since") if since.is_none() => since = Some(value.into_owned()),
             ("find", "value") if found.is_none() => found = Some(value.into_owned()),
             ("audit", "since") if since.is_none() => since = Some(value.into_owned()),
             _ => {
@@ -362,7 +365,15 @@ async fn listing(site: &Site, what: &str, query: &str) -> HttpResponse {
             return error(StatusCode::BAD_REQUEST, &e);
         }
     }
-    let since = match listings::since(since.as_deref()) {
+    if what == "top" && rule.is_none() {
+        return error(StatusCode::BAD_REQUEST, "top needs ?rule=R");
+    }
+    let looked = if what == "top" {
+        listings::top_since(since.as_deref()).map(|d| (0, d))
+    } else {
+        listings::since(since.as_deref()).map(|s| (s, Duration::ZERO))
+    };
+    let (since, top_since) = match looked {
         Ok(s) => s,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e),
     };
@@ -379,6 +390,12 @@ async fn listing(site: &Site, what: &str, query: &str) -> HttpResponse {
             &prefix,
             &rules,
             found.as_deref().unwrap_or_default(),
+        ),
+        "top" => listings::top(
+            &limiter,
+            &prefix,
+            rule.as_deref().unwrap_or_default(),
+            top_since,
         ),
         "audit" => limiter
             .audit_trail_blocking(&prefix, since, listings::AUDIT_MOST)

@@ -1756,3 +1756,48 @@ async fn find_names_every_identity_holding_a_value() {
     assert_eq!(objects[0]["used"], 1);
     assert_eq!(admin_list(&app, "find").await.0, 400);
 }
+
+/// `top RULE` names the identities denied most under a rule, those the
+/// denial cache answered included, as every process wrote them, within
+/// seconds of the denials.
+#[actix_web::test]
+async fn top_names_the_most_denied_identities_of_a_rule() {
+    let app = spawn_app_with(TWO_RULES, |_| {}).await;
+    let config = config_file("top", TWO_RULES);
+    let url = app.redis.url();
+    for _ in 0..3 {
+        assert_eq!(status(&app, "/check").await, 200);
+    }
+    for _ in 0..4 {
+        assert_eq!(status(&app, "/check").await, 429);
+    }
+    let mut top = Vec::new();
+    wait_until(Duration::from_secs(10), "the denials in top", || {
+        let ran = floodgate(&config, &url, &["top", "check", "--since", "1h"]);
+        assert_eq!(ran.code, 0, "{}", ran.stderr);
+        top = ran
+            .stdout
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .collect();
+        top.first().is_some_and(|t| t["denied"] == 4)
+    });
+    assert_eq!(top.len(), 1, "{top:?}");
+    assert_eq!(
+        (&top[0]["rule"], &top[0]["id"]),
+        (&json!("check"), &json!("127.0.0.1"))
+    );
+    assert!(top[0]["last_s"].as_u64().unwrap() < 60);
+    let (code, api) = admin_list(&app, "top?rule=check&since=10m").await;
+    assert_eq!((code, api), (200, Value::Array(top)));
+    // No denial under the other rules.
+    assert_eq!(admin_list(&app, "top?rule=site").await, (200, json!([])));
+    for args in [
+        &["top", "nosuch"][..],
+        &["top"],
+        &["top", "check", "--since", "25h"],
+    ] {
+        assert_eq!(floodgate(&config, &url, args).code, 2, "{args:?}");
+    }
+    assert_eq!(admin_list(&app, "top").await.0, 400);
+}

@@ -64,6 +64,7 @@ pub(crate) async fn decide(
             .max_by_key(|(_, d)| d.wait);
         if let Some((rule, denial)) = hit {
             metrics.deny_cache_hit(&matched[rule].name);
+            limiter.tally_denial(&matched[rule].name, &checks[rule].key);
             let counted = if denial.banned {
                 Counted::Banned
             } else {
@@ -81,6 +82,13 @@ pub(crate) async fn decide(
     match result {
         Ok(decision) => {
             let answered = Instant::now();
+            if !decision.allowed {
+                for ((r, c), o) in matched.iter().zip(checks).zip(&decision.outcomes) {
+                    if r.mode == Mode::Enforce && !o.allowed {
+                        limiter.tally_denial(&r.name, &c.key);
+                    }
+                }
+            }
             for ((r, c), o) in matched.iter().zip(checks).zip(&decision.outcomes) {
                 if o.banned && r.on_redis_error == OnRedisError::Local {
                     // For the local fallback, should Redis go away.
