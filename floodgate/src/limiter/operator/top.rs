@@ -54,10 +54,14 @@ fn write_script() -> &'static redis::Script {
     })
 }
 
-/// Denials by rule and identity since the last write.
+/// Denials by rule and identity (its state key).
+type Counts = HashMap<(String, String), u64>;
+
+/// Denials by rule and identity since the last write, and how many did not
+/// fit.
 #[derive(Default)]
 pub(crate) struct Tally {
-    counts: Mutex<(HashMap<(String, String), u64>, u64)>,
+    counts: Mutex<(Counts, u64)>,
 }
 
 impl Tally {
@@ -78,7 +82,7 @@ impl Tally {
         }
     }
 
-    fn take(&self) -> (HashMap<(String, String), u64>, u64) {
+    fn take(&self) -> (Counts, u64) {
         let mut guard = match self.counts.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
@@ -126,7 +130,7 @@ pub(crate) fn start_writer(tally: &Arc<Tally>, pool: Pool, prefix: &str) {
     }
 }
 
-fn write(pool: &Pool, prefix: &str, counts: HashMap<(String, String), u64>) -> Result<(), String> {
+fn write(pool: &Pool, prefix: &str, counts: Counts) -> Result<(), String> {
     let mut by_rule: HashMap<String, Vec<(String, u64)>> = HashMap::new();
     for ((rule, key), n) in counts {
         let id = split_state_key(prefix, &key).map_or(key.as_str(), |(_, _, id)| id);
