@@ -807,3 +807,23 @@ async fn scripts_of_other_origins_are_let_read_the_rate_limit_fields() {
     assert!(names.contains(&"retry-after".to_string()), "{names:?}");
     assert_eq!(names, rate_limit_fields(&res));
 }
+
+/// A banned identity's 429 says so under the tower door too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_banned_identitys_denial_says_banned() {
+    let redis = RedisServer::start();
+    let filter = filter(&redis, CHECK);
+    filter
+        .operate(
+            "check",
+            &["127.0.0.1"],
+            Action::Ban(Duration::from_secs(600)),
+        )
+        .await
+        .unwrap();
+    let base = serve(app(filter)).await;
+    let res = client().get(format!("{base}/check")).send().await.unwrap();
+    assert_eq!(res.status(), 429);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["error"], "banned", "{body}");
+}

@@ -74,6 +74,8 @@ pub struct ErrorPage {
     pub description: Option<String>,
     /// Seconds to wait.
     pub retry_after: u64,
+    /// The client is banned (blocked), not only over the limit.
+    pub banned: bool,
     /// Where "Go back" leads (a local path).
     pub back: String,
 }
@@ -136,9 +138,11 @@ pub async fn check(site: web::Data<Site>, req: HttpRequest) -> HttpResponse {
 pub async fn error_page(site: web::Data<Site>, req: HttpRequest) -> HttpResponse {
     let mut rule_name = String::new();
     let mut retry_after = 1;
+    let mut banned = false;
     for (k, v) in form_urlencoded::parse(req.query_string().as_bytes()) {
         match k.as_ref() {
             "rule" => rule_name = v.into_owned(),
+            "banned" => banned = v == "1",
             "retry_after" => {
                 retry_after = v.trim().parse::<u64>().unwrap_or(1).min(MAX_RETRY_AFTER);
             }
@@ -153,6 +157,7 @@ pub async fn error_page(site: web::Data<Site>, req: HttpRequest) -> HttpResponse
         rule: rule.map(|r| r.name.clone()).unwrap_or_default(),
         description: rule.map(|r| r.description.clone()),
         retry_after,
+        banned,
         back: back_link(&req, rule),
     };
     let mut res = render(&page, StatusCode::OK);
@@ -164,13 +169,15 @@ pub async fn error_page(site: web::Data<Site>, req: HttpRequest) -> HttpResponse
 }
 
 /// The HTML sent with a 429 for a browser (`deny = "status"`).
-pub fn denial_html(site_title: &str, rule: &Rule, retry_after: u64) -> String {
+pub fn denial_html(site_title: &str, denial: &floodgate::Denial) -> String {
+    let retry_after = denial.retry_after;
     let page = ErrorPage {
         site_title: site_title.to_string(),
         signed_in: false,
-        rule: rule.name.clone(),
-        description: Some(rule.description.clone()),
+        rule: denial.rule.name.clone(),
+        description: Some(denial.rule.description.clone()),
         retry_after,
+        banned: denial.banned,
         back: "/".into(),
     };
     page.render().unwrap_or_else(|e| {

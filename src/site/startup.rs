@@ -96,7 +96,7 @@ impl Application {
             // The site's JSON API reads `application/json` only (and needs
             // no other setting of `web::JsonConfig`'s).
             .json_content_type_required(true)
-            .denial_page(move |rule, retry| site::pages::denial_html(&title, rule, retry))
+            .denial_page(move |denial| site::pages::denial_html(&title, denial))
             // `session` rules key by the account a valid cookie names.
             .session_lookup(move |req| {
                 let value = req.cookie(session::COOKIE)?;

@@ -1801,3 +1801,75 @@ async fn top_names_the_most_denied_identities_of_a_rule() {
     }
     assert_eq!(admin_list(&app, "top").await.0, 400);
 }
+
+/// A banned identity's denial says so: `"error":"banned"` in the JSON, a
+/// page that says the client is blocked, and `banned=1` on the way to the
+/// error page; from Redis and from the denial cache alike.
+#[actix_web::test]
+async fn a_banned_identitys_denial_says_it_is_blocked() {
+    const RULES: &str = r#"
+[[rule]]
+name = "check"
+paths = ["/check"]
+limit = 3
+window = "1h"
+deny = "status"
+
+[[rule]]
+name = "page"
+paths = ["/limits"]
+limit = 3
+window = "1h"
+deny = "redirect"
+"#;
+    let app = spawn_app_with(RULES, |_| {}).await;
+    let ban = Action::Ban(Duration::from_secs(600));
+    for rule in ["check", "page"] {
+        app.filter.operate(rule, &["127.0.0.1"], ban).await.unwrap();
+    }
+    let get = |path: &'static str, accept: &'static str| {
+        let req = app.client.get(app.url(path));
+        let req = if accept.is_empty() {
+            req
+        } else {
+            req.header("accept", accept)
+        };
+        req.send()
+    };
+    // Twice: Redis answers the first, the denial cache the second.
+    for _ in 0..2 {
+        let res = get("/check", "").await.unwrap();
+        assert_eq!(res.status(), 429);
+        let body: Value = res.json().await.unwrap();
+        assert_eq!(body["error"], "banned", "{body}");
+        assert_eq!(body["rule"], "check");
+        assert!(body["retry_after"].as_u64().unwrap() > 590);
+    }
+    let page = get("/check", "text/html").await.unwrap();
+    assert_eq!(page.status(), 429);
+    let text = page.text().await.unwrap();
+    assert!(text.contains("You are blocked"), "{text}");
+    assert!(!text.contains("You reached a limit"), "{text}");
+
+    let redirected = get("/limits", "text/html").await.unwrap();
+    assert_eq!(redirected.status(), 303);
+    let location = redirected.headers()["location"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(location.ends_with("&banned=1"), "{location}");
+    let shown = app.client.get(app.url(&location)).send().await.unwrap();
+    let text = shown.text().await.unwrap();
+    assert!(text.contains("<h1>Blocked</h1>"), "{text}");
+    // Over the limit only: the usual words.
+    let plain = app
+        .client
+        .get(app.url("/err?rule=check&retry_after=5"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(plain.contains("Slow down") && !plain.contains("Blocked"));
+}

@@ -310,8 +310,8 @@ impl FilterBuilder {
     }
 
     /// The HTML body of a 429 for a browser (the response stays the
-    /// filter's own); `(rule, retry_after_secs)`.
-    pub fn denial_page(mut self, f: impl Fn(&Rule, u64) -> String + Send + Sync + 'static) -> Self {
+    /// filter's own), given the denial (rule, seconds to wait, banned).
+    pub fn denial_page(mut self, f: impl Fn(&Denial) -> String + Send + Sync + 'static) -> Self {
         self.denial_page = Some(Box::new(f));
         self
     }
@@ -423,10 +423,15 @@ impl FilterBuilder {
         let limiter = Arc::new(Limiter::new(&redis, self.limiter_options)?);
         let metrics = self.metrics.unwrap_or_default();
         let denial_page = self.denial_page.unwrap_or_else(|| {
-            Box::new(|rule: &Rule, retry: u64| {
+            Box::new(|denial: &Denial| {
+                let what = if denial.banned {
+                    "You are blocked".to_string()
+                } else {
+                    format!("Too many requests: {}", super::deny::Html(&denial.rule.description))
+                };
                 format!(
-                    "<!doctype html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>Too many requests</title></head>\n<body><p>Too many requests: {}. Try again in {retry} s.</p></body>\n</html>\n",
-                    super::deny::Html(&rule.description)
+                    "<!doctype html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>Too many requests</title></head>\n<body><p>{what}. Try again in {} s.</p></body>\n</html>\n",
+                    denial.retry_after
                 )
             })
         });

@@ -20,6 +20,8 @@ pub(crate) enum Verdict {
         rule: usize,
         wait: Duration,
         quota: Option<Quota>,
+        /// The identity is banned (not only over the limit).
+        banned: bool,
     },
     /// Redis did not decide and an enforce rule says `deny`: 503.
     Unavailable(LimiterError),
@@ -73,6 +75,7 @@ pub(crate) async fn decide(
             metrics.decision(&matched[rule].name, counted);
             return Verdict::Cached {
                 rule,
+                banned: denial.banned,
                 wait: denial.wait,
                 quota: denial.quota,
             };

@@ -83,7 +83,8 @@ pub(super) fn deny<B>(
             outcomes,
             ..
         } => {
-            let mut response = denial(filter, req.request(), rule, retry).to_actix();
+            let banned = is_banned(rule, rules, outcomes);
+            let mut response = denial(filter, req.request(), rule, retry, banned).to_actix();
             fields::on_denial(&mut response, req.request(), rules, outcomes);
             response
         }
@@ -264,9 +265,9 @@ pub(crate) fn answer(
     filter: &Filter,
     headers: &impl HeaderLines,
     raw_path: &str,
-    rule: &Rule,
-    retry: u64,
+    denial: &Denial,
 ) -> Answer {
+    let (rule, retry) = (&denial.rule, denial.retry_after);
     let html = wants_html(headers);
     // A client that asks for JSON and not for HTML is never sent to a page.
     let json_only = !html && accepts_in(headers, "application/json");
@@ -282,19 +283,27 @@ pub(crate) fn answer(
     ];
     if redirect {
         // Rule names are [A-Za-z0-9_-]: safe in a query as they are.
-        let location = format!("{}?rule={}&retry_after={retry}", rule.error_page, rule.name);
+        let mut location = format!("{}?rule={}&retry_after={retry}", rule.error_page, rule.name);
+        if denial.banned {
+            location.push_str("&banned=1");
+        }
         fields.push(("location", location));
         return Answer::new(StatusCode::SEE_OTHER, fields, String::new());
     }
     if html {
         fields.push(("content-type", "text/html; charset=utf-8".to_string()));
-        let page = (filter.state.denial_page)(rule, retry);
+        let page = (filter.state.denial_page)(denial);
         return Answer::new(StatusCode::TOO_MANY_REQUESTS, fields, page);
     }
     fields.push(("content-type", "application/json".to_string()));
     // Rule names are [A-Za-z0-9_-]: nothing to escape; fields in the documented order.
     let body = format!(
-        "{{\"error\":\"rate_limited\",\"rule\":\"{}\",\"retry_after\":{retry}}}",
+        "{{\"error\":\"{}\",\"rule\":\"{}\",\"retry_after\":{retry}}}",
+        if denial.banned {
+            "banned"
+        } else {
+            "rate_limited"
+        },
         rule.name
     );
     Answer::new(StatusCode::TOO_MANY_REQUESTS, fields, body)
@@ -455,16 +464,32 @@ impl std::fmt::Display for Html<'_> {
     }
 }
 
+/// Whether the denying `rule` denied because the identity is banned (its
+/// outcome among `rules`' `outcomes`).
+pub(super) fn is_banned(rule: &Rule, rules: &[&Rule], outcomes: &[Outcome]) -> bool {
+    rules
+        .iter()
+        .zip(outcomes)
+        .any(|(r, o)| std::ptr::eq(*r, rule) && o.banned)
+}
+
 /// The response to a denied request, as every door sends it: the
 /// application's responder's (with `Retry-After` and `Cache-Control` added
 /// where it has none), or the filter's own [`answer`].
-pub(crate) fn denial<H: Head>(filter: &Filter, req: &H, rule: &Rule, retry: u64) -> Answer {
-    let Some(respond) = &filter.state.responder else {
-        return answer(filter, req.headers(), req.raw_path(), rule, retry);
-    };
+pub(crate) fn denial<H: Head>(
+    filter: &Filter,
+    req: &H,
+    rule: &Rule,
+    retry: u64,
+    banned: bool,
+) -> Answer {
     let denial = Denial {
         rule: rule.clone(),
         retry_after: retry,
+        banned,
+    };
+    let Some(respond) = &filter.state.responder else {
+        return answer(filter, req.headers(), req.raw_path(), &denial);
     };
     let (parts, body) = respond(&denial, &req.request_head(filter.client_of(req))).into_parts();
     let mut headers = parts.headers;

@@ -55,8 +55,9 @@ use crate::metrics::Metrics;
 use crate::net::{self, Cidr, ProxyHeader};
 use crate::rule::Rule;
 
-/// Renders the HTML error page for a denial: `(rule, retry_after_secs)`.
-pub type DenialPage = dyn Fn(&Rule, u64) -> String + Send + Sync;
+/// Renders the HTML page of a 429 for a browser, given the denial (its
+/// rule, seconds to wait, whether the identity is banned).
+pub type DenialPage = dyn Fn(&Denial) -> String + Send + Sync;
 
 /// Tells who is signed in, for `key = "session"`: the account ID or `None`.
 pub type SessionLookup = dyn Fn(&RequestHead) -> Option<String> + Send + Sync;
@@ -81,6 +82,10 @@ pub struct Denial {
     pub rule: Rule,
     /// Seconds until the same request would be allowed (at least 1).
     pub retry_after: u64,
+    /// The identity is banned under the rule (by an operator or the rule's
+    /// penalty), not only over its limit: the answer says so
+    /// (`"error":"banned"`, a page that says the client is blocked).
+    pub banned: bool,
 }
 
 impl std::fmt::Debug for Filter {

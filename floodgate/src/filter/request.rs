@@ -390,13 +390,18 @@ where
             };
             Ok(deny(filter, req, path, denied))
         }
-        Verdict::Cached { rule, wait, quota } => {
+        Verdict::Cached {
+            rule,
+            wait,
+            quota,
+            banned,
+        } => {
             let rule = matched[rule];
             let remembered = Outcome {
                 allowed: false,
                 remaining: 0,
                 wait,
-                banned: false,
+                banned,
                 ban_started: false,
                 quota,
             };

@@ -234,7 +234,9 @@ where
                 outcomes,
                 ..
             } => {
-                let mut answered = deny::denial(&filter, &TowerHead::new(parts), rule, retry);
+                let banned = deny::is_banned(rule, rules, outcomes);
+                let mut answered =
+                    deny::denial(&filter, &TowerHead::new(parts), rule, retry, banned);
                 with_fields(&mut answered.headers, origin, rules, outcomes, true);
                 written(answered)
             }
@@ -288,13 +290,18 @@ where
             };
             Ok(denial(denied, &parts))
         }
-        Verdict::Cached { rule, wait, quota } => {
+        Verdict::Cached {
+            rule,
+            wait,
+            quota,
+            banned,
+        } => {
             let rule = matched[rule];
             let remembered = Outcome {
                 allowed: false,
                 remaining: 0,
                 wait,
-                banned: false,
+                banned,
                 ban_started: false,
                 quota,
             };
