@@ -20,9 +20,9 @@ pub mod tower {
 }
 
 pub use crate::filter::{
-    accepts, ban_action, operator_check, override_action, Denial, DenialPage, DenialResponder,
-    Filter, FilterBuilder, FilterService, JsonContentType, Limit, OperatorError, RuleState,
-    SessionLookup, SetupError, Unreadable, Usage, MAX_HEADER_BYTES,
+    accepts, ban_action, operator_check, override_action, Bypass, Denial, DenialPage,
+    DenialResponder, Filter, FilterBuilder, FilterService, JsonContentType, Limit, OperatorError,
+    RuleState, SessionLookup, SetupError, Unreadable, Usage, MAX_HEADER_BYTES,
 };
 pub use crate::head::RequestHead;
 pub use crate::rule::key::{Key, KeyFn};

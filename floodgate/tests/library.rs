@@ -1248,3 +1248,76 @@ async fn scripts_of_other_origins_are_let_read_the_rate_limit_fields() {
         ["x-request-id", "ratelimit", "ratelimit-policy"]
     );
 }
+
+/// A bypass on the whole filter lets the requests it names past every
+/// rule, neither counted nor denied; and a handler reads who a rule's
+/// lookup found from `Usage`, without looking the caller up again.
+#[actix_web::test]
+async fn a_bypass_passes_every_rule_and_handlers_read_the_lookups_identity() {
+    use floodgate_limiter::rule::Identity;
+    let redis = RedisServer::start();
+    let filter = Filter::builder()
+        .redis_url(&redis.url())
+        .bypass(|req: &RequestHead| req.header("x-test-run") == Some("t-1"))
+        .rule("/one", Limit::per_minute(1).name("one"))
+        .rule(
+            "/api",
+            Limit::per_minute(1)
+                .key(Key::lookup("api-key", |req: RequestHead| async move {
+                    let token = req.header("x-api-key")?.to_owned();
+                    Some(Identity::new(token).with_limit(5))
+                }))
+                .name("api"),
+        )
+        .build()
+        .unwrap();
+    let app = test::init_service(
+        App::new()
+            .wrap(filter)
+            .route("/one", web::get().to(ok))
+            .route(
+                "/api",
+                web::get().to(|usage: Usage| async move {
+                    let found = usage.get("api").and_then(|r| r.identity);
+                    HttpResponse::Ok().body(format!(
+                        "{}/{}",
+                        found.as_ref().map_or("-", |i| i.id()),
+                        found.as_ref().and_then(|i| i.limit()).unwrap_or(0)
+                    ))
+                }),
+            ),
+    )
+    .await;
+    let get = |path: &str, header: Option<(&str, &str)>| {
+        let mut req = test::TestRequest::get().uri(path);
+        if let Some(h) = header {
+            req = req.insert_header(h);
+        }
+        req.to_request()
+    };
+    for _ in 0..3 {
+        let res = test::call_service(&app, get("/one", Some(("x-test-run", "t-1")))).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert!(res.headers().get("ratelimit-policy").is_none());
+    }
+    assert!(
+        redis.keys("floodgate:one:*").is_empty(),
+        "bypassed requests counted"
+    );
+    let wrong = get("/one", Some(("x-test-run", "nope")));
+    assert_eq!(
+        test::call_service(&app, wrong).await.status(),
+        StatusCode::OK
+    );
+    let again = get("/one", None);
+    assert_eq!(
+        test::call_service(&app, again).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    let res = test::call_service(&app, get("/api", Some(("x-api-key", "k-9")))).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(test::read_body(res).await, "k-9/5");
+    let res = test::call_service(&app, get("/api", None)).await;
+    assert_eq!(test::read_body(res).await, "-/0");
+}

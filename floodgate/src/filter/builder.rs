@@ -96,6 +96,7 @@ pub struct FilterBuilder {
     metrics: Option<Arc<Metrics>>,
     limiter_options: LimiterOptions,
     unguarded: Option<String>,
+    bypass: Option<Box<super::Bypass>>,
 }
 
 impl FilterBuilder {
@@ -124,6 +125,20 @@ impl FilterBuilder {
     /// it (`/admin/x`, not `/admin%2Fx`).
     pub fn unguarded(mut self, prefix: &str) -> Self {
         self.unguarded = Some(prefix.to_string());
+        self
+    }
+
+    /// Requests for which `f` holds pass every rule of this filter, neither
+    /// counted nor denied: a test suite's requests, a health checker. (One
+    /// limit's own exception is [`Limit::skip_if`](crate::Limit::skip_if).)
+    ///
+    /// ```
+    /// let filter = floodgate_limiter::Filter::builder()
+    ///     .bypass(|req| req.header("x-load-test") == Some("k-7f3a"));
+    /// # let _ = filter;
+    /// ```
+    pub fn bypass(mut self, f: impl Fn(&RequestHead) -> bool + Send + Sync + 'static) -> Self {
+        self.bypass = Some(Box::new(f));
         self
     }
 
@@ -450,6 +465,7 @@ impl FilterBuilder {
                 session: self.session,
                 responder: self.responder,
                 unguarded: self.unguarded,
+                bypass: self.bypass,
             },
         ))
     }

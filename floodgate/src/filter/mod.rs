@@ -59,6 +59,10 @@ use crate::rule::Rule;
 /// rule, seconds to wait, whether the identity is banned).
 pub type DenialPage = dyn Fn(&Denial) -> String + Send + Sync;
 
+/// A predicate on the whole filter: a request for which it holds is
+/// neither counted nor denied by any rule (tests, health checkers).
+pub type Bypass = dyn Fn(&RequestHead) -> bool + Send + Sync;
+
 /// Tells who is signed in, for `key = "session"`: the account ID or `None`.
 pub type SessionLookup = dyn Fn(&RequestHead) -> Option<String> + Send + Sync;
 
@@ -115,6 +119,7 @@ struct FilterState {
     session: Option<Box<SessionLookup>>,
     responder: Option<Box<DenialResponder>>,
     unguarded: Option<String>,
+    bypass: Option<Box<Bypass>>,
     /// Every rule name in use: the filter's own rules and the limits made
     /// from it in code. Read only while limits are made, never per request.
     names: Mutex<HashMap<String, NameOwner>>,
@@ -163,6 +168,7 @@ pub(crate) struct FilterOptions {
     /// (percent-decoded but for `%2F`, `%25` and `%2B`, as
     /// `web::scope(prefix)` matches it): `/admin%2Fx` is not.
     pub unguarded: Option<String>,
+    pub bypass: Option<Box<Bypass>>,
 }
 
 impl Filter {
@@ -195,6 +201,7 @@ impl Filter {
                 session: options.session,
                 responder: options.responder,
                 unguarded: options.unguarded,
+                bypass: options.bypass,
                 names: Mutex::new(names),
             }),
         }

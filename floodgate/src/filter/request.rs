@@ -184,6 +184,7 @@ where
         path: &path,
         matched: &matched,
         checks,
+        looked_up: &looked_up,
         started,
     };
     respond(asked, &*service, req, verdict).await
@@ -227,7 +228,7 @@ pub(super) fn guarding<'r, H: Head>(
     // encoding a `/`), and the routed one (`/user/:id` guards
     // `/user/a%2Fb`, which the router sends to `/user/{id}`).
     let other = (routed != decoded).then_some(routed);
-    // Built once, and only for a rule with a skip predicate.
+    // Built once, and only for a rule with a skip predicate or the bypass.
     let head = std::cell::OnceCell::new();
     let head = || head.get_or_init(|| req.request_head(filter.client_of(req)));
     let mut matched: Vec<&Rule> = rules
@@ -243,6 +244,16 @@ pub(super) fn guarding<'r, H: Head>(
         matched.retain(|r| !r.exempts(client));
     }
     if matched.is_empty() {
+        return Ok(None);
+    }
+    // The application's bypass: a request it names is neither counted nor
+    // denied by any rule of this filter.
+    if filter
+        .state
+        .bypass
+        .as_ref()
+        .is_some_and(|bypass| bypass(head()))
+    {
         return Ok(None);
     }
     Ok(Some((matched, decoded.into_owned())))
@@ -349,6 +360,8 @@ struct Asked<'a> {
     path: &'a str,
     matched: &'a [&'a Rule],
     checks: Vec<Check>,
+    /// What each matched rule's lookups found (for the handler's `Usage`).
+    looked_up: &'a [Vec<Option<rule::Identity>>],
     started: Instant,
 }
 
@@ -482,6 +495,7 @@ where
         path,
         matched,
         checks,
+        looked_up,
         started,
     } = asked;
     count_allowed(&filter.state.metrics, matched, &decision);
@@ -495,7 +509,7 @@ where
         req.request(),
         filter.limiter(),
         matched,
-        checks,
+        (checks, looked_up),
         &decision,
         started,
     );

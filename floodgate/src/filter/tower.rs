@@ -260,7 +260,13 @@ where
                 super::decision::summary(&matched, &decision.outcomes)
             );
             let usage = Usage::default();
-            let taken = usage.add(filter.limiter(), &matched, checks, &decision, started);
+            let taken = usage.add(
+                filter.limiter(),
+                &matched,
+                (checks, &looked_up),
+                &decision,
+                started,
+            );
             parts.extensions.insert(usage);
             let charged = matched.iter().any(|r| r.count == Count::Failures);
             let mut res = call(inner, Request::from_parts(parts, body)).await?;

@@ -11,7 +11,7 @@ use actix_web::{FromRequest, HttpMessage, HttpRequest};
 use super::{lock, Filter};
 use crate::limiter::give_back::Refund;
 use crate::limiter::{Algorithm, Check, Decision, Limiter, LimiterError, Outcome};
-use crate::rule::Rule;
+use crate::rule::{Identity, Rule};
 
 /// The rules that matched a request and what each said, as a handler sees
 /// them (an extractor: add a `Usage` argument). Empty when no rule matched.
@@ -48,6 +48,8 @@ struct Entry {
     limiter: Arc<Limiter>,
     decided: Instant,
     given_back: bool,
+    /// Who the rule's [`Key::lookup`](crate::Key::lookup) found.
+    identity: Option<Identity>,
 }
 
 /// One matched rule's state after the decision.
@@ -65,6 +67,10 @@ pub struct RuleState {
     pub reset: Duration,
     /// The rule's limit (or burst).
     pub quota: u32,
+    /// Who the rule's [`Key::lookup`](crate::Key::lookup) found (the ID
+    /// and the quota it chose), so that a handler need not look the
+    /// caller up again; `None` without a lookup, or when it found no one.
+    pub identity: Option<Identity>,
 }
 
 /// Marks a request that an inner filter denied: the outer filters give
@@ -90,7 +96,7 @@ impl Usage {
         req: &HttpRequest,
         limiter: &Arc<Limiter>,
         matched: &[&Rule],
-        checks: Vec<Check>,
+        (checks, looked_up): (Vec<Check>, &[Vec<Option<Identity>>]),
         decision: &Decision,
         decided: Instant,
     ) -> Taken {
@@ -105,7 +111,7 @@ impl Usage {
                 }
             }
         };
-        limits.add(limiter, matched, checks, decision, decided)
+        limits.add(limiter, matched, (checks, looked_up), decision, decided)
     }
 
     /// Adds one filter's allowed decision to this `Usage`.
@@ -113,14 +119,22 @@ impl Usage {
         &self,
         limiter: &Arc<Limiter>,
         matched: &[&Rule],
-        checks: Vec<Check>,
+        (checks, looked_up): (Vec<Check>, &[Vec<Option<Identity>>]),
         decision: &Decision,
         decided: Instant,
     ) -> Taken {
         let limits = self.clone();
         let mut entries = lock(&limits.inner);
         let from = entries.len();
-        for ((rule, check), outcome) in matched.iter().zip(checks).zip(&decision.outcomes) {
+        for (i, ((rule, check), outcome)) in matched
+            .iter()
+            .zip(checks)
+            .zip(&decision.outcomes)
+            .enumerate()
+        {
+            let identity = looked_up
+                .get(i)
+                .and_then(|found| found.iter().flatten().next().cloned());
             entries.push(Entry {
                 name: rule.name.clone(),
                 algorithm: rule.algorithm,
@@ -129,6 +143,7 @@ impl Usage {
                 limiter: Arc::clone(limiter),
                 decided,
                 given_back: false,
+                identity,
             });
         }
         let to = entries.len();
@@ -158,6 +173,7 @@ impl Usage {
                 remaining: e.outcome.remaining,
                 reset: e.outcome.wait,
                 quota: e.outcome.limit(&e.algorithm),
+                identity: e.identity.clone(),
             })
             .collect()
     }
