@@ -90,6 +90,19 @@ fn check_config(path: PathBuf) -> ExitCode {
         if r.headers != HeaderDialect::Ietf {
             extra.push_str(&format!(" headers={}", r.headers));
         }
+        // What changes what a rule counts, and how its values are read.
+        if r.count != floodgate::rule::Count::All {
+            extra.push_str(&format!(" count={}", r.count));
+        }
+        if r.normalize != floodgate::rule::Normalize::None {
+            extra.push_str(&format!(" normalize={}", r.normalize));
+        }
+        if r.hash_key {
+            extra.push_str(" hash_key=true");
+        }
+        if r.on_missing_key != floodgate::rule::OnMissingKey::Ip {
+            extra.push_str(&format!(" on_missing_key={}", r.on_missing_key));
+        }
         if !r.exempt.is_empty() {
             extra.push_str(&format!(" exempt={}", r.exempt.len()));
         }

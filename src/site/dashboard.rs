@@ -10,7 +10,7 @@ use super::pages::render;
 use super::{Site, SiteError, Visitor};
 use crate::config::{format_duration, human_duration};
 use floodgate::limiter::{Action, Algorithm, Check, Outcome};
-use floodgate::rule::{KeyKind, Mode, Rule};
+use floodgate::rule::{HeaderDialect, KeyKind, Mode, Rule};
 
 /// Width of the SVG drawings, in user units.
 const WIDTH: f64 = 600.0;
@@ -246,7 +246,13 @@ pub async fn limits(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
     let rules = site.filter.rules();
     let mut plan: Vec<(usize, Subject)> = Vec::new();
     let mut views = Vec::new();
-    for (at, rule) in rules.iter().enumerate() {
+    // A rule whose fields are hidden (`headers = "none"`: an abuse
+    // threshold) is not shown here either.
+    for (at, rule) in rules
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.headers != HeaderDialect::None)
+    {
         let (subs, note) = subjects(&site, rule, &req, &visitor);
         plan.extend(subs.into_iter().map(|s| (at, s)));
         views.push(RuleView {
@@ -327,7 +333,9 @@ pub async fn limits(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
         let key = subject.key.clone();
         let mut view = usage(rule, subject.label, now, &stamps, clock);
         view.operator = operator_note(&site, rule, key).await;
-        views[at].subjects.push(view);
+        if let Some(shown) = views.iter_mut().find(|v| v.name == rule.name) {
+            shown.subjects.push(view);
+        }
     }
     let page = LimitsPage {
         site_title: site.title(),

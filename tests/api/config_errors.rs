@@ -651,3 +651,16 @@ fn check_config_names_a_rules_dialect_and_exempt_networks_when_set() {
          on_redis_error=allow mode=enforce\n"
     );
 }
+
+#[test]
+fn check_config_names_what_changes_what_a_rule_counts() {
+    let output = check_config("tests/fixtures/config/counting.toml");
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        "verify: POST /login/sms key=[\"form:phone\", \"ip\"] sliding_window limit=5 window=10m \
+         cost=1 deny=redirect on_redis_error=allow mode=enforce count=failures normalize=e164\n\
+         emails: * /login key=body:email sliding_window limit=10 window=1m cost=1 deny=redirect \
+         on_redis_error=allow mode=enforce normalize=lowercase hash_key=true on_missing_key=reject\n"
+    );
+}

@@ -512,13 +512,20 @@ async fn the_limits_page_shows_rules_and_the_visitors_usage() {
         "check",
         "api",
         "sms-per-phone",
-        "sms-per-ip",
         "reset-per-phone",
         "verify-per-phone",
         "password-per-phone",
     ] {
         assert!(page.contains(&format!("id=\"rule-{rule}\"")), "{rule}");
     }
+    // What `headers = "none"` hides from the fields, the page hides too
+    // (the per-address abuse thresholds), and so does the home page.
+    for hidden in ["sms-per-ip", "verify-per-ip", "password-per-ip"] {
+        assert!(!page.contains(&format!("id=\"rule-{hidden}\"")), "{hidden}");
+        assert!(!page.contains(hidden), "{hidden} named on /limits");
+    }
+    let home = app.get("/").await.text().await.unwrap();
+    assert!(home.contains("sms-per-phone") && !home.contains("sms-per-ip"));
     assert!(page.contains("3 of 5 used"), "usage of /check");
     assert_eq!(
         page.matches("class=\"tick\"").count(),

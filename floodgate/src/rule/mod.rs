@@ -21,7 +21,11 @@ use crate::limiter::Algorithm;
 use crate::net::Cidr;
 use crate::units::human_duration;
 
-/// How a header/query/form value is normalized before it becomes a key.
+/// How a value read from the request is normalized before it becomes a
+/// key: the value of a `header`, `query`, `form`, `json` or `body` key kind
+/// (a JSON number as its text). Addresses (`ip`, by their /64 for IPv6),
+/// paths, accounts (`session`) and key functions' values are used as they
+/// are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Normalize {
     /// As sent (after percent-decoding).
@@ -37,7 +41,20 @@ pub enum Normalize {
     E164(Region),
 }
 
-/// Applies a rule's `normalize` to a header, query or form value; `None`
+impl std::fmt::Display for Normalize {
+    /// As the config file writes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Normalize::None => "none",
+            Normalize::Digits => "digits",
+            Normalize::Lowercase => "lowercase",
+            #[cfg(feature = "e164")]
+            Normalize::E164(_) => "e164",
+        })
+    }
+}
+
+/// Applies a rule's `normalize` to a header, query, form, JSON or body value; `None`
 /// when nothing is left (the request is then keyed by its address).
 pub fn normalize(value: &str, how: Normalize) -> Option<String> {
     let v = match how {
