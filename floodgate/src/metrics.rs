@@ -100,6 +100,24 @@ impl Metrics {
         }
     }
 
+    /// Each rule's decisions so far, every outcome together (what a chart
+    /// of decisions over time samples), rules in name order.
+    pub fn decisions_by_rule(&self) -> Vec<(String, u64)> {
+        let map = match self.decisions.read() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        map.iter()
+            .map(|(rule, counters)| {
+                let n = OUTCOMES
+                    .iter()
+                    .map(|o| counters[*o as usize].load(Ordering::Relaxed))
+                    .sum();
+                (rule.clone(), n)
+            })
+            .collect()
+    }
+
     /// Counts one rule's outcome for one request.
     pub fn decision(&self, rule: &str, outcome: DecisionKind) {
         self.add(rule, outcome as usize);

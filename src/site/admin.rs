@@ -106,6 +106,13 @@ async fn handle(site: web::Data<Site>, req: HttpRequest, payload: web::Payload) 
         );
         return error(StatusCode::FORBIDDEN, "forbidden");
     };
+    // The operators' page itself holds nothing secret: it asks for the
+    // token, and its script sends it with each call below.
+    if matches!(req.match_info().as_str(), "/admin" | "/admin/")
+        && req.method() == actix_web::http::Method::GET
+    {
+        return page(&site);
+    }
     if !bearer(&req).is_some_and(|given| token_matches(given, token)) {
         return refuse_authentication(&site, &req, client).await;
     }
@@ -115,6 +122,14 @@ async fn handle(site: web::Data<Site>, req: HttpRequest, payload: web::Payload) 
         .strip_prefix(PATH)
         .unwrap_or_default();
     let what = what.strip_prefix('/').unwrap_or(what);
+    if ["rules", "decisions"].contains(&what) && req.method() == actix_web::http::Method::GET {
+        let answer = if what == "rules" {
+            rules_json(&site)
+        } else {
+            site.history.json()
+        };
+        return json(StatusCode::OK, answer.to_string());
+    }
     if ["bans", "overrides", "audit", "find", "top"].contains(&what) {
         if req.method() != actix_web::http::Method::GET {
             return error(StatusCode::METHOD_NOT_ALLOWED, "use GET");
@@ -335,6 +350,50 @@ async fn run(
         );
     }
     Ok(seen.to_json(&body.rule))
+}
+
+/// `GET /admin`: the operators' page (its script calls the API below).
+fn page(site: &Site) -> HttpResponse {
+    let mut res = super::pages::render(
+        &AdminPage {
+            site_title: site.config.site.title.clone(),
+            signed_in: false,
+        },
+        StatusCode::OK,
+    );
+    res.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    res
+}
+
+/// The operators' page.
+#[derive(askama::Template)]
+#[template(path = "admin.html")]
+struct AdminPage {
+    site_title: String,
+    signed_in: bool,
+}
+
+/// `GET /admin/rules`: the rules in force, for the page's forms and charts.
+fn rules_json(site: &Site) -> serde_json::Value {
+    let rules: Vec<serde_json::Value> = site
+        .filter
+        .rules()
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "name": r.name,
+                "key": r.key.to_string(),
+                "algorithm": r.algorithm.name(),
+                "limit": r.algorithm.quota(),
+                "window_s": r.algorithm.window_seconds(),
+                "mode": r.mode.to_string(),
+            })
+        })
+        .collect();
+    serde_json::Value::Array(rules)
 }
 
 /// `GET /admin/bans|overrides[?rule=R]`, `GET /admin/audit[?since=D]`: a

@@ -7,6 +7,7 @@ pub mod api;
 mod codes;
 pub mod dashboard;
 pub mod forms;
+pub mod history;
 pub mod pages;
 pub mod password;
 pub mod phone;
@@ -51,6 +52,8 @@ pub struct Site {
     pub outbox: Option<Arc<sms::Outbox>>,
     /// The bound on password hashes running at once.
     pub hashing: password::Hashing,
+    /// Decisions per rule by the minute, for the operators' page.
+    pub history: Arc<history::History>,
 }
 
 impl Site {
@@ -340,6 +343,11 @@ const STATIC_FILES: &[(&str, &str, &str)] = &[
         "countdown.js",
         "text/javascript; charset=utf-8",
         include_str!("../../static/countdown.js"),
+    ),
+    (
+        "admin.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../static/admin.js"),
     ),
 ];
 

@@ -129,6 +129,7 @@ impl Application {
             region: Arc::clone(&region),
             config,
             filter: filter.clone(),
+            history: site::history::History::start(Arc::clone(&metrics)),
             metrics,
             secret,
             store,

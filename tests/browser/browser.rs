@@ -133,3 +133,123 @@ async fn sign_in_then_hit_the_sms_limit_in_chromium() {
 
     browser.quit().await;
 }
+
+/// Waits (bounded) until the page's text holds `what`.
+async fn wait_for_text(browser: &Browser, what: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = browser.eval("return document.body.innerText").await;
+        let text = text.as_str().unwrap_or_default().to_string();
+        if text.contains(what) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "never showed {what:?}:\n{text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The operators' page: asks for the token once, then shows the bans (an
+/// operator's and a penalty's), the overrides, the most denied as bars, the
+/// decisions chart and the audit trail, and unbans from a button; all under
+/// the site's Content-Security-Policy, with nothing from another origin.
+#[actix_web::test]
+async fn the_operators_page_in_chromium() {
+    let token = "browser-admin-token";
+    let app = crate::helpers::spawn_app_with(DEFAULT, |c| {
+        c.filter.admin.token = Some(token.to_string());
+    })
+    .await;
+    let base = app.address.clone();
+    // Something to show: denials on /check (5 per 10 s), a ban, an override.
+    for _ in 0..8 {
+        app.client.get(app.url("/check")).send().await.unwrap();
+    }
+    for (action, body) in [
+        (
+            "ban",
+            r#"{"rule":"api","values":["203.0.113.7"],"for":"10m"}"#,
+        ),
+        (
+            "override",
+            r#"{"rule":"check","values":["198.51.100.4"],"limit":50,"for":"1h"}"#,
+        ),
+    ] {
+        let res = app
+            .client
+            .post(app.url(&format!("/admin/{action}")))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "{action}");
+    }
+
+    let driver = Driver::start().await;
+    let browser = driver.browser().await;
+    browser.goto(&format!("{base}/admin")).await;
+    let field = browser.find("#admin-login input[name=token]").await;
+    browser.type_into(&field, "wrong-token").await;
+    let open = browser.find("#admin-login button[type=submit]").await;
+    browser.click(&open).await;
+    wait_for_text(&browser, "The token was refused").await;
+    let field = browser.find("#admin-login input[name=token]").await;
+    browser.type_into(&field, token).await;
+    let open = browser.find("#admin-login button[type=submit]").await;
+    browser.click(&open).await;
+
+    let text = wait_for_text(&browser, "203.0.113.7").await;
+    assert!(text.contains("198.51.100.4"), "the override:\n{text}");
+    // The most denied on /check: 127.0.0.1 with 3 denials, as bars.
+    wait_for_text(&browser, "last 10 minutes").await;
+    let bars = browser
+        .eval("return document.querySelectorAll('#top rect.deny-bar').length")
+        .await;
+    assert!(bars.as_u64().unwrap() >= 2, "bars: {bars}");
+    let lines = browser
+        .eval("return document.querySelectorAll('#decisions .series').length")
+        .await;
+    assert!(lines.as_u64().unwrap() >= 1, "chart: {lines}");
+    // The token stays in this tab: a reload does not ask again.
+    browser.goto(&format!("{base}/admin")).await;
+    wait_for_text(&browser, "203.0.113.7").await;
+    browser.eval("window.scrollTo(0, 0); return 0").await;
+    browser.screenshot(&shot("admin")).await;
+    browser
+        .eval("document.getElementById('top').scrollIntoView(); return 0")
+        .await;
+    browser.screenshot(&shot("admin-charts")).await;
+
+    // Unban from the page: the ban leaves the list, and the audit trail
+    // names the page's client.
+    browser
+        .eval(
+            "for (const b of document.querySelectorAll('#bans button')) \
+             { if (b.textContent === 'Unban') { b.click(); break; } } return 0",
+        )
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let bans = browser
+            .eval("return document.querySelector('#bans tbody').innerText")
+            .await;
+        if !bans.as_str().unwrap_or_default().contains("203.0.113.7") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the unban did not show");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let audit = wait_for_text(&browser, "unban").await;
+    assert!(audit.contains("127.0.0.1"), "{audit}");
+    // Nothing was refused by the Content-Security-Policy, nothing loaded
+    // from elsewhere.
+    let foreign = browser
+        .eval(
+            "return performance.getEntriesByType('resource')\
+             .filter(e => !e.name.startsWith(location.origin)).length",
+        )
+        .await;
+    assert_eq!(foreign.as_u64(), Some(0));
+    browser.quit().await;
+}
