@@ -1,5 +1,9 @@
 //! The operators' HTTP API: `POST /admin/{inspect,reset,ban,unban,override}`
-//! over the library's operator actions ([`Filter::operate`]). It exists
+//! over the library's operator actions
+//! ([`Filter::operate`](floodgate::Filter::operate)); the listings `GET
+//! /admin/{bans,overrides,top,find,audit}` (see [`crate::listings`]),
+//! `GET /admin/{rules,decisions}` and the operators' page, `GET /admin`,
+//! whose script calls them. It exists
 //! only with `[admin] token` set (else every `/admin` path is 404), answers
 //! only the `[admin] allow` addresses (403; behind a proxy, an address the
 //! proxy named) bearing the token (401; after [`FAILURES`] failures a
