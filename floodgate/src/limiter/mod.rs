@@ -39,7 +39,7 @@ pub use self::deny_cache::{DenyCache, Remembered};
 pub use self::error::LimiterError;
 pub use self::operator::{
     split_state_key, Action, AuditEntry, Inspection, Listed, ListedOverride, OverrideState,
-    Penalty, TopEntry, AUDIT_KEEP, TOP_MOST, TOP_SINCE_MOST,
+    Penalty, TopEntry, TOP_SINCE_MOST,
 };
 pub use self::redis_config::without_password;
 pub(crate) use self::redis_config::RedisConfig;

@@ -17,7 +17,7 @@ use crate::limiter::topology::RedisConn;
 use crate::limiter::LimiterError;
 
 /// The newest entries the audit trail keeps.
-pub const AUDIT_KEEP: usize = 10_000;
+pub(crate) const AUDIT_KEEP: usize = 10_000;
 
 /// An identity with a ban or an override in force under one rule.
 #[derive(Debug, Clone, PartialEq, Eq)]

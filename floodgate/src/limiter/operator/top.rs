@@ -27,7 +27,7 @@ const LAST_MOST: usize = 10_000;
 /// The longest `top` looks back.
 pub const TOP_SINCE_MOST: Duration = Duration::from_secs(24 * 3600);
 /// The most identities `top` answers.
-pub const TOP_MOST: usize = 100;
+pub(crate) const TOP_MOST: usize = 100;
 
 /// What one write adds for one rule: `KEYS[1]` the minute's set,
 /// `KEYS[2]` the last-denial set; `ARGV[1]` now in ms, then pairs of
