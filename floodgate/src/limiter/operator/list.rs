@@ -230,7 +230,7 @@ impl Limiter {
     }
 
     /// Adds `entry` to the audit trail under `prefix` (the newest
-    /// [`AUDIT_KEEP`] stay) and logs it. Blocking, as
+    /// 10 000 stay) and logs it. Blocking, as
     /// [`Limiter::listed_blocking`].
     pub fn audit_blocking(&self, prefix: &str, entry: &AuditEntry) -> Result<(), LimiterError> {
         log::info!(

@@ -176,7 +176,7 @@ impl Limiter {
     }
 
     /// The identities denied most under `rule` in the last `since` (at
-    /// most a day, to the minute), most first, at most [`TOP_MOST`], as all
+    /// most a day, to the minute), most first, at most 100, as all
     /// the processes sharing `prefix` wrote them. Blocking.
     pub fn top_blocking(
         &self,
