@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use floodgate::config::RedisConfig;
 use floodgate::limiter::Limiter;
 use floodgate::limiter::{Action, Dispatch, LimiterOptions};
 use floodgate::{ban_action, operator_check, override_action};
@@ -147,19 +148,26 @@ fn run_rls(command: &str, args: &Args<'_>, path: &std::path::Path) -> ExitCode {
         Ok(c) => c,
         Err(e) => return bad(&e),
     };
+    let limiter = match command_limiter(command, redis) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    act(&limiter, &redis.key_prefix, command, rule, &check, action)
+}
+
+/// The limiter a command talks to Redis through: it decides nothing, so it
+/// keeps no denial cache, and its dispatcher threads serve it. Redis out of
+/// reach: exit 1, with one line.
+fn command_limiter(command: &str, redis: &RedisConfig) -> Result<Limiter, ExitCode> {
     let options = LimiterOptions {
         deny_cache: false,
         dispatch: Dispatch::Threads,
         ..LimiterOptions::default()
     };
-    let limiter = match Limiter::new(redis, options) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("floodgate {command}: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    act(&limiter, &redis.key_prefix, command, rule, &check, action)
+    Limiter::new(redis, options).map_err(|e| {
+        eprintln!("floodgate {command}: {e}");
+        ExitCode::FAILURE
+    })
 }
 
 /// Runs `action` and prints what the rule holds afterwards; records it in
@@ -267,17 +275,9 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
         Ok(s) => s,
         Err(e) => return bad(&e),
     };
-    let options = LimiterOptions {
-        deny_cache: false,
-        dispatch: Dispatch::Threads,
-        ..LimiterOptions::default()
-    };
-    let limiter = match Limiter::new(&redis, options) {
+    let limiter = match command_limiter(command, &redis) {
         Ok(l) => l,
-        Err(e) => {
-            eprintln!("floodgate {command}: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let objects = match command {
         "top" => listings::top(
@@ -374,17 +374,9 @@ fn run_all_rules(
             "no enforce rule is keyed by one value like {value:?}"
         ));
     }
-    let options = LimiterOptions {
-        deny_cache: false,
-        dispatch: Dispatch::Threads,
-        ..LimiterOptions::default()
-    };
-    let limiter = match Limiter::new(&config.redis, options) {
+    let limiter = match command_limiter(command, &config.redis) {
         Ok(l) => l,
-        Err(e) => {
-            eprintln!("floodgate {command}: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     for (rule, check) in &checks {
         let done = act(
@@ -452,18 +444,9 @@ pub fn run(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
         Ok(c) => c,
         Err(e) => return bad(&e),
     };
-    let options = LimiterOptions {
-        // A command decides nothing: no denial cache to keep fresh.
-        deny_cache: false,
-        dispatch: Dispatch::Threads,
-        ..LimiterOptions::default()
-    };
-    let limiter = match Limiter::new(&config.redis, options) {
+    let limiter = match command_limiter(command, &config.redis) {
         Ok(l) => l,
-        Err(e) => {
-            eprintln!("floodgate {command}: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     act(
         &limiter,
