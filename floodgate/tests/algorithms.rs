@@ -9,7 +9,8 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use floodgate_limiter::__private::decide_batch;
-use floodgate_limiter::limiter::{Algorithm, Check, Decision};
+use floodgate_limiter::limiter::{Check, Decision};
+use floodgate_limiter::rule::Algorithm;
 
 use common::RedisServer;
 

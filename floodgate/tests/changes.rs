@@ -8,11 +8,11 @@
 mod common;
 
 use floodgate_limiter::__private::decide_batch;
-use floodgate_limiter::limiter::Algorithm;
 use floodgate_limiter::limiter::Check;
 use floodgate_limiter::limiter::Decision;
 use floodgate_limiter::limiter::Limiter;
 use floodgate_limiter::limiter::LimiterError;
+use floodgate_limiter::rule::Algorithm;
 
 use common::RedisServer;
 

@@ -810,7 +810,7 @@ fn builder_refusal(path: &str, limit: Limit) -> String {
 
 #[actix_web::test]
 async fn the_builder_refuses_what_a_file_refuses_in_the_same_words() {
-    use floodgate_limiter::limiter::Penalty;
+    use floodgate_limiter::rule::Penalty;
     let day = Duration::from_secs(86_400);
     let cases: Vec<(&str, &str, Limit)> = vec![
         (

@@ -23,9 +23,9 @@ use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use floodgate_limiter::__private::{decide_batch, LocalLimiter};
-use floodgate_limiter::limiter::Algorithm;
 use floodgate_limiter::limiter::Check;
 use floodgate_limiter::limiter::Decision;
+use floodgate_limiter::rule::Algorithm;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 

@@ -7,8 +7,8 @@
 
 mod common;
 
-use floodgate_limiter::limiter::Algorithm;
 use floodgate_limiter::limiter::Outcome;
+use floodgate_limiter::rule::Algorithm;
 
 use common::pinned::{bucket, check, fixed, pinned_limiter, sliding, T0};
 use common::RedisServer;

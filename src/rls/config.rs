@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use floodgate::config::AppConfig;
 use floodgate::config::ConfigError;
-use floodgate::limiter::Algorithm;
+use floodgate::rule::Algorithm;
 use floodgate::rule::HeaderDialect;
 use serde::Deserialize;
 

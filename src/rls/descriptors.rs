@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use floodgate::config::duration_at_most;
 use floodgate::config::ConfigError;
-use floodgate::limiter::Algorithm;
+use floodgate::rule::Algorithm;
 use serde::Deserialize;
 
 use super::matcher::{Limit, Matcher, NodeKind, Pattern};

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use floodgate::limiter::Algorithm;
+use floodgate::rule::Algorithm;
 use floodgate::rule::{compose, redis_key_for};
 
 use super::proto::{Entry, Unit};

@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use floodgate::limiter::Limiter;
-use floodgate::limiter::{Algorithm, Check, Decision, LimiterError, Outcome};
+use floodgate::limiter::{Check, Decision, LimiterError, Outcome};
 use floodgate::metrics::{DecisionKind, Metrics};
+use floodgate::rule::Algorithm;
 use floodgate::rule::HeaderDialect;
 
 use super::config::{OnError, Settings};

@@ -26,8 +26,9 @@ use std::sync::Arc;
 
 use super::Site;
 use crate::listings;
-use floodgate::limiter::{Action, Algorithm, Check};
+use floodgate::limiter::{Action, Check};
 use floodgate::logging::Escaped;
+use floodgate::rule::Algorithm;
 use floodgate::{ban_action, override_action, OperatorError};
 
 /// Where the admin API lives.

@@ -9,7 +9,8 @@ use redis::Commands;
 use super::pages::render;
 use super::{Site, SiteError, Visitor};
 use crate::config::{format_duration, human_duration};
-use floodgate::limiter::{Action, Algorithm, Check, Outcome};
+use floodgate::limiter::{Action, Check, Outcome};
+use floodgate::rule::Algorithm;
 use floodgate::rule::{HeaderDialect, KeyKind, Mode, Rule};
 
 /// Width of the SVG drawings, in user units.

@@ -106,7 +106,8 @@ async fn cluster_batches_reach_each_master_as_one_call_and_limits_stay_exact() {
     use std::task::Poll;
 
     use floodgate::limiter::Limiter;
-    use floodgate::limiter::{Algorithm, Check, Decision, LimiterError, LimiterOptions};
+    use floodgate::limiter::{Check, Decision, LimiterError, LimiterOptions};
+    use floodgate::rule::Algorithm;
     use floodgate_site::config::Config;
     use std::num::NonZeroU32;
 
@@ -895,10 +896,10 @@ async fn sentinel_takes_the_demo_from_toml_to_the_error_page() {
 
 #[actix_web::test]
 async fn cluster_give_back_forgets_the_remembered_denial_of_its_key() {
-    use floodgate::limiter::Algorithm;
     use floodgate::limiter::Check;
     use floodgate::limiter::Limiter;
     use floodgate::limiter::LimiterOptions;
+    use floodgate::rule::Algorithm;
     use floodgate_site::config::Config;
     use std::num::NonZeroU32;
 

@@ -9,10 +9,10 @@ use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use floodgate::limiter::Algorithm;
 use floodgate::limiter::Check;
 use floodgate::limiter::Limiter;
 use floodgate::limiter::LimiterOptions;
+use floodgate::rule::Algorithm;
 use floodgate_site::config::Config;
 
 use crate::helpers::{header, metric, remaining, spawn_app, RedisServer};

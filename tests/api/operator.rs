@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use floodgate::limiter::Limiter;
-use floodgate::limiter::{Action, Algorithm, Check, LimiterOptions, Penalty};
+use floodgate::limiter::{Action, Check, LimiterOptions};
+use floodgate::rule::{Algorithm, Penalty};
 use serde_json::{json, Value};
 
 use crate::cluster_helpers::{Cluster, Sentinel, MASTER_NAME};

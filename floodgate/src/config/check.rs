@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use super::raw::{AlgorithmName, NormalizeName, RawDefaults, RawKey, RawRule};
 use super::ConfigError;
-use crate::limiter::algorithm::BUCKET;
-use crate::limiter::Algorithm;
+use crate::rule::policy::BUCKET;
 use crate::rule::spec::{
     check_error_page, check_exempt, check_methods, check_name, check_paths, Amount, Defaults,
     RuleSpec,
 };
+use crate::rule::Algorithm;
 #[cfg(feature = "e164")]
 use crate::rule::Region;
 use crate::rule::{Key, KeyKind, Normalize, Rule};

@@ -3,8 +3,8 @@
 
 use serde::Deserialize;
 
-use crate::limiter::Algorithm;
 use crate::net::ProxyHeader;
+use crate::rule::Algorithm;
 use crate::rule::{Count, Deny, HeaderDialect, Mode, OnMissingKey, OnRedisError};
 
 /// `algorithm` as written: one of [`Algorithm::NAMES`].

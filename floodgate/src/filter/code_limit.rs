@@ -7,8 +7,8 @@ use crate::head::RequestHead;
 use sha2::{Digest, Sha256};
 
 use super::{Filter, SetupError};
-use crate::limiter::Algorithm;
 use crate::rule::spec::{written_duration, Amount, Defaults, RuleSpec, CODE_DENY};
+use crate::rule::Algorithm;
 use crate::rule::{
     Count, Deny, HeaderDialect, Key, KeyKind, Mode, Normalize, OnMissingKey, OnRedisError, Rule,
     Skip,
@@ -133,7 +133,7 @@ pub struct Limit {
     skip: Option<Skip>,
     headers: HeaderDialect,
     exempt: Vec<String>,
-    penalty: Option<crate::limiter::Penalty>,
+    penalty: Option<crate::rule::Penalty>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -380,11 +380,11 @@ impl Limit {
 
     /// Escalating bans: `penalty.after` denials of one identity within
     /// `penalty.within` ban it under this limit (see
-    /// [`Penalty`](crate::limiter::Penalty)).
+    /// [`Penalty`](crate::rule::Penalty)).
     ///
     /// ```
     /// use std::time::Duration;
-    /// use floodgate_limiter::limiter::Penalty;
+    /// use floodgate_limiter::rule::Penalty;
     /// use floodgate_limiter::{Key, Limit};
     ///
     /// let guesses = Limit::per_minute(5).key(Key::form("phone")).penalty(Penalty {
@@ -395,7 +395,7 @@ impl Limit {
     /// });
     /// # let _ = guesses;
     /// ```
-    pub fn penalty(mut self, penalty: crate::limiter::Penalty) -> Limit {
+    pub fn penalty(mut self, penalty: crate::rule::Penalty) -> Limit {
         self.penalty = Some(penalty);
         self
     }

@@ -577,7 +577,7 @@ pub(super) async fn give_back(
 
 /// The rule's algorithm with `limit` as its quota (a token bucket's rate
 /// scales with its burst), when the rule can have that quota.
-fn with_quota(rule: &Rule, limit: u32) -> Option<crate::limiter::Algorithm> {
+fn with_quota(rule: &Rule, limit: u32) -> Option<crate::rule::Algorithm> {
     let quota = std::num::NonZeroU32::new(limit)
         .filter(|q| q.get() <= rule.algorithm.max_quota() && q.get() >= rule.cost)?;
     Some(rule.algorithm.with_quota(quota))

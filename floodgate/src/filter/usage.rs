@@ -10,7 +10,8 @@ use actix_web::{FromRequest, HttpMessage, HttpRequest};
 
 use super::{lock, Filter};
 use crate::limiter::give_back::Refund;
-use crate::limiter::{Algorithm, Check, Decision, Limiter, LimiterError, Outcome};
+use crate::limiter::{Check, Decision, Limiter, LimiterError, Outcome};
+use crate::rule::Algorithm;
 use crate::rule::{Identity, Rule};
 
 /// The rules that matched a request and what each said, as a handler sees

@@ -1,20 +1,20 @@
-//! The algorithms: everything the Rust side knows of each one, in one
-//! place. Its name in the config file, its quota and window for the
-//! `RateLimit` fields, its code and parameters on the wire, how an
-//! override's limit scales it, when giving units back is safe, how it is
-//! described in words, and how it is built from a rule's fields. The Lua
-//! of each algorithm is one file that registers itself in `ALGORITHMS`
-//! (see `lua/common.lua`); the list of those files is
-//! [`lua_with_algorithms!`] below. The local fallback (`local/state.rs`) keeps
-//! the same state in memory.
+//! The algorithms as the limiter runs them: each one's code and
+//! parameters on the wire, and when giving units back is safe. What the
+//! domain knows of each (its name, quota, window, words, how it is built
+//! from a rule's fields) is in `rule/policy.rs`. The Lua of each algorithm
+//! is one file that registers itself in `ALGORITHMS` (see
+//! `lua/common.lua`); the list of those files is [`lua_with_algorithms!`]
+//! below. The local fallback (`local/state.rs`) keeps the same state in
+//! memory.
 //!
 //! A new algorithm: its Lua file (and its line in the macro below), a
-//! variant here with its arms, and its state in `local/state.rs`.
+//! variant in `rule/policy.rs` with its arms, its arms here, and its state
+//! in `local/state.rs`.
 
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use crate::units::{MAX_LARGE_LIMIT, MAX_LIMIT, MAX_RATE};
+use crate::rule::Algorithm;
 
 /// `concat!` of the Lua every script starts with (the shared helpers and
 /// every algorithm's file, each registering itself in `ALGORITHMS`), then
@@ -44,87 +44,6 @@ macro_rules! lua_with_algorithms {
     };
 }
 
-/// A rate-limiting algorithm with its parameters. Invalid ones cannot be
-/// built: limits and bursts are non-zero, windows are checked by the config.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Algorithm {
-    /// At most `limit` units in any interval of length `window`
-    /// (a log of admission times per key).
-    SlidingWindow {
-        /// Units per window.
-        limit: NonZeroU32,
-        /// Window length (millisecond precision).
-        window: Duration,
-    },
-    /// At most `limit` units in a window that opens at the first allowed
-    /// request for the key.
-    FixedWindow {
-        /// Units per window.
-        limit: NonZeroU32,
-        /// Window length (millisecond precision).
-        window: Duration,
-    },
-    /// A bucket of `burst` tokens refilled at `rate` per second.
-    TokenBucket {
-        /// Tokens added per second.
-        rate: f64,
-        /// Capacity; the bucket starts full.
-        burst: NonZeroU32,
-    },
-    /// The generic cell rate algorithm: at most `limit` units at once,
-    /// then one every `window / limit`; exact, one number per key (its
-    /// theoretical arrival time).
-    Gcra {
-        /// Units at once (a fresh key, or one idle for `window`).
-        limit: NonZeroU32,
-        /// The time `limit` units take to come back (millisecond precision).
-        window: Duration,
-    },
-    /// A sliding-window counter: the previous fixed window's count,
-    /// weighted by the part of it still inside the sliding window, plus the
-    /// current window's count, stays within `limit`. Approximate (up to
-    /// twice `limit` in one sliding interval in adversarial timing, never
-    /// more than `limit` in one fixed window), two counters per key.
-    /// Windows are aligned to the epoch (Redis's clock).
-    SlidingCounter {
-        /// Units per window.
-        limit: NonZeroU32,
-        /// Window length (millisecond precision).
-        window: Duration,
-    },
-}
-
-/// The algorithms a rule names by `limit` and `window`: name, the word
-/// in a name made for a [`Limit`](crate::Limit), largest limit, and the
-/// constructor.
-type Windowed = (
-    &'static str,
-    &'static str,
-    u32,
-    fn(NonZeroU32, Duration) -> Algorithm,
-);
-
-const WINDOWED: &[Windowed] = &[
-    ("sliding_window", "sliding", MAX_LIMIT, |limit, window| {
-        Algorithm::SlidingWindow { limit, window }
-    }),
-    ("fixed_window", "fixed", MAX_LIMIT, |limit, window| {
-        Algorithm::FixedWindow { limit, window }
-    }),
-    ("gcra", "gcra", MAX_LARGE_LIMIT, |limit, window| {
-        Algorithm::Gcra { limit, window }
-    }),
-    (
-        "sliding_counter",
-        "counter",
-        MAX_LARGE_LIMIT,
-        |limit, window| Algorithm::SlidingCounter { limit, window },
-    ),
-];
-
-/// The name of the algorithm a rule gives by `rate` and `burst`.
-pub(crate) const BUCKET: &str = "token_bucket";
-
 /// One parameter as the scripts read it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Param {
@@ -134,134 +53,8 @@ pub(crate) enum Param {
     Real(f64),
 }
 
+/// How the limiter sends each algorithm, and when a give-back is safe.
 impl Algorithm {
-    /// Every name the config file accepts, the default first.
-    pub const NAMES: &'static [&'static str] = &[
-        "sliding_window",
-        "fixed_window",
-        "token_bucket",
-        "gcra",
-        "sliding_counter",
-    ];
-
-    /// The name used in the config file.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Algorithm::SlidingWindow { .. } => "sliding_window",
-            Algorithm::FixedWindow { .. } => "fixed_window",
-            Algorithm::TokenBucket { .. } => BUCKET,
-            Algorithm::Gcra { .. } => "gcra",
-            Algorithm::SlidingCounter { .. } => "sliding_counter",
-        }
-    }
-
-    /// The limit and window of an algorithm given by them (every one but
-    /// the token bucket).
-    pub fn limit_window(&self) -> Option<(NonZeroU32, Duration)> {
-        match *self {
-            Algorithm::SlidingWindow { limit, window }
-            | Algorithm::FixedWindow { limit, window }
-            | Algorithm::Gcra { limit, window }
-            | Algorithm::SlidingCounter { limit, window } => Some((limit, window)),
-            Algorithm::TokenBucket { .. } => None,
-        }
-    }
-
-    /// The quota `q` of the `RateLimit-Policy` field: limit, or burst.
-    pub fn quota(&self) -> u32 {
-        match self.limit_window() {
-            Some((limit, _)) => limit.get(),
-            None => match self {
-                Algorithm::TokenBucket { burst, .. } => burst.get(),
-                _ => 1,
-            },
-        }
-    }
-
-    /// What the quota is called in messages: "limit", or "burst".
-    pub fn quota_word(&self) -> &'static str {
-        match self {
-            Algorithm::TokenBucket { .. } => "burst",
-            _ => "limit",
-        }
-    }
-
-    /// The largest quota this algorithm may have (a rule's limit or burst,
-    /// an override's limit).
-    pub fn max_quota(&self) -> u32 {
-        Algorithm::max_limit(self.name()).unwrap_or(MAX_LIMIT)
-    }
-
-    /// The largest `limit` the algorithm named `name` takes (`None`: not
-    /// one given by limit and window).
-    pub fn max_limit(name: &str) -> Option<u32> {
-        WINDOWED.iter().find(|w| w.0 == name).map(|w| w.2)
-    }
-
-    /// The window `w` of the `RateLimit-Policy` field, in whole seconds
-    /// (token bucket: time to refill from empty), at least 1.
-    pub fn window_seconds(&self) -> u64 {
-        let ms = match (self, self.limit_window()) {
-            (_, Some((_, window))) => window.as_millis() as f64,
-            (Algorithm::TokenBucket { rate, burst }, None) => {
-                f64::from(burst.get()) * 1000.0 / rate
-            }
-            _ => 1000.0,
-        };
-        ((ms / 1000.0).ceil() as u64).max(1)
-    }
-
-    /// The algorithm named `name` with `limit` and `window` (checked by
-    /// the caller against [`Algorithm::max_limit`] and the window's
-    /// bounds); `None` for a name that is not given by limit and window.
-    pub fn windowed(name: &str, limit: NonZeroU32, window: Duration) -> Option<Algorithm> {
-        WINDOWED
-            .iter()
-            .find(|w| w.0 == name)
-            .map(|w| (w.3)(limit, window))
-    }
-
-    /// The word for it in a name made for a [`Limit`](crate::Limit).
-    pub(crate) fn tag(name: &str) -> &'static str {
-        WINDOWED
-            .iter()
-            .find(|w| w.0 == name)
-            .map_or("bucket", |w| w.1)
-    }
-
-    /// The same algorithm with `quota` as its limit (a token bucket's rate
-    /// scales with its burst).
-    pub fn with_quota(&self, quota: NonZeroU32) -> Algorithm {
-        match (*self, self.limit_window()) {
-            (Algorithm::TokenBucket { rate, burst }, _) => Algorithm::TokenBucket {
-                rate: rate * f64::from(quota.get()) / f64::from(burst.get()),
-                burst: quota,
-            },
-            (a, Some((_, window))) => Algorithm::windowed(a.name(), quota, window).unwrap_or(a),
-            (a, None) => a,
-        }
-    }
-
-    /// Whether an operator's override of `limit`, over `window` when it
-    /// sets one, makes sense for this algorithm.
-    pub(crate) fn check_override(
-        &self,
-        limit: u32,
-        window: Option<Duration>,
-    ) -> Result<(), String> {
-        if let (Some(w), Algorithm::TokenBucket { .. }) = (window, self) {
-            // The refill rate it makes: at most what a rule may have.
-            if f64::from(limit) / w.as_secs_f64() > MAX_RATE {
-                return Err(format!(
-                    "a bucket of {limit} refilled in {} refills faster than {} per second",
-                    crate::units::human_duration(w),
-                    MAX_RATE
-                ));
-            }
-        }
-        Ok(())
-    }
-
     /// The code and the two parameters the Lua files read (see the
     /// algorithm's own file): 1 sliding window, 2 fixed window, 3 token
     /// bucket, 4 gcra, 5 sliding counter; limit and window in ms, or rate
@@ -296,60 +89,6 @@ impl Algorithm {
             Algorithm::FixedWindow { .. } => elapsed + margin < reset,
             Algorithm::SlidingCounter { window, .. } => elapsed + margin + window < reset,
             Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => true,
-        }
-    }
-
-    /// The limit in words, `per(n)` naming n units, `duration` a length
-    /// of time, `whose` the identity: "at most 5 requests per 10 seconds
-    /// from your address".
-    pub(crate) fn describe(
-        &self,
-        per: impl Fn(u32) -> String,
-        duration: impl Fn(Duration) -> String,
-        whose: &str,
-    ) -> String {
-        match *self {
-            Algorithm::TokenBucket { rate, burst } => format!(
-                "bursts of at most {}, then {rate} per second {whose}",
-                per(burst.get())
-            ),
-            Algorithm::Gcra { limit, window } => format!(
-                "at most {} at once, then {} per {} {whose}",
-                per(limit.get()),
-                per(limit.get()),
-                duration(window)
-            ),
-            Algorithm::SlidingWindow { limit, window }
-            | Algorithm::FixedWindow { limit, window }
-            | Algorithm::SlidingCounter { limit, window } => {
-                format!(
-                    "at most {} per {} {whose}",
-                    per(limit.get()),
-                    duration(window)
-                )
-            }
-        }
-    }
-
-    /// Its numbers as the config file writes them, `duration` writing a
-    /// length of time: "limit=5 window=10s", "rate=10/s burst=20".
-    pub fn fields(&self, duration: impl Fn(Duration) -> String) -> String {
-        match (self, self.limit_window()) {
-            (Algorithm::TokenBucket { rate, burst }, _) => format!("rate={rate}/s burst={burst}"),
-            (_, Some((limit, window))) => format!("limit={limit} window={}", duration(window)),
-            _ => String::new(),
-        }
-    }
-
-    /// Its numbers in words, `duration` writing a length of time:
-    /// "5 per 10 seconds", "burst 20, 10 per second".
-    pub fn parameters(&self, duration: impl Fn(Duration) -> String) -> String {
-        match (self, self.limit_window()) {
-            (Algorithm::TokenBucket { rate, burst }, _) => {
-                format!("burst {burst}, {rate} per second")
-            }
-            (_, Some((limit, window))) => format!("{limit} per {}", duration(window)),
-            _ => String::new(),
         }
     }
 }

@@ -33,17 +33,18 @@ pub(crate) mod wire;
 
 use std::time::Duration;
 
-pub use self::algorithm::Algorithm;
 pub use self::decide::Limiter;
 pub use self::deny_cache::{DenyCache, Remembered};
 pub use self::error::LimiterError;
 pub use self::operator::{
     split_state_key, Action, AuditEntry, Inspection, Listed, ListedOverride, OverrideState,
-    Penalty, TopEntry, TOP_SINCE_MOST,
+    TopEntry, TOP_SINCE_MOST,
 };
 pub use self::redis_config::without_password;
 pub(crate) use self::redis_config::RedisConfig;
 pub use self::topology::RedisConn;
+pub(crate) use crate::rule::Algorithm;
+pub(crate) use crate::rule::Penalty;
 
 /// How the limiter behaves besides talking to Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

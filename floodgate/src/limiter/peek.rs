@@ -31,7 +31,8 @@ impl Limiter {
     /// use std::num::NonZeroU32;
     /// use std::time::Duration;
     /// use floodgate_limiter::config::RedisConfig;
-    /// use floodgate_limiter::limiter::{Algorithm, Check, LimiterError, LimiterOptions};
+    /// use floodgate_limiter::limiter::{Check, LimiterError, LimiterOptions};
+    /// use floodgate_limiter::rule::Algorithm;
     /// use floodgate_limiter::limiter::Limiter;
     ///
     /// # async fn show(config: &RedisConfig) -> Result<(), LimiterError> {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{ConnectionLike, RedisResult, Value};
 
-use crate::config::RedisConfig;
+use crate::limiter::RedisConfig;
 
 #[cfg(feature = "sentinel")]
 mod sentinel;

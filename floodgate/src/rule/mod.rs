@@ -8,6 +8,7 @@ pub(crate) mod key;
 mod normalize;
 mod options;
 mod path;
+pub(crate) mod policy;
 pub(crate) mod spec;
 
 pub use self::identity::{id_parts_of, identity_key};
@@ -17,7 +18,7 @@ pub(crate) use self::key::{hashed_id, Key};
 pub use self::normalize::{e164, Region};
 pub use self::options::{Identity, LookupFn, LookupFuture, OnMissingKey, Skip};
 pub use self::path::PathPattern;
-use crate::limiter::Algorithm;
+pub use self::policy::{Algorithm, Penalty};
 use crate::net::Cidr;
 use crate::units::human_duration;
 
@@ -184,7 +185,7 @@ pub struct Rule {
     /// Requests this predicate holds for skip the rule (rules made in code).
     pub skip: Option<Skip>,
     /// Escalating bans (`None`: none).
-    pub penalty: Option<crate::limiter::Penalty>,
+    pub penalty: Option<Penalty>,
 }
 
 impl Rule {

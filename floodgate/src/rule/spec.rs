@@ -6,11 +6,11 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+use super::policy::{Algorithm, Penalty};
 use super::{
     number, Count, Deny, HeaderDialect, Key, KeyKind, Mode, Normalize, OnMissingKey, OnRedisError,
     PathPattern, Rule, Skip,
 };
-use crate::limiter::{Algorithm, Penalty};
 use crate::net::Cidr;
 
 pub(crate) use crate::units::{amount_of_time, MAX_ERROR_PAGE, MAX_LIMIT, MAX_RATE, MAX_WINDOW};
@@ -119,7 +119,7 @@ pub(crate) struct RuleSpec {
     /// which is not known here.
     pub paths_are_known: bool,
     /// Escalating bans, checked.
-    pub penalty: Option<crate::limiter::Penalty>,
+    pub penalty: Option<Penalty>,
 }
 
 /// An algorithm's numbers as given.

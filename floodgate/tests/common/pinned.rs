@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use floodgate_limiter::config::Config;
 use floodgate_limiter::limiter::Limiter;
-use floodgate_limiter::limiter::{Algorithm, Check, LimiterOptions};
+use floodgate_limiter::limiter::{Check, LimiterOptions};
+use floodgate_limiter::rule::Algorithm;
 
 use super::RedisServer;
 

@@ -304,7 +304,7 @@ mod tests {
     use std::num::NonZeroU32;
 
     use super::*;
-    use crate::limiter::Algorithm;
+    use crate::rule::Algorithm;
 
     fn check(key: &str, algorithm: Algorithm, enforce: bool) -> Check {
         Check {

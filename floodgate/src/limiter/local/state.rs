@@ -6,7 +6,8 @@
 use std::collections::VecDeque;
 
 use super::SLOT_BYTES;
-use crate::limiter::{Algorithm, Check};
+use crate::limiter::Check;
+use crate::rule::Algorithm;
 
 /// A key's state, as the Lua scripts keep it in Redis (times in ms on the
 /// limiter's clock).

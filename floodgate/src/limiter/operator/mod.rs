@@ -95,22 +95,6 @@ fn claim(conn: &mut RedisConn, bans: &Bans, prefix: &str, key: &str) -> redis::R
     Ok(())
 }
 
-/// Escalating bans for a rule: `after` denials of one identity within
-/// `within` ban it for `ban`; each further ban while the last one is
-/// remembered (for `max` after it ends) lasts twice as long, up to `max`.
-/// Counted and decided in the same call that denies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Penalty {
-    /// Denials that ban (at least 1).
-    pub after: u32,
-    /// How long denials are counted for.
-    pub within: Duration,
-    /// The first ban's length.
-    pub ban: Duration,
-    /// The longest ban, and how long a ban is remembered after it ends.
-    pub max: Duration,
-}
-
 /// What an operator does to an identity under a rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {

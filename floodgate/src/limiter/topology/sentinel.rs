@@ -11,7 +11,7 @@ use redis::{
 };
 
 use super::Master;
-use crate::config::RedisConfig;
+use crate::limiter::RedisConfig;
 
 impl Master {
     /// The master a client connects to (a TCP address; `None` for a socket).

@@ -11,7 +11,8 @@ use redis::{ConnectionLike as _, ErrorKind, ServerErrorKind};
 use super::slot::key_slot;
 use super::Cluster;
 use crate::limiter::wire::{self, Args as _};
-use crate::limiter::{Algorithm, Check, Decision, Outcome};
+use crate::limiter::{Check, Decision, Outcome};
+use crate::rule::Algorithm;
 
 /// What one check of a job came to across the groups.
 #[derive(Clone, Copy)]

@@ -183,7 +183,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::limiter::{Algorithm, Check};
+    use crate::limiter::Check;
+    use crate::rule::Algorithm;
 
     fn job(keys: &[&str]) -> Job {
         let (reply, _) = oneshot::channel();
