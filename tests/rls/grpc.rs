@@ -581,3 +581,55 @@ async fn sigterm_stops_cleanly() {
     let status = svc.wait();
     assert!(status.success(), "{status} {:?}", svc.log());
 }
+
+/// A ban Redis answers (here one no operator announced, as a penalty's ban
+/// decided by another process is) is taught to the local fallback: with
+/// Redis gone, `on_redis_error = "local"` still refuses that identity.
+/// (Without the denial cache, which would answer it from memory anyway.)
+#[tokio::test]
+async fn the_local_fallback_keeps_the_bans_redis_answered() {
+    let mut redis = RedisServer::start();
+    let svc = Service::start(
+        &redis,
+        &[("another.yaml", ANOTHER)],
+        "on_redis_error = \"local\"",
+        "deny_cache = false",
+    );
+    let mut c = svc.client().await;
+    let v = unique();
+    let ask = || call("another", &[&[("key3", &v)]], 1);
+    let r = c.should_rate_limit(ask()).await.unwrap();
+    assert_eq!(crate::code_name(r.overall_code), "OK");
+    // The identity's state key, and a ban in its operator record that no
+    // one announced.
+    let keys = redis.keys(&format!("*{v}*"));
+    let key = keys
+        .iter()
+        .find(|k| !k.starts_with('!'))
+        .unwrap_or_else(|| panic!("no state key among {keys:?}"))
+        .clone();
+    let mut conn = redis.connection();
+    let (secs, _): (u64, u64) = redis::cmd("TIME").query(&mut conn).unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(format!("!{key}"))
+        .arg("ban")
+        .arg((secs + 600) * 1000)
+        .arg("by")
+        .arg("penalty")
+        .query(&mut conn)
+        .unwrap();
+    let r = c.should_rate_limit(ask()).await.unwrap();
+    assert_eq!(
+        crate::code_name(r.overall_code),
+        "OVER_LIMIT",
+        "banned by Redis"
+    );
+    redis.stop();
+    // This process alone would allow 9 more; the ban it learned refuses.
+    let r = c.should_rate_limit(ask()).await.unwrap();
+    assert_eq!(
+        crate::code_name(r.overall_code),
+        "OVER_LIMIT",
+        "banned here"
+    );
+}

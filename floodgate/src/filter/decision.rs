@@ -92,15 +92,8 @@ pub(crate) async fn decide(
                     }
                 }
             }
-            for ((r, c), o) in matched.iter().zip(checks).zip(&decision.outcomes) {
-                if o.banned && r.on_redis_error == OnRedisError::Local {
-                    // For the local fallback, should Redis go away.
-                    limiter
-                        .local()
-                        .bans()
-                        .learn(&c.key, o.wait, started, answered);
-                }
-            }
+            // (A ban Redis answered is taught to the local fallback by the
+            // limiter itself, for every caller.)
             if let Some(cache) = limiter.deny_cache() {
                 for ((r, c), o) in matched.iter().zip(checks).zip(&decision.outcomes) {
                     if o.allowed || !cacheable(r) {

@@ -89,7 +89,9 @@ impl Limiter {
         let rx = Arc::new(Mutex::new(rx));
         let program = Program::batch();
         let id = LIMITERS.fetch_add(1, Ordering::Relaxed);
+        let local = LocalLimiter::default();
         let shared = Arc::new(Shared {
+            bans: Arc::clone(local.bans()),
             errors: AtomicU64::new(0),
             late: AtomicU64::new(0),
             clock: RedisClock::new(),
@@ -120,7 +122,6 @@ impl Limiter {
             );
             super::dispatch::spawn(format!("floodgate-redis-{i}"), &rx, transport)?;
         }
-        let local = LocalLimiter::default();
         let top = Arc::new(super::operator::Tally::default());
         super::operator::start_top_writer(&top, pool.clone(), &config.key_prefix);
         super::operator::listen(config, manager.source.clone(), &shared, local.bans());
@@ -243,10 +244,12 @@ impl Limiter {
         probe: bool,
     ) -> Result<Decision, LimiterError> {
         let (reply, mut answer) = oneshot::channel();
-        let deadline = Instant::now() + self.timeout;
+        let asked = Instant::now();
+        let deadline = asked + self.timeout;
         let job = Job {
             checks,
             now_ms,
+            asked,
             deadline,
             probe,
             reply,

@@ -28,6 +28,10 @@ pub(crate) struct Shared {
     /// identity's state key, the ban's length in ms), for the audit trail
     /// (see `operator/list.rs`); `None` when its writer could not start.
     pub(crate) penalties: Option<std::sync::mpsc::Sender<(String, u64)>>,
+    /// The bans this process knows of for its local fallback: every ban
+    /// Redis answers is taught to it as the decision is concluded, whoever
+    /// asked (the filter's rules, Envoy's rate-limit service).
+    pub(crate) bans: std::sync::Arc<super::local::Bans>,
     /// Redis Cluster: each master's breaker and clock, by address.
     #[cfg(feature = "cluster")]
     pub(crate) masters: MasterHealths,
@@ -39,6 +43,8 @@ pub(crate) struct Job {
     pub(crate) checks: Vec<Check>,
     /// Pinned clock in ms (tests); `None` = Redis `TIME`.
     pub(crate) now_ms: Option<u64>,
+    /// When the caller asked.
+    pub(crate) asked: Instant,
     /// When the caller stops waiting.
     pub(crate) deadline: Instant,
     /// Whether this job probes Redis for the open breaker.

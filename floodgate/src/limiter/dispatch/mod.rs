@@ -161,12 +161,20 @@ pub(crate) fn conclude<T: Transport>(
         let Job {
             checks,
             now_ms,
+            asked,
             reply,
             ..
         } = job;
-        if let (Ok(decision), Some(penalties)) = (&result, &transport.shared().penalties) {
+        if let Ok(decision) = &result {
+            let shared = transport.shared();
             for (check, outcome) in checks.iter().zip(&decision.outcomes) {
-                if outcome.ban_started {
+                if outcome.banned {
+                    // For the local fallback, should Redis go away.
+                    shared
+                        .bans
+                        .learn(&check.key, outcome.wait, asked, Instant::now());
+                }
+                if let (true, Some(penalties)) = (outcome.ban_started, &shared.penalties) {
                     let _ = penalties.send((check.key.clone(), outcome.wait.as_millis() as u64));
                 }
             }

@@ -189,6 +189,7 @@ mod tests {
     fn job(keys: &[&str]) -> Job {
         let (reply, _) = oneshot::channel();
         Job {
+            asked: Instant::now(),
             checks: keys
                 .iter()
                 .map(|k| Check {
