@@ -147,3 +147,34 @@ async fn ban_inspect_override_reset_by_rule_name_and_values() {
     let r = c.should_rate_limit(one()).await.unwrap();
     assert_eq!(codes(&r)[0].0, "OK");
 }
+
+/// `floodgate top` on the service's limits: the identities its calls were
+/// denied most, by rule name, as the limiter tallied them.
+#[tokio::test]
+async fn top_names_the_most_denied_of_a_limit() {
+    let redis = RedisServer::start();
+    let svc = Service::start(&redis, &[("ops.yaml", TREE)], "", "deny_cache = false");
+    let config = svc.dir.join("rls.toml");
+    let config = config.to_str().unwrap();
+    let mut c = svc.client().await;
+    let user = unique();
+    let one = || call("ops", &[&[("tenant", "acme"), ("user", &user)]], 1);
+    for _ in 0..7 {
+        c.should_rate_limit(one()).await.unwrap();
+    }
+    let want = format!("acme|{user}");
+    let mut out = String::new();
+    crate::wait_until(
+        std::time::Duration::from_secs(10),
+        "the denials in top",
+        || {
+            let (code, stdout, err) = floodgate(&["top", "--config", config, "per-user"]);
+            assert_eq!(code, 0, "{err}");
+            out = stdout;
+            out.contains("\"denied\":2")
+        },
+    );
+    let top: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(top["rule"], "per-user");
+    assert_eq!(top["id"], want);
+}

@@ -66,7 +66,7 @@ pub(crate) async fn decide(
             .max_by_key(|(_, d)| d.wait);
         if let Some((rule, denial)) = hit {
             metrics.deny_cache_hit(&matched[rule].name);
-            limiter.tally_denial(&matched[rule].name, &checks[rule].key);
+            limiter.tally_denial(&checks[rule].key);
             let counted = if denial.banned {
                 Counted::Banned
             } else {
@@ -85,13 +85,6 @@ pub(crate) async fn decide(
     match result {
         Ok(decision) => {
             let answered = Instant::now();
-            if !decision.allowed {
-                for ((r, c), o) in matched.iter().zip(checks).zip(&decision.outcomes) {
-                    if r.mode == Mode::Enforce && !o.allowed {
-                        limiter.tally_denial(&r.name, &c.key);
-                    }
-                }
-            }
             // (A ban Redis answered is taught to the local fallback by the
             // limiter itself, for every caller.)
             if let Some(cache) = limiter.deny_cache() {

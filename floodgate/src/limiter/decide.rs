@@ -53,8 +53,6 @@ pub struct Limiter {
     cluster: bool,
     /// Where operator changes are published (see `operator/`).
     channel: String,
-    /// Denials by rule and identity not yet written for `floodgate top`.
-    top: Arc<super::operator::Tally>,
 }
 
 /// `FLOODGATE_DISPATCH=threads` (or `worker`) overrides the dispatch the
@@ -90,7 +88,10 @@ impl Limiter {
         let program = Program::batch();
         let id = LIMITERS.fetch_add(1, Ordering::Relaxed);
         let local = LocalLimiter::default();
+        let top = Arc::new(super::operator::Tally::default());
+        super::operator::start_top_writer(&top, pool.clone(), &config.key_prefix);
         let shared = Arc::new(Shared {
+            top,
             bans: Arc::clone(local.bans()),
             errors: AtomicU64::new(0),
             late: AtomicU64::new(0),
@@ -122,8 +123,6 @@ impl Limiter {
             );
             super::dispatch::spawn(format!("floodgate-redis-{i}"), &rx, transport)?;
         }
-        let top = Arc::new(super::operator::Tally::default());
-        super::operator::start_top_writer(&top, pool.clone(), &config.key_prefix);
         super::operator::listen(config, manager.source.clone(), &shared, local.bans());
         Ok(Limiter {
             channel: super::operator::channel(&config.key_prefix),
@@ -142,13 +141,7 @@ impl Limiter {
             manager,
             program,
             cluster,
-            top,
         })
-    }
-
-    /// Denials not yet written for `floodgate top`.
-    pub(crate) fn top_tally(&self) -> &super::operator::Tally {
-        &self.top
     }
 
     /// The denial cache, when `deny_cache` is on. For the tests: not part

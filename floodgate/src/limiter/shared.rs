@@ -32,6 +32,8 @@ pub(crate) struct Shared {
     /// Redis answers is taught to it as the decision is concluded, whoever
     /// asked (the filter's rules, Envoy's rate-limit service).
     pub(crate) bans: std::sync::Arc<super::local::Bans>,
+    /// Denials not yet written for `floodgate top` (see `operator/top.rs`).
+    pub(crate) top: std::sync::Arc<super::operator::Tally>,
     /// Redis Cluster: each master's breaker and clock, by address.
     #[cfg(feature = "cluster")]
     pub(crate) masters: MasterHealths,

@@ -174,6 +174,9 @@ pub(crate) fn conclude<T: Transport>(
                         .bans
                         .learn(&check.key, outcome.wait, asked, Instant::now());
                 }
+                if !outcome.allowed && check.enforce {
+                    shared.top.add(&check.key);
+                }
                 if let (true, Some(penalties)) = (outcome.ban_started, &shared.penalties) {
                     let _ = penalties.send((check.key.clone(), outcome.wait.as_millis() as u64));
                 }

@@ -1,5 +1,7 @@
 //! The most denied identities per rule (`floodgate top`): each process
-//! tallies its denials in memory (those its denial cache answered too) and
+//! tallies its denials in memory (every enforce denial Redis answers, as
+//! the dispatchers conclude it, whoever asked; and those the filter's
+//! denial cache answers) and
 //! a thread of its own writes the tally once a second, one script call per
 //! rule, into sorted sets by the minute (`PREFIX:top:{RULE}:MINUTE`, the
 //! identity's denials as its score) and one of the last denial's time
@@ -54,29 +56,28 @@ fn write_script() -> &'static redis::Script {
     })
 }
 
-/// Denials by rule and identity (its state key).
-type Counts = HashMap<(String, String), u64>;
+/// Denials by identity (its state key, which names its rule).
+type Counts = HashMap<String, u64>;
 
 /// Denials by rule and identity since the last write, and how many did not
 /// fit.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub(crate) struct Tally {
     counts: Mutex<(Counts, u64)>,
 }
 
 impl Tally {
-    /// Counts one denial of the identity whose state key is `key` under
-    /// `rule`.
-    pub(crate) fn add(&self, rule: &str, id: &str) {
+    /// Counts one denial of the identity whose state key is `key`.
+    pub(crate) fn add(&self, key: &str) {
         let mut guard = match self.counts.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
         let (counts, dropped) = &mut *guard;
-        if let Some(n) = counts.get_mut(&(rule.to_string(), id.to_string())) {
+        if let Some(n) = counts.get_mut(key) {
             *n += 1;
         } else if counts.len() < TALLY_MOST {
-            counts.insert((rule.to_string(), id.to_string()), 1);
+            counts.insert(key.to_string(), 1);
         } else {
             *dropped += 1;
         }
@@ -132,9 +133,13 @@ pub(crate) fn start_writer(tally: &Arc<Tally>, pool: Pool, prefix: &str) {
 
 fn write(pool: &Pool, prefix: &str, counts: Counts) -> Result<(), String> {
     let mut by_rule: HashMap<String, Vec<(String, u64)>> = HashMap::new();
-    for ((rule, key), n) in counts {
-        let id = split_state_key(prefix, &key).map_or(key.as_str(), |(_, _, id)| id);
-        by_rule.entry(rule).or_default().push((id.to_string(), n));
+    for (key, n) in counts {
+        if let Some((rule, _, id)) = split_state_key(prefix, &key) {
+            by_rule
+                .entry(rule.to_string())
+                .or_default()
+                .push((id.to_string(), n));
+        }
     }
     let mut conn = pool.get().map_err(|e| e.to_string())?;
     let time = redis::cmd("TIME");
@@ -168,11 +173,12 @@ pub struct TopEntry {
 }
 
 impl Limiter {
-    /// Counts a denial of the identity whose state key is `key` under
-    /// `rule` for [`Limiter::top_blocking`] (written within about a
-    /// second).
-    pub(crate) fn tally_denial(&self, rule: &str, key: &str) {
-        self.top_tally().add(rule, key);
+    /// Counts a denial answered without Redis (from the denial cache) of
+    /// the identity whose state key is `key`, for [`Limiter::top_blocking`]
+    /// (written within about a second). Those Redis decides are counted as
+    /// their decisions are concluded.
+    pub(crate) fn tally_denial(&self, key: &str) {
+        self.shared.top.add(key);
     }
 
     /// The identities denied most under `rule` in the last `since` (at
