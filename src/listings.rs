@@ -5,7 +5,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use floodgate::limiter::{split_state_key, Action, AuditEntry, Limiter, LimiterError, Listed};
+use floodgate::limiter::{
+    split_state_key, Action, AuditEntry, Check, Limiter, LimiterError, Listed,
+};
 use serde_json::{json, Value};
 
 /// The most audit entries a listing shows.
@@ -126,25 +128,57 @@ pub fn find(
     rules: &[floodgate::rule::Rule],
     value: &str,
 ) -> Result<Vec<Value>, LimiterError> {
-    let mut found = Vec::new();
-    for rule in rules {
-        let parts = floodgate::rule::id_parts_of(rule, value);
-        if parts.is_empty() {
-            continue;
-        }
-        for key in limiter.state_keys_blocking(prefix, &rule.name)? {
-            let Some((_, _, id)) = split_state_key(prefix, &key) else {
-                continue;
-            };
-            if !id.split('|').any(|part| parts.iter().any(|p| p == part)) {
-                continue;
-            }
-            let check = floodgate::limiter::Check {
-                key: key.clone(),
+    let searched: Vec<Searched> = rules
+        .iter()
+        .map(|rule| Searched {
+            name: rule.name.clone(),
+            parts: floodgate::rule::id_parts_of(rule, value),
+            inspect: Check {
+                key: String::new(),
                 algorithm: rule.algorithm,
                 cost: rule.cost,
                 enforce: rule.mode == floodgate::rule::Mode::Enforce,
                 penalty: rule.penalty,
+            },
+        })
+        .collect();
+    find_in(limiter, prefix, &searched)
+}
+
+/// One rule (or a rate-limit service's limit) as `find` searches it: its
+/// name, the parts the value is in its identities' IDs, and the check an
+/// identity of it is inspected with (its key left to fill).
+pub struct Searched {
+    /// The rule's name.
+    pub name: String,
+    /// The forms the value takes as one part of an ID (none: not searched).
+    pub parts: Vec<String>,
+    /// The rule's check, without a key.
+    pub inspect: Check,
+}
+
+/// `find` over `searched`, in its order: each identity whose ID holds one
+/// of a rule's parts, as its `inspect` object.
+pub fn find_in(
+    limiter: &Limiter,
+    prefix: &str,
+    searched: &[Searched],
+) -> Result<Vec<Value>, LimiterError> {
+    let mut found = Vec::new();
+    for rule in searched.iter().filter(|s| !s.parts.is_empty()) {
+        for key in limiter.state_keys_blocking(prefix, &rule.name)? {
+            let Some((_, _, id)) = split_state_key(prefix, &key) else {
+                continue;
+            };
+            if !id
+                .split('|')
+                .any(|part| rule.parts.iter().any(|p| p == part))
+            {
+                continue;
+            }
+            let check = Check {
+                key: key.clone(),
+                ..rule.inspect.clone()
             };
             let seen = limiter.operate_blocking(&check, Action::Inspect)?;
             found.push(serde_json::from_str(&seen.to_json(&rule.name)).unwrap_or(Value::Null));

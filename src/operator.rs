@@ -196,7 +196,8 @@ fn act(
     }
 }
 
-/// Runs a listing: `bans [RULE]`, `overrides [RULE]`, `audit [--since D]`.
+/// Runs a listing: `bans [RULE]`, `overrides [RULE]`, `top RULE [--since
+/// D]`, `find VALUE`, `audit [--since D]`.
 pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
     let bad = |what: &str| {
         eprintln!("floodgate {command}: {what}");
@@ -216,6 +217,9 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
     }
     let path = args.config.map_or(default, PathBuf::from);
     let mut site_rules = Vec::new();
+    // What `find` searches of a rate-limit service's limits: a descriptor
+    // value is an ID's part as it is (escaped as a composite ID's parts are).
+    let mut rls_limits: Vec<listings::Searched> = Vec::new();
     let (redis, rules): (_, Vec<listings::Known>) = if floodgate_site::rls::is_rls_file(&path) {
         match floodgate_site::rls::load(&path) {
             Ok((config, matcher)) => {
@@ -224,6 +228,28 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
                     .iter()
                     .map(|l| (l.name.clone(), l.window.as_secs().max(1)))
                     .collect();
+                if let (Some(value), "find") = (args.positional.first(), command) {
+                    let escaped = value.replace('%', "%25").replace('|', "%7C");
+                    let mut parts = vec![(*value).to_string(), escaped];
+                    parts.dedup();
+                    rls_limits = matcher
+                        .limits()
+                        .iter()
+                        .filter_map(|l| {
+                            Some(listings::Searched {
+                                name: l.name.clone(),
+                                parts: parts.clone(),
+                                inspect: floodgate::limiter::Check {
+                                    key: String::new(),
+                                    algorithm: l.algorithm?,
+                                    cost: 1,
+                                    enforce: !l.shadow,
+                                    penalty: None,
+                                },
+                            })
+                        })
+                        .collect();
+                }
                 (config.filter.redis, known)
             }
             Err(e) => {
@@ -286,6 +312,9 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
             rule.unwrap_or_default(),
             top_since,
         ),
+        "find" if !rls_limits.is_empty() => {
+            listings::find_in(&limiter, &redis.key_prefix, &rls_limits)
+        }
         "find" => listings::find(
             &limiter,
             &redis.key_prefix,

@@ -148,10 +148,11 @@ async fn ban_inspect_override_reset_by_rule_name_and_values() {
     assert_eq!(codes(&r)[0].0, "OK");
 }
 
-/// `floodgate top` on the service's limits: the identities its calls were
-/// denied most, by rule name, as the limiter tallied them.
+/// `floodgate top` and `find` on the service's limits: the identities its
+/// calls were denied most, by rule name, as the limiter tallied them; and
+/// an identity found by one of its descriptor values.
 #[tokio::test]
-async fn top_names_the_most_denied_of_a_limit() {
+async fn top_and_find_on_the_services_limits() {
     let redis = RedisServer::start();
     let svc = Service::start(&redis, &[("ops.yaml", TREE)], "", "deny_cache = false");
     let config = svc.dir.join("rls.toml");
@@ -177,4 +178,18 @@ async fn top_names_the_most_denied_of_a_limit() {
     let top: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(top["rule"], "per-user");
     assert_eq!(top["id"], want);
+    // `find` names the identity by one of its descriptor values.
+    let (code, out, err) = floodgate(&["find", "--config", config, &user]);
+    assert_eq!(code, 0, "{err}");
+    let found: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(found.len(), 1, "{out}");
+    assert_eq!(found[0]["rule"], "per-user");
+    assert_eq!(
+        found[0]["key"],
+        format!("floodgate:per-user:rls:acme|{user}")
+    );
+    assert_eq!(found[0]["used"], 5);
 }
