@@ -40,6 +40,7 @@ pub mod log_kinds {
     }
 }
 
+pub mod admin_http;
 pub mod config;
 pub mod listings;
 pub mod rls;

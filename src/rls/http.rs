@@ -9,8 +9,6 @@ use std::sync::Arc;
 use actix_web::dev::ServerHandle;
 use actix_web::http::{header, StatusCode};
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
 use floodgate::limiter::Action;
 use floodgate::logging::Escaped;
@@ -18,6 +16,7 @@ use floodgate::{ban_action, override_action};
 
 use super::config::RlsConfig;
 use super::service::Rls;
+use crate::admin_http::{bearer, error, json, token_matches};
 
 /// The running listener.
 pub struct Http {
@@ -115,30 +114,6 @@ async fn metrics(state: web::Data<State>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(body)
-}
-
-fn json(status: StatusCode, body: String) -> HttpResponse {
-    HttpResponse::build(status)
-        .content_type("application/json")
-        .insert_header((header::CACHE_CONTROL, "no-store"))
-        .body(body)
-}
-
-fn error(status: StatusCode, what: &str) -> HttpResponse {
-    json(status, serde_json::json!({ "error": what }).to_string())
-}
-
-/// Whether `given` is `token`, in time that depends on neither.
-fn token_matches(given: &[u8], token: &str) -> bool {
-    let a = Sha256::digest(given);
-    let b = Sha256::digest(token.as_bytes());
-    bool::from(a.ct_eq(&b))
-}
-
-fn bearer(req: &HttpRequest) -> Option<&[u8]> {
-    let value = req.headers().get(header::AUTHORIZATION)?.as_bytes();
-    let scheme = value.get(..7)?;
-    scheme.eq_ignore_ascii_case(b"bearer ").then(|| &value[7..])
 }
 
 /// A request's body, as the API reads it.

@@ -437,17 +437,7 @@ impl Rls {
         match self.limiter.decide(checks.clone()).await {
             Ok(decision) => {
                 self.remember(&checks, &decision, started);
-                for ((&i, o), c) in of_check.iter().zip(&decision.outcomes).zip(&checks) {
-                    let Some(a) = &applied[i] else { continue };
-                    let kind = match (o.allowed, o.banned, c.enforce) {
-                        (true, _, _) => DecisionKind::Allowed,
-                        (false, true, true) => DecisionKind::Banned,
-                        (false, _, true) => DecisionKind::Denied,
-                        (false, _, false) => DecisionKind::ShadowDenied,
-                    };
-                    self.metrics.decision(&a.metric, kind);
-                    statuses[i] = self.status(a, o, decision.allowed);
-                }
+                self.count_and_answer(applied, &mut statuses, &of_check, &checks, &decision, false);
                 Ok(self.response(applied, statuses))
             }
             Err(e) => self.without_redis(applied, statuses, &of_check, &checks, e),
@@ -519,19 +509,35 @@ impl Rls {
             }
             OnError::Local => {
                 let (decision, _) = self.limiter.local().decide_stamped(checks);
-                for ((&i, o), c) in of_check.iter().zip(&decision.outcomes).zip(checks) {
-                    let Some(a) = &applied[i] else { continue };
-                    let kind = match (o.allowed, o.banned, c.enforce) {
-                        (true, _, _) => DecisionKind::LocalAllowed,
-                        (false, true, true) => DecisionKind::Banned,
-                        (false, _, true) => DecisionKind::LocalDenied,
-                        (false, _, false) => DecisionKind::ShadowDenied,
-                    };
-                    self.metrics.decision(&a.metric, kind);
-                    statuses[i] = self.status(a, o, decision.allowed);
-                }
+                self.count_and_answer(applied, &mut statuses, of_check, checks, &decision, true);
                 Ok(self.response(applied, statuses))
             }
+        }
+    }
+
+    /// Counts each decided descriptor's outcome in the metrics (`local`:
+    /// decided by this process alone) and writes its status.
+    fn count_and_answer(
+        &self,
+        applied: &[Option<Applied>],
+        statuses: &mut [DescriptorStatus],
+        of_check: &[usize],
+        checks: &[Check],
+        decision: &Decision,
+        local: bool,
+    ) {
+        for ((&i, o), c) in of_check.iter().zip(&decision.outcomes).zip(checks) {
+            let Some(a) = &applied[i] else { continue };
+            let kind = match (o.allowed, o.banned, c.enforce, local) {
+                (true, _, _, false) => DecisionKind::Allowed,
+                (true, _, _, true) => DecisionKind::LocalAllowed,
+                (false, true, true, _) => DecisionKind::Banned,
+                (false, _, true, false) => DecisionKind::Denied,
+                (false, _, true, true) => DecisionKind::LocalDenied,
+                (false, _, false, _) => DecisionKind::ShadowDenied,
+            };
+            self.metrics.decision(&a.metric, kind);
+            statuses[i] = self.status(a, o, decision.allowed);
         }
     }
 

@@ -19,12 +19,11 @@ use std::time::Duration;
 use actix_web::http::{header, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
 use std::sync::Arc;
 
 use super::Site;
+use crate::admin_http::{bearer, error, json, token_matches};
 use crate::listings;
 use floodgate::limiter::{Action, Check};
 use floodgate::logging::Escaped;
@@ -52,30 +51,6 @@ const MAX_BODY: usize = 64 * 1024;
 /// Registers the admin API (one handler for every path under [`PATH`]).
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(web::scope(PATH).default_service(web::to(handle)));
-}
-
-fn json(status: StatusCode, body: String) -> HttpResponse {
-    HttpResponse::build(status)
-        .content_type("application/json")
-        .insert_header((header::CACHE_CONTROL, "no-store"))
-        .body(body)
-}
-
-fn error(status: StatusCode, what: &str) -> HttpResponse {
-    json(status, serde_json::json!({ "error": what }).to_string())
-}
-
-/// Whether `given` is `token`, in time that depends on neither.
-fn token_matches(given: &[u8], token: &str) -> bool {
-    let a = Sha256::digest(given);
-    let b = Sha256::digest(token.as_bytes());
-    bool::from(a.ct_eq(&b))
-}
-
-fn bearer(req: &HttpRequest) -> Option<&[u8]> {
-    let value = req.headers().get(header::AUTHORIZATION)?.as_bytes();
-    let scheme = value.get(..7)?;
-    scheme.eq_ignore_ascii_case(b"bearer ").then(|| &value[7..])
 }
 
 /// A request's body, as the API reads it.
