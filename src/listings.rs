@@ -30,7 +30,7 @@ pub type Known = (String, u64);
 pub fn known(rules: &[floodgate::rule::Rule]) -> Vec<Known> {
     rules
         .iter()
-        .map(|r| (r.name.clone(), r.algorithm.window_seconds()))
+        .map(|r| (r.name().to_string(), r.algorithm().window_seconds()))
         .collect()
 }
 
@@ -131,15 +131,9 @@ pub fn find(
     let searched: Vec<Searched> = rules
         .iter()
         .map(|rule| Searched {
-            name: rule.name.clone(),
+            name: rule.name().to_string(),
             parts: floodgate::rule::id_parts_of(rule, value),
-            inspect: Check {
-                key: String::new(),
-                algorithm: rule.algorithm,
-                cost: rule.cost,
-                enforce: rule.mode == floodgate::rule::Mode::Enforce,
-                penalty: rule.penalty,
-            },
+            inspect: rule.check(String::new()),
         })
         .collect();
     find_in(limiter, prefix, &searched)
@@ -176,10 +170,7 @@ pub fn find_in(
             {
                 continue;
             }
-            let check = Check {
-                key: key.clone(),
-                ..rule.inspect.clone()
-            };
+            let check = rule.inspect.clone().with_key(key.clone());
             let seen = limiter.operate_blocking(&check, Action::Inspect)?;
             found.push(serde_json::from_str(&seen.to_json(&rule.name)).unwrap_or(Value::Null));
         }

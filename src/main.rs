@@ -79,34 +79,34 @@ fn check_config(path: PathBuf) -> ExitCode {
         Err(e) => return unusable(&e),
     };
     for r in &config.filter.rules {
-        let methods = if r.methods.is_empty() {
+        let methods = if r.methods().is_empty() {
             "*".to_string()
         } else {
-            r.methods.join(",")
+            r.methods().join(",")
         };
-        let limit = r.algorithm.fields(format_duration);
+        let limit = r.algorithm().fields(format_duration);
         // Only what differs from the usual is shown of these.
         let mut extra = String::new();
-        if r.headers != HeaderDialect::Ietf {
-            extra.push_str(&format!(" headers={}", r.headers));
+        if r.headers() != HeaderDialect::Ietf {
+            extra.push_str(&format!(" headers={}", r.headers()));
         }
         // What changes what a rule counts, and how its values are read.
-        if r.count != floodgate::rule::Count::All {
-            extra.push_str(&format!(" count={}", r.count));
+        if r.count() != floodgate::rule::Count::All {
+            extra.push_str(&format!(" count={}", r.count()));
         }
-        if r.normalize != floodgate::rule::Normalize::None {
-            extra.push_str(&format!(" normalize={}", r.normalize));
+        if r.normalize() != floodgate::rule::Normalize::None {
+            extra.push_str(&format!(" normalize={}", r.normalize()));
         }
-        if r.hash_key {
+        if r.hash_key() {
             extra.push_str(" hash_key=true");
         }
-        if r.on_missing_key != floodgate::rule::OnMissingKey::Ip {
-            extra.push_str(&format!(" on_missing_key={}", r.on_missing_key));
+        if r.on_missing_key() != floodgate::rule::OnMissingKey::Ip {
+            extra.push_str(&format!(" on_missing_key={}", r.on_missing_key()));
         }
-        if !r.exempt.is_empty() {
-            extra.push_str(&format!(" exempt={}", r.exempt.len()));
+        if !r.exempt().is_empty() {
+            extra.push_str(&format!(" exempt={}", r.exempt().len()));
         }
-        if let Some(p) = r.penalty {
+        if let Some(p) = r.penalty() {
             extra.push_str(&format!(
                 " penalty={}/{} ban={} max={}",
                 p.after,
@@ -117,14 +117,14 @@ fn check_config(path: PathBuf) -> ExitCode {
         }
         println!(
             "{}: {methods} {} key={} {} {limit} cost={} deny={} on_redis_error={} mode={}{extra}",
-            r.name,
-            r.path_text.join(" "),
-            r.key,
-            r.algorithm.name(),
-            r.cost,
-            r.deny,
-            r.on_redis_error,
-            r.mode
+            r.name(),
+            r.path_text().join(" "),
+            r.key(),
+            r.algorithm().name(),
+            r.cost(),
+            r.deny(),
+            r.on_redis_error(),
+            r.mode()
         );
     }
     ExitCode::SUCCESS

@@ -239,13 +239,11 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
                             Some(listings::Searched {
                                 name: l.name.clone(),
                                 parts: parts.clone(),
-                                inspect: floodgate::limiter::Check {
-                                    key: String::new(),
-                                    algorithm: l.algorithm?,
-                                    cost: 1,
-                                    enforce: !l.shadow,
-                                    penalty: None,
-                                },
+                                inspect: floodgate::limiter::Check::new(
+                                    String::new(),
+                                    l.algorithm?,
+                                )
+                                .with_enforce(!l.shadow),
                             })
                         })
                         .collect();
@@ -373,8 +371,8 @@ fn run_all_rules(
     let checks: Vec<(&str, floodgate::limiter::Check)> = config
         .rules
         .iter()
-        .filter(|r| r.mode == Mode::Enforce)
-        .filter(|r| match r.key.single() {
+        .filter(|r| r.mode() == Mode::Enforce)
+        .filter(|r| match r.key().single() {
             Some(KeyKind::Ip) => is_address,
             Some(
                 KeyKind::Header(_)
@@ -391,11 +389,11 @@ fn run_all_rules(
                 &config.rules,
                 &config.redis.key_prefix,
                 hash_tags,
-                &r.name,
+                r.name(),
                 &[value],
                 &action,
             );
-            check.ok().map(|c| (r.name.as_str(), c))
+            check.ok().map(|c| (r.name(), c))
         })
         .collect();
     if checks.is_empty() {

@@ -35,7 +35,7 @@ async fn main() -> std::io::Result<()> {
         .denial_responder(|denial, _req| {
             let body = serde_json::json!({
                 "error": "slow down",
-                "limit": denial.rule.name,
+                "limit": denial.rule.name(),
                 "retry_in": denial.retry_after,
             });
             let mut res = http::Response::new(body.to_string());

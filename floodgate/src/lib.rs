@@ -19,10 +19,13 @@ pub mod tower {
     pub use crate::filter::tower::{Guarded, GuardedBody};
 }
 
+/// The actix-web door: [`Filter`] is a `Transform` (`App::wrap`).
+#[cfg(feature = "actix")]
+pub use crate::filter::{accepts, FilterService};
 pub use crate::filter::{
-    accepts, ban_action, operator_check, override_action, Bypass, Denial, DenialPage,
-    DenialResponder, Filter, FilterBuilder, FilterService, JsonContentType, Limit, OperatorError,
-    RuleState, SessionLookup, SetupError, Unreadable, Usage, MAX_HEADER_BYTES,
+    ban_action, operator_check, override_action, Bypass, Denial, DenialPage, DenialResponder,
+    Filter, FilterBuilder, JsonContentType, Limit, OperatorError, RuleState, SessionLookup,
+    SetupError, Unreadable, Usage, MAX_HEADER_BYTES,
 };
 pub use crate::head::RequestHead;
 pub use crate::rule::key::{Key, KeyFn};

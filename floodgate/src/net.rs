@@ -12,12 +12,6 @@ pub trait HeaderLines {
     fn lines<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a [u8]>;
 }
 
-impl HeaderLines for actix_web::http::header::HeaderMap {
-    fn lines<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a [u8]> {
-        self.get_all(name).map(|v| v.as_bytes())
-    }
-}
-
 impl HeaderLines for http::HeaderMap {
     fn lines<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a [u8]> {
         self.get_all(name).iter().map(|v| v.as_bytes())

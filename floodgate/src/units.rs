@@ -154,6 +154,16 @@ pub(crate) fn duration_setting(text: &str, max: Duration) -> Result<Duration, Se
     }
 }
 
+/// A duration as messages show it: `"10s"`, `"1500ms"`, or `"1.5ms"` when
+/// it is not whole milliseconds.
+pub(crate) fn written_duration(d: Duration) -> String {
+    if d.subsec_nanos().is_multiple_of(1_000_000) && d.as_millis() > 0 {
+        format_duration(d)
+    } else {
+        format!("{d:?}")
+    }
+}
+
 /// Formats a duration the way the config writes it (`10s`, `1m`, `250ms`).
 pub fn format_duration(d: Duration) -> String {
     let ms = d.as_millis();

@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::num::NonZeroU32;
 use std::time::Duration;
 
 use floodgate_limiter::__private::decide_batch;
@@ -17,13 +16,7 @@ use common::RedisServer;
 const T0: u64 = 1_700_000_000_000;
 
 fn check(key: &str, algorithm: Algorithm, cost: u32) -> Check {
-    Check {
-        key: key.into(),
-        algorithm,
-        cost,
-        enforce: true,
-        penalty: None,
-    }
+    Check::new(key, algorithm).with_cost(cost).unwrap()
 }
 
 fn decide(conn: &mut redis::Connection, now: u64, c: &Check) -> Decision {
@@ -33,20 +26,13 @@ fn decide(conn: &mut redis::Connection, now: u64, c: &Check) -> Decision {
         .unwrap()
 }
 
-fn nz(n: u32) -> NonZeroU32 {
-    NonZeroU32::new(n).unwrap()
-}
-
 #[test]
 fn gcra_and_sliding_counter_work_at_a_limit_of_a_billion() {
     let redis = RedisServer::start();
     let mut conn = redis.connection();
     let window = Duration::from_secs(1);
     // GCRA: the whole billion at once, then one every microsecond.
-    let g = Algorithm::Gcra {
-        limit: nz(1_000_000_000),
-        window,
-    };
+    let g = Algorithm::gcra(1_000_000_000, window).unwrap();
     let d = decide(&mut conn, T0, &check("p:g:ip:1", g, 999_999_999));
     assert!(d.allowed);
     assert_eq!(d.outcomes[0].remaining, 1);
@@ -61,10 +47,7 @@ fn gcra_and_sliding_counter_work_at_a_limit_of_a_billion() {
     assert!(d.allowed, "{d:?}");
     assert!(!decide(&mut conn, T0 + 1, &check("p:g:ip:1", g, 1)).allowed);
     // The sliding counter: a billion in one window, not one more.
-    let s = Algorithm::SlidingCounter {
-        limit: nz(1_000_000_000),
-        window,
-    };
+    let s = Algorithm::sliding_counter(1_000_000_000, window).unwrap();
     let d = decide(&mut conn, T0, &check("p:s:ip:1", s, 1_000_000_000));
     assert!(d.allowed);
     let d = decide(&mut conn, T0, &check("p:s:ip:1", s, 1));
@@ -93,24 +76,12 @@ fn bytes_per_key() {
         let kinds: [(&str, Algorithm); 3] = [
             (
                 "sliding_window",
-                Algorithm::SlidingWindow {
-                    limit: nz(limit.min(100_000)),
-                    window,
-                },
+                Algorithm::sliding_window(limit.min(100_000), window).unwrap(),
             ),
-            (
-                "gcra",
-                Algorithm::Gcra {
-                    limit: nz(limit),
-                    window,
-                },
-            ),
+            ("gcra", Algorithm::gcra(limit, window).unwrap()),
             (
                 "sliding_counter",
-                Algorithm::SlidingCounter {
-                    limit: nz(limit),
-                    window,
-                },
+                Algorithm::sliding_counter(limit, window).unwrap(),
             ),
         ];
         for (name, a) in kinds {
@@ -150,14 +121,8 @@ fn sliding_counter_over_admission_on_bursts_at_window_edges() {
     let redis = RedisServer::start();
     let mut conn = redis.connection();
     let (limit, window) = (100u32, Duration::from_secs(10));
-    let log = Algorithm::SlidingWindow {
-        limit: nz(limit),
-        window,
-    };
-    let counter = Algorithm::SlidingCounter {
-        limit: nz(limit),
-        window,
-    };
+    let log = Algorithm::sliding_window(limit, window).unwrap();
+    let counter = Algorithm::sliding_counter(limit, window).unwrap();
     // Aligned to the counter's windows: bursts of 150 requests in the last
     // second of a window and the first of the next, and a trickle between.
     let start = T0 - T0 % 10_000;

@@ -284,7 +284,7 @@ async fn custom_key_functions_session_lookup_and_denial_responders_are_used() {
             floodgate_limiter::http::Response::builder()
                 .status(429)
                 .header("content-type", "application/json")
-                .body(format!("{{\"slow_down\":\"{}\"}}", denial.rule.name))
+                .body(format!("{{\"slow_down\":\"{}\"}}", denial.rule.name()))
                 .unwrap()
         })
         .rule(
@@ -484,8 +484,8 @@ async fn default_names_tell_limits_apart_and_sliding_and_fixed_never_share_state
     let filter = Filter::builder().redis_url(&redis.url()).build().unwrap();
     let name = |key: Key| {
         filter.limit(Limit::per_hour(7).key(key)).rules()[0]
-            .name
-            .clone()
+            .name()
+            .to_string()
     };
     let long = "x".repeat(80);
     let a = name(Key::header(&format!("{long}a")));
@@ -493,7 +493,7 @@ async fn default_names_tell_limits_apart_and_sliding_and_fixed_never_share_state
     assert_ne!(a, b);
     assert!(a.len() <= 64, "{a}");
     assert_ne!(name(Key::query("a.b")), name(Key::query("a-b")));
-    let rule = |l: Limit| filter.limit(l).rules()[0].name.clone();
+    let rule = |l: Limit| filter.limit(l).rules()[0].name().to_string();
     assert_ne!(
         rule(Limit::per_minute(3).cost(1)),
         rule(Limit::per_minute(3).cost(2))
@@ -810,7 +810,7 @@ fn builder_refusal(path: &str, limit: Limit) -> String {
 
 #[actix_web::test]
 async fn the_builder_refuses_what_a_file_refuses_in_the_same_words() {
-    use floodgate_limiter::rule::Penalty;
+    use floodgate_limiter::rule::{Algorithm, Penalty};
     let day = Duration::from_secs(86_400);
     let cases: Vec<(&str, &str, Limit)> = vec![
         (
@@ -858,30 +858,59 @@ async fn the_builder_refuses_what_a_file_refuses_in_the_same_words() {
             "/x",
             Limit::per_minute(5).exempt("10.0.0.0/33"),
         ),
-        (
-            "paths = [\"/x\"]\nlimit = 5\nwindow = \"1m\"\npenalty = { after = 3, within = \"10m\", ban = \"2h\", max = \"1h\" }\n",
-            "/x",
-            Limit::per_minute(5).penalty(Penalty {
-                after: 3,
-                within: Duration::from_secs(600),
-                ban: Duration::from_secs(7200),
-                max: Duration::from_secs(3600),
-            }),
-        ),
-        (
-            "paths = [\"/x\"]\nlimit = 5\nwindow = \"1m\"\npenalty = { after = 3, within = \"400d\", ban = \"1m\", max = \"1h\" }\n",
-            "/x",
-            Limit::per_minute(5).penalty(Penalty {
-                after: 3,
-                within: 400 * day,
-                ban: Duration::from_secs(60),
-                max: Duration::from_secs(3600),
-            }),
-        ),
     ];
     for (rule, path, limit) in cases {
         let file = toml_refusal(rule);
         assert_eq!(builder_refusal(path, limit), file, "for {rule:?}");
+    }
+    // A penalty or an algorithm made in code is refused where it is made,
+    // in the file's words.
+    let secs = Duration::from_secs;
+    let penalties = [
+        (
+            "within = \"10m\", ban = \"2h\"",
+            Penalty::new(3, secs(600), secs(7200), secs(3600)),
+        ),
+        (
+            "within = \"400d\", ban = \"1m\"",
+            Penalty::new(3, 400 * day, secs(60), secs(3600)),
+        ),
+    ];
+    for (written, penalty) in penalties {
+        let rule = format!(
+            "paths = [\"/x\"]\nlimit = 5\nwindow = \"1m\"\npenalty = {{ after = 3, {written}, max = \"1h\" }}\n"
+        );
+        assert_eq!(
+            penalty.unwrap_err().to_string(),
+            toml_refusal(&rule),
+            "for {rule:?}"
+        );
+    }
+    let algorithms = [
+        (
+            "limit = 0\nwindow = \"1m\"",
+            Algorithm::sliding_window(0, secs(60)),
+        ),
+        (
+            "limit = 5\nwindow = \"400d\"",
+            Algorithm::fixed_window(5, 400 * day),
+        ),
+        (
+            "algorithm = \"token_bucket\"\nrate = 0.0\nburst = 5",
+            Algorithm::token_bucket(0.0, 5),
+        ),
+        (
+            "algorithm = \"token_bucket\"\nrate = 1.0\nburst = 0",
+            Algorithm::token_bucket(1.0, 0),
+        ),
+    ];
+    for (written, algorithm) in algorithms {
+        let rule = format!("paths = [\"/x\"]\n{written}\n");
+        assert_eq!(
+            algorithm.unwrap_err().to_string(),
+            toml_refusal(&rule),
+            "for {rule:?}"
+        );
     }
     // The loop is the one a redirect to a page the rule covers makes.
     assert!(

@@ -19,7 +19,6 @@
 mod common;
 
 use std::cell::{Cell, RefCell};
-use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use floodgate_limiter::__private::{decide_batch, LocalLimiter};
@@ -34,43 +33,24 @@ use common::RedisServer;
 /// A realistic pinned epoch (ms).
 const T0: u64 = 1_700_000_000_000;
 
-fn nz(n: u32) -> NonZeroU32 {
-    NonZeroU32::new(n).unwrap()
-}
-
 fn sliding(limit: u32, window_ms: u64) -> Algorithm {
-    Algorithm::SlidingWindow {
-        limit: nz(limit),
-        window: Duration::from_millis(window_ms),
-    }
+    Algorithm::sliding_window(limit, Duration::from_millis(window_ms)).unwrap()
 }
 
 fn fixed(limit: u32, window_ms: u64) -> Algorithm {
-    Algorithm::FixedWindow {
-        limit: nz(limit),
-        window: Duration::from_millis(window_ms),
-    }
+    Algorithm::fixed_window(limit, Duration::from_millis(window_ms)).unwrap()
 }
 
 fn bucket(rate: f64, burst: u32) -> Algorithm {
-    Algorithm::TokenBucket {
-        rate,
-        burst: nz(burst),
-    }
+    Algorithm::token_bucket(rate, burst).unwrap()
 }
 
 fn gcra(limit: u32, window_ms: u64) -> Algorithm {
-    Algorithm::Gcra {
-        limit: nz(limit),
-        window: Duration::from_millis(window_ms),
-    }
+    Algorithm::gcra(limit, Duration::from_millis(window_ms)).unwrap()
 }
 
 fn counter(limit: u32, window_ms: u64) -> Algorithm {
-    Algorithm::SlidingCounter {
-        limit: nz(limit),
-        window: Duration::from_millis(window_ms),
-    }
+    Algorithm::sliding_counter(limit, Duration::from_millis(window_ms)).unwrap()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -208,22 +188,22 @@ impl Model {
 
     fn decide(&mut self, now: i64, algorithm: Algorithm, cost: u32) -> Answer {
         match algorithm {
-            Algorithm::SlidingWindow { limit, window } => {
+            Algorithm::SlidingWindow { limit, window, .. } => {
                 self.sliding(now, i64::from(limit.get()), window.as_millis() as i64, cost)
             }
-            Algorithm::FixedWindow { limit, window } => {
+            Algorithm::FixedWindow { limit, window, .. } => {
                 self.fixed(now, i64::from(limit.get()), window.as_millis() as i64, cost)
             }
-            Algorithm::TokenBucket { rate, burst } => {
+            Algorithm::TokenBucket { rate, burst, .. } => {
                 self.bucket(now, rate, f64::from(burst.get()), cost)
             }
-            Algorithm::Gcra { limit, window } => self.gcra(
+            Algorithm::Gcra { limit, window, .. } => self.gcra(
                 now,
                 i128::from(limit.get()),
                 window.as_millis() as i128,
                 cost,
             ),
-            Algorithm::SlidingCounter { limit, window } => {
+            Algorithm::SlidingCounter { limit, window, .. } => {
                 self.counter(now, i64::from(limit.get()), window.as_millis() as i64, cost)
             }
         }
@@ -477,13 +457,7 @@ fn run(backend: &mut Backend, schedule: &Schedule, case: u64) -> Result<(), Test
             .map(|&(algorithm, cost)| {
                 (
                     Some(now as u64),
-                    vec![Check {
-                        key: key.clone(),
-                        algorithm,
-                        cost,
-                        enforce: true,
-                        penalty: None,
-                    }],
+                    vec![Check::new(key.clone(), algorithm).with_cost(cost).unwrap()],
                 )
             })
             .collect();
@@ -512,7 +486,7 @@ fn run(backend: &mut Backend, schedule: &Schedule, case: u64) -> Result<(), Test
         for (j, (&(algorithm, cost), result)) in requests.iter().zip(&results).enumerate() {
             let got = answer(result);
             if single {
-                if let Algorithm::SlidingWindow { limit, window } = algorithm {
+                if let Algorithm::SlidingWindow { limit, window, .. } = algorithm {
                     let window = window.as_millis() as i64;
                     let clock = admitted.first().map_or(now, |&n| now.max(n));
                     let held = admitted.iter().filter(|&&t| t > clock - window).count();
@@ -654,20 +628,16 @@ fn a_sliding_window_decided_in_one_call_answers_as_one_call_each() {
                     .iter()
                     .map(|&(step, cost, k)| {
                         now += step;
-                        let check = Check {
-                            key: keys[k].clone(),
-                            algorithm,
-                            cost: cost.min(limit),
-                            enforce: true,
-                            penalty: None,
-                        };
+                        let check = Check::new(keys[k].clone(), algorithm)
+                            .with_cost(cost.min(limit))
+                            .unwrap();
                         (Some(now as u64), vec![check])
                     })
                     .collect()
             };
             let mut answers = Vec::new();
             for job in jobs(&one_each) {
-                let key = job.1[0].key.clone();
+                let key = job.1[0].key().to_string();
                 let decided = decide_batch(conn, vec![job]).unwrap();
                 answers.push(answer(decided[0].as_ref().unwrap()));
                 // Real time must not expire what the pinned clock still counts.
@@ -733,12 +703,10 @@ fn a_sliding_window_counts_exactly_however_many_entries_left() {
     let window = u64::from(LIMIT) * STEP;
     let algorithm = sliding(LIMIT, window);
     for gone in [1u32, 2, 3, 7, 20, 60, 120, 200, 500, 999] {
-        let check = |cost: u32| Check {
-            key: format!("floodgate:gone:ip:{gone}"),
-            algorithm,
-            cost,
-            enforce: true,
-            penalty: None,
+        let check = |cost: u32| {
+            Check::new(format!("floodgate:gone:ip:{gone}"), algorithm)
+                .with_cost(cost)
+                .unwrap()
         };
         // Entry i admitted at T0 + i * STEP: the list is full.
         let fill: Vec<_> = (0..u64::from(LIMIT))
@@ -783,20 +751,16 @@ fn a_call_of_many_different_checks_charges_each_its_own_cost() {
     // 40 requests on two keys, costs 1 to 20 twice over.
     let jobs: Vec<_> = (0..40usize)
         .map(|i| {
-            let check = Check {
-                key: key(i % 2),
-                algorithm,
-                cost: (i % 20) as u32 + 1,
-                enforce: true,
-                penalty: None,
-            };
+            let check = Check::new(key(i % 2), algorithm)
+                .with_cost((i % 20) as u32 + 1)
+                .unwrap();
             (Some(T0), vec![check])
         })
         .collect();
     let decided = decide_batch(&mut conn, jobs.clone()).unwrap();
     let mut used = [0u64; 2];
     for (i, (job, decision)) in jobs.iter().zip(&decided).enumerate() {
-        used[i % 2] += u64::from(job.1[0].cost);
+        used[i % 2] += u64::from(job.1[0].cost());
         let (allowed, remaining, _) = answer(decision.as_ref().unwrap());
         assert!(allowed, "request {i}");
         assert_eq!(remaining, 1000 - used[i % 2], "request {i}");

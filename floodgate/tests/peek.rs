@@ -179,7 +179,7 @@ async fn a_peek_answers_what_a_decision_would_and_writes_nothing() {
     );
     for (check, peek) in checks.iter().zip(&peeks) {
         let alone = limiter.peek_at(T0 + AT, vec![check.clone()]).await.unwrap();
-        assert_eq!(alone, vec![*peek], "{} alone", check.key);
+        assert_eq!(alone, vec![*peek], "{} alone", check.key());
     }
     let after = snapshot(&redis, &keys);
     assert_eq!(before.0, after.0, "DBSIZE");
@@ -200,7 +200,7 @@ async fn a_peek_answers_what_a_decision_would_and_writes_nothing() {
         decided.push(d.outcomes[0]);
     }
     for ((check, peek), decision) in checks.iter().zip(&peeks).zip(&decided) {
-        assert_eq!(peek, decision, "{}: the peek and the decision", check.key);
+        assert_eq!(peek, decision, "{}: the peek and the decision", check.key());
     }
     let changed = snapshot(&redis, &keys);
     for (((key, b), a), peek) in keys.iter().zip(&before.2).zip(&changed.2).zip(&peeks) {

@@ -192,6 +192,53 @@ window = "1h"
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_made_in_code_on_one_route_nests_in_the_routers_filter() {
+    let redis = RedisServer::start();
+    let outer = filter(
+        &redis,
+        "[[rule]]\nname = \"outer\"\npaths = [\"/*\"]\nlimit = 10\nwindow = \"1m\"\ndeny = \"status\"\n",
+    );
+    let inner = outer.limit(floodgate_limiter::Limit::per_minute(1).name("inner"));
+    let router = Router::new()
+        .route("/one", get(|| async { "one" }).route_layer(inner.clone()))
+        .route("/two", get(|| async { "two" }))
+        .layer(outer.clone());
+    let base = serve(router).await;
+    let res = get_json(&base, "/one").await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        header(&res, "ratelimit").unwrap(),
+        "\"outer\";r=9;t=60, \"inner\";r=0;t=60"
+    );
+    // Denied by the inner limit: the outer rule gave its unit back and says so.
+    let res = get_json(&base, "/one").await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(
+        header(&res, "ratelimit").unwrap(),
+        "\"outer\";r=9;t=60, \"inner\";r=0;t=60"
+    );
+    assert_eq!(
+        header(&res, "ratelimit-policy").unwrap(),
+        "\"outer\";q=10;w=60, \"inner\";q=1;w=60"
+    );
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["rule"], "inner");
+    let used = |f: &Filter, rule: &'static str| {
+        let f = f.clone();
+        async move {
+            let state = f.operate(rule, &["127.0.0.1"], Action::Inspect).await;
+            state.unwrap().used
+        }
+    };
+    assert_eq!(used(&outer, "outer").await, 1);
+    // The other route is the outer filter's alone.
+    let res = get_json(&base, "/two").await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(header(&res, "ratelimit").unwrap(), "\"outer\";r=8;t=60");
+    assert_eq!(used(&inner, "inner").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exact_under_300_concurrent_requests() {
     let redis = RedisServer::start();
     let toml = "[[rule]]\nname = \"check\"\npaths = [\"/check\"]\nlimit = 100\nwindow = \"1h\"\ndeny = \"status\"\n";
@@ -502,7 +549,7 @@ async fn the_applications_own_functions_key_skip_and_answer() {
         .redis_url(&redis.url())
         .session_lookup(|req: &RequestHead| req.cookie("sid").map(str::to_owned))
         .denial_responder(|denial, req| {
-            let body = json!({ "slow_down": denial.rule.name, "path": req.path() });
+            let body = json!({ "slow_down": denial.rule.name(), "path": req.path() });
             floodgate_limiter::http::Response::builder()
                 .status(429)
                 .header("content-type", "application/json")

@@ -134,10 +134,7 @@ pub fn algorithm_for(
             ));
         }
         let rate = f64::from(requests.get()) / window.as_secs_f64();
-        return Ok(Algorithm::TokenBucket {
-            rate,
-            burst: requests,
-        });
+        return Algorithm::token_bucket(rate, requests.get()).map_err(|e| e.to_string());
     }
     let Some(max) = Algorithm::max_limit(name) else {
         return Err(format!(
@@ -156,7 +153,7 @@ pub fn algorithm_for(
     } else {
         name
     };
-    Algorithm::windowed(name, requests, window).ok_or_else(|| format!("unknown algorithm {name:?}"))
+    Algorithm::windowed(name, requests.get(), window).map_err(|e| e.to_string())
 }
 
 /// Reads the descriptor files at `path` (a file, or a folder of `*.yaml`

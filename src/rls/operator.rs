@@ -70,11 +70,8 @@ pub fn check_for(
             return Err(format!("limit must be between 1 and {max}, got {n}"));
         }
     }
-    Ok(Check {
-        key: state_key(hash_tags, prefix, &limit.name, values),
-        algorithm,
-        cost: 1,
-        enforce: !limit.shadow,
-        penalty: None,
-    })
+    Ok(
+        Check::new(state_key(hash_tags, prefix, &limit.name, values), algorithm)
+            .with_enforce(!limit.shadow),
+    )
 }

@@ -326,13 +326,12 @@ impl Rls {
         for (i, a) in applied.iter().enumerate() {
             if let Some(a) = a {
                 if let (Some(algorithm), false) = (a.algorithm, a.unlimited || a.never()) {
-                    checks.push(Check {
-                        key: a.key.clone(),
-                        algorithm,
-                        cost: a.hits,
-                        enforce: !a.shadow,
-                        penalty: None,
-                    });
+                    // (Hits are at most MAX_HITS, which a check takes.)
+                    let check = Check::new(a.key.clone(), algorithm)
+                        .with_cost(a.hits)
+                        .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?
+                        .with_enforce(!a.shadow);
+                    checks.push(check);
                     of_check.push(i);
                 }
             }
@@ -391,8 +390,8 @@ impl Rls {
             let hit = checks
                 .iter()
                 .enumerate()
-                .filter(|(_, c)| c.enforce)
-                .filter_map(|(n, c)| cache.denial(&c.key, c.cost, started).map(|d| (n, d)))
+                .filter(|(_, c)| c.enforce())
+                .filter_map(|(n, c)| cache.denial(c.key(), c.cost(), started).map(|d| (n, d)))
                 .max_by_key(|(_, d)| d.wait);
             if let Some((n, denial)) = hit {
                 if let Some(a) = &applied[of_check[n]] {
@@ -451,13 +450,13 @@ impl Rls {
         };
         let answered = Instant::now();
         for (c, o) in checks.iter().zip(&decision.outcomes) {
-            if o.allowed || !c.enforce {
+            if o.allowed || !c.enforce() {
                 continue;
             }
             if o.banned {
-                cache.remember_ban(&c.key, o.wait, started, answered);
+                cache.remember_ban(c.key(), o.wait, started, answered);
             } else {
-                cache.remember(&c.key, c.cost, o.wait, o.quota, started, answered);
+                cache.remember(c.key(), c.cost(), o.wait, o.quota, started, answered);
             }
         }
     }
@@ -528,7 +527,7 @@ impl Rls {
     ) {
         for ((&i, o), c) in of_check.iter().zip(&decision.outcomes).zip(checks) {
             let Some(a) = &applied[i] else { continue };
-            let kind = match (o.allowed, o.banned, c.enforce, local) {
+            let kind = match (o.allowed, o.banned, c.enforce(), local) {
                 (true, _, _, false) => DecisionKind::Allowed,
                 (true, _, _, true) => DecisionKind::LocalAllowed,
                 (false, true, true, _) => DecisionKind::Banned,

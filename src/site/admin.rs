@@ -13,7 +13,6 @@
 //! never cached; one log line per action.
 
 use std::net::IpAddr;
-use std::num::NonZeroU32;
 use std::time::Duration;
 
 use actix_web::http::{header, StatusCode};
@@ -176,23 +175,21 @@ fn allowed(site: &Site, client: IpAddr) -> bool {
 /// Redis cannot count, the answer is 401 (the token is still needed).
 async fn refuse_authentication(site: &Site, req: &HttpRequest, client: IpAddr) -> HttpResponse {
     let limiter = site.filter.limiter();
-    let check = Check {
-        key: floodgate::rule::redis_key_for(
-            limiter.hash_tags(),
-            &site.config.filter.redis.key_prefix,
-            FAILURE_NAME,
-            "ip",
-            &floodgate::net::ip_id(client),
-        ),
-        algorithm: Algorithm::SlidingWindow {
-            limit: NonZeroU32::MIN.saturating_add(FAILURES - 1),
-            window: FAILURE_WINDOW,
-        },
-        cost: 1,
-        enforce: true,
-        penalty: None,
+    let key = floodgate::rule::redis_key_for(
+        limiter.hash_tags(),
+        &site.config.filter.redis.key_prefix,
+        FAILURE_NAME,
+        "ip",
+        &floodgate::net::ip_id(client),
+    );
+    let decided = match Algorithm::sliding_window(FAILURES, FAILURE_WINDOW) {
+        Ok(algorithm) => limiter
+            .decide(vec![Check::new(key, algorithm)])
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
     };
-    let over = match limiter.decide(vec![check]).await {
+    let over = match decided {
         Ok(decision) if !decision.allowed => {
             decision.outcomes.first().map(|o| o.retry_after_secs())
         }
@@ -200,7 +197,7 @@ async fn refuse_authentication(site: &Site, req: &HttpRequest, client: IpAddr) -
         Err(e) => {
             log::warn!(
                 "admin: cannot count a failed authentication ({})",
-                Escaped(&e.to_string())
+                Escaped(&e)
             );
             None
         }
@@ -364,12 +361,12 @@ fn rules_json(site: &Site) -> serde_json::Value {
         .iter()
         .map(|r| {
             serde_json::json!({
-                "name": r.name,
-                "key": r.key.to_string(),
-                "algorithm": r.algorithm.name(),
-                "limit": r.algorithm.quota(),
-                "window_s": r.algorithm.window_seconds(),
-                "mode": r.mode.to_string(),
+                "name": r.name(),
+                "key": r.key().to_string(),
+                "algorithm": r.algorithm().name(),
+                "limit": r.algorithm().quota(),
+                "window_s": r.algorithm().window_seconds(),
+                "mode": r.mode().to_string(),
             })
         })
         .collect();

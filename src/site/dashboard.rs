@@ -75,9 +75,9 @@ fn subjects(
 ) -> (Vec<Subject>, String) {
     let address = floodgate::net::ip_id(site.filter.client_addr(req));
     let key = |path: &str, form: Option<&[u8]>| site.filter.key_for(rule, req, path, form).ok();
-    if let Some(KeyKind::Path) = rule.key.single() {
+    if let Some(KeyKind::Path) = rule.key().single() {
         return (
-            rule.path_text
+            rule.path_text()
                 .iter()
                 .filter(|p| !p.contains([':', '*']))
                 .filter_map(|p| {
@@ -92,7 +92,7 @@ fn subjects(
     }
     let mut labels: Vec<String> = Vec::new();
     let mut form = form_urlencoded::Serializer::new(String::new());
-    for kind in rule.key.kinds() {
+    for kind in rule.key().kinds() {
         let label = match kind {
             KeyKind::Ip => Some(format!("your address {address}")),
             KeyKind::Global => Some("everyone together".to_string()),
@@ -113,12 +113,12 @@ fn subjects(
                 KeyKind::Session => "Keyed by your address until you sign in.".to_string(),
                 _ => format!(
                     "Counted per {} sent; sign in to see your phone's usage.",
-                    rule.key
+                    rule.key()
                 ),
             };
             // Signed out, a session rule keys this visitor by address:
             // the filter falls back to it by itself.
-            let shown = if rule.key.single().is_some() && matches!(kind, KeyKind::Session) {
+            let shown = if rule.key().single().is_some() && matches!(kind, KeyKind::Session) {
                 key(req.path(), None)
                     .map(|key| Subject {
                         label: format!("your address {address}"),
@@ -150,7 +150,7 @@ fn subjects(
 /// (the limiter's own peek: nothing is counted), and for a sliding window
 /// the times of the entries still in it, newest first.
 fn usage(rule: &Rule, label: String, now: &Outcome, entries: &[u64], clock: u64) -> SubjectView {
-    let quota = u64::from(now.limit(&rule.algorithm));
+    let quota = u64::from(now.limit(&rule.algorithm()));
     // What is left before this request would take its unit.
     let left = (now.remaining + u64::from(now.allowed)).min(quota);
     let used = quota - left;
@@ -167,7 +167,7 @@ fn usage(rule: &Rule, label: String, now: &Outcome, entries: &[u64], clock: u64)
         operator: String::new(),
     };
     fill(&mut view, used, quota);
-    match rule.algorithm {
+    match rule.algorithm() {
         Algorithm::SlidingWindow { window, .. } => {
             view.next = if used == 0 {
                 "nothing used".into()
@@ -252,36 +252,30 @@ pub async fn limits(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
     for (at, rule) in rules
         .iter()
         .enumerate()
-        .filter(|(_, r)| r.headers != HeaderDialect::None)
+        .filter(|(_, r)| r.headers() != HeaderDialect::None)
     {
         let (subs, note) = subjects(&site, rule, &req, &visitor);
         plan.extend(subs.into_iter().map(|s| (at, s)));
         views.push(RuleView {
-            name: rule.name.clone(),
-            methods: if rule.methods.is_empty() {
+            name: rule.name().to_string(),
+            methods: if rule.methods().is_empty() {
                 "any method".into()
             } else {
-                rule.methods.join(", ")
+                rule.methods().join(", ")
             },
-            paths: rule.path_text.join(" "),
-            key: rule.key.to_string(),
-            algorithm: rule.algorithm.name(),
-            params: rule.algorithm.parameters(human_duration),
-            description: rule.description.clone(),
-            shadow: rule.mode == Mode::Shadow,
+            paths: rule.path_text().join(" "),
+            key: rule.key().to_string(),
+            algorithm: rule.algorithm().name(),
+            params: rule.algorithm().parameters(human_duration),
+            description: rule.description().to_string(),
+            shadow: rule.mode() == Mode::Shadow,
             subjects: Vec::new(),
             note,
         });
     }
     let checks: Vec<Check> = plan
         .iter()
-        .map(|(at, s)| Check {
-            key: s.key.clone(),
-            algorithm: rules[*at].algorithm,
-            cost: 1,
-            enforce: true,
-            penalty: None,
-        })
+        .map(|(at, s)| Check::new(s.key.clone(), rules[*at].algorithm()))
         .collect();
     let outcomes = site
         .filter
@@ -294,9 +288,9 @@ pub async fn limits(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
     let drawn: Vec<(String, isize)> = plan
         .iter()
         .zip(&outcomes)
-        .filter(|((at, _), _)| matches!(rules[*at].algorithm, Algorithm::SlidingWindow { .. }))
+        .filter(|((at, _), _)| matches!(rules[*at].algorithm(), Algorithm::SlidingWindow { .. }))
         .map(|((at, s), o)| {
-            let quota = u64::from(o.limit(&rules[*at].algorithm));
+            let quota = u64::from(o.limit(&rules[*at].algorithm()));
             let used = quota - (o.remaining + u64::from(o.allowed)).min(quota);
             (s.key.clone(), used.min(MAX_TICKS as u64) as isize)
         })
@@ -334,7 +328,7 @@ pub async fn limits(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
         let key = subject.key.clone();
         let mut view = usage(rule, subject.label, now, &stamps, clock);
         view.operator = operator_note(&site, rule, key).await;
-        if let Some(shown) = views.iter_mut().find(|v| v.name == rule.name) {
+        if let Some(shown) = views.iter_mut().find(|v| v.name == rule.name()) {
             shown.subjects.push(view);
         }
     }
@@ -356,13 +350,7 @@ pub async fn limits(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
 /// The visitor's ban or own limit under `rule`, in words ("" when none,
 /// or when Redis cannot say).
 async fn operator_note(site: &Site, rule: &Rule, key: String) -> String {
-    let check = Check {
-        key,
-        algorithm: rule.algorithm,
-        cost: rule.cost,
-        enforce: true,
-        penalty: None,
-    };
+    let check = rule.check(key).with_enforce(true).with_penalty(None);
     let Ok(seen) = site.filter.limiter().operate(check, Action::Inspect).await else {
         return String::new();
     };

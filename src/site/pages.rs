@@ -30,16 +30,16 @@ impl RuleRow {
     /// The row for `rule`.
     pub fn new(rule: &Rule) -> RuleRow {
         RuleRow {
-            name: rule.name.clone(),
-            methods: if rule.methods.is_empty() {
+            name: rule.name().to_string(),
+            methods: if rule.methods().is_empty() {
                 "any".into()
             } else {
-                rule.methods.join(", ")
+                rule.methods().join(", ")
             },
-            paths: rule.path_text.join(" "),
-            key: rule.key.to_string(),
-            description: rule.description.clone(),
-            shadow: rule.mode == Mode::Shadow,
+            paths: rule.path_text().join(" "),
+            key: rule.key().to_string(),
+            description: rule.description().to_string(),
+            shadow: rule.mode() == Mode::Shadow,
         }
     }
 }
@@ -106,7 +106,7 @@ pub async fn home(site: web::Data<Site>, req: HttpRequest) -> HttpResponse {
         .filter
         .rules()
         .iter()
-        .filter(|r| r.headers != floodgate::rule::HeaderDialect::None)
+        .filter(|r| r.headers() != floodgate::rule::HeaderDialect::None)
         .map(RuleRow::new)
         .collect();
     render(
@@ -125,10 +125,10 @@ pub async fn check(site: web::Data<Site>, req: HttpRequest) -> HttpResponse {
         .filter
         .rules()
         .iter()
-        .find(|r| r.name == "check")
+        .find(|r| r.name() == "check")
         .map_or_else(
             || "as many requests as you like".into(),
-            |r| r.description.clone(),
+            |r| r.description().to_string(),
         );
     render(
         &CheckPage {
@@ -157,12 +157,12 @@ pub async fn error_page(site: web::Data<Site>, req: HttpRequest) -> HttpResponse
         }
     }
     let rules = site.filter.rules();
-    let rule = rules.iter().find(|r| r.name == rule_name);
+    let rule = rules.iter().find(|r| r.name() == rule_name);
     let page = ErrorPage {
         site_title: site.config.site.title.clone(),
         signed_in: signed_in(&site, &req),
-        rule: rule.map(|r| r.name.clone()).unwrap_or_default(),
-        description: rule.map(|r| r.description.clone()),
+        rule: rule.map(|r| r.name().to_string()).unwrap_or_default(),
+        description: rule.map(|r| r.description().to_string()),
         retry_after,
         banned,
         back: back_link(&req, rule),
@@ -181,8 +181,8 @@ pub fn denial_html(site_title: &str, denial: &floodgate::Denial) -> String {
     let page = ErrorPage {
         site_title: site_title.to_string(),
         signed_in: false,
-        rule: denial.rule.name.clone(),
-        description: Some(denial.rule.description.clone()),
+        rule: denial.rule.name().to_string(),
+        description: Some(denial.rule.description().to_string()),
         retry_after,
         banned: denial.banned,
         back: "/".into(),
@@ -217,9 +217,9 @@ fn back_link(req: &HttpRequest, rule: Option<&Rule>) -> String {
             }
         }
     }
-    rule.filter(|r| r.methods.is_empty() || r.methods.iter().any(|m| m == "GET"))
+    rule.filter(|r| r.methods().is_empty() || r.methods().iter().any(|m| m == "GET"))
         .and_then(|r| {
-            r.path_text
+            r.path_text()
                 .iter()
                 .find(|p| !p.contains([':', '*']))
                 .cloned()

@@ -109,7 +109,6 @@ async fn cluster_batches_reach_each_master_as_one_call_and_limits_stay_exact() {
     use floodgate::limiter::{Check, Decision, LimiterError, LimiterOptions};
     use floodgate::rule::Algorithm;
     use floodgate_site::config::Config;
-    use std::num::NonZeroU32;
 
     let cluster = Cluster::start();
     let mut config = Config::parse("", std::path::Path::new("test.toml")).unwrap();
@@ -120,15 +119,11 @@ async fn cluster_batches_reach_each_master_as_one_call_and_limits_stay_exact() {
         ..LimiterOptions::default()
     };
     let limiter = Limiter::new(&config.filter.redis, options).unwrap();
-    let check = |user: &str| Check {
-        key: format!("floodgate:per_user:header:{{{user}}}"),
-        algorithm: Algorithm::SlidingWindow {
-            limit: NonZeroU32::new(3).unwrap(),
-            window: Duration::from_secs(60),
-        },
-        cost: 1,
-        enforce: true,
-        penalty: None,
+    let check = |user: &str| {
+        Check::new(
+            format!("floodgate:per_user:header:{{{user}}}"),
+            Algorithm::sliding_window(3, Duration::from_secs(60)).unwrap(),
+        )
     };
     // The dispatchers read the slot map and connect to every master.
     for i in 0..20 {
@@ -901,24 +896,14 @@ async fn cluster_give_back_forgets_the_remembered_denial_of_its_key() {
     use floodgate::limiter::LimiterOptions;
     use floodgate::rule::Algorithm;
     use floodgate_site::config::Config;
-    use std::num::NonZeroU32;
 
     let cluster = Cluster::start();
     let mut config = Config::parse("", std::path::Path::new("test.toml")).unwrap();
     config.filter.redis.cluster = cluster.seeds();
     config.filter.redis.timeout = Duration::from_secs(2);
     let limiter = Limiter::new(&config.filter.redis, LimiterOptions::default()).unwrap();
-    let algorithm = Algorithm::SlidingWindow {
-        limit: NonZeroU32::new(1).unwrap(),
-        window: Duration::from_secs(60),
-    };
-    let check = |key: &str| Check {
-        key: key.to_string(),
-        algorithm,
-        cost: 1,
-        enforce: true,
-        penalty: None,
-    };
+    let algorithm = Algorithm::sliding_window(1, Duration::from_secs(60)).unwrap();
+    let check = |key: &str| Check::new(key.to_string(), algorithm);
     let (user, team) = ("floodgate:u:header:{alice}", "floodgate:t:header:{red}");
     let mut conn = cluster.connection();
     let slot = |k: &str, conn: &mut redis::cluster::ClusterConnection| -> u16 {

@@ -399,13 +399,13 @@ fn headers_and_exempt_in_defaults_and_rules() {
          [[rule]]\nname = \"b\"\npaths = [\"/b\"]\nlimit = 1\nwindow = \"1m\"\nheaders = \"none\"\nexempt = []\n",
     )
     .unwrap();
-    assert_eq!(config.rules[0].headers, HeaderDialect::XRateLimit);
+    assert_eq!(config.rules[0].headers(), HeaderDialect::XRateLimit);
     assert!(config.rules[0].exempts("10.2.3.4".parse().unwrap()));
     assert!(config.rules[0].exempts("::ffff:10.2.3.4".parse().unwrap()));
     assert!(!config.rules[0].exempts("11.2.3.4".parse().unwrap()));
     // A rule's own list replaces the default one.
-    assert_eq!(config.rules[1].headers, HeaderDialect::None);
-    assert!(config.rules[1].exempt.is_empty());
+    assert_eq!(config.rules[1].headers(), HeaderDialect::None);
+    assert!(config.rules[1].exempt().is_empty());
     let err = parse("[defaults]\nexempt = [\"nope\"]\n").unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -524,7 +524,7 @@ async fn a_denial_responders_answer_carries_the_fields() {
         )
         .denial_responder(|denial, _| {
             let mut res =
-                floodgate::http::Response::new(format!("slow down: {}", denial.rule.name));
+                floodgate::http::Response::new(format!("slow down: {}", denial.rule.name()));
             *res.status_mut() = floodgate::http::StatusCode::TOO_MANY_REQUESTS;
             res
         })

@@ -5,7 +5,6 @@
 //! algorithms; all-or-nothing across rules; key format, TTLs and hashed
 //! IDs; fixed window and token bucket basics; shadow mode.
 
-use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -32,10 +31,6 @@ impl XorShift {
     fn upto(&mut self, max: u64) -> u64 {
         self.next() % (max + 1)
     }
-}
-
-fn nz(n: u32) -> NonZeroU32 {
-    NonZeroU32::new(n).unwrap()
 }
 
 // ---------------------------------------------------------------------------
@@ -191,10 +186,8 @@ async fn sliding_window_is_exact_on_a_pinned_clock() {
         (4_242, 10, 3),
     ] {
         let key = format!("floodgate:prop:ip:{seed}");
-        let algorithm = Algorithm::SlidingWindow {
-            limit: nz(limit as u32),
-            window: Duration::from_millis(window),
-        };
+        let algorithm =
+            Algorithm::sliding_window(limit as u32, Duration::from_millis(window)).unwrap();
         let mut rng = XorShift(seed);
         let mut t = 1_700_000_000_000_u64;
         let mut events = Vec::new();
@@ -219,13 +212,9 @@ async fn sliding_window_is_exact_on_a_pinned_clock() {
                 6..=8 if !edges.is_empty() => edges[rng.upto(edges.len() as u64 - 1) as usize],
                 _ => t + rng.upto(2 * window),
             };
-            let check = Check {
-                key: key.clone(),
-                algorithm,
-                cost: cost as u32,
-                enforce: true,
-                penalty: None,
-            };
+            let check = Check::new(key.clone(), algorithm)
+                .with_cost(cost as u32)
+                .unwrap();
             let mut conn = redis.connection();
             let exists: i64 = redis::cmd("EXISTS").arg(&key).query(&mut conn).unwrap();
             if exists == 0 {
@@ -630,15 +619,13 @@ async fn token_bucket_starts_full_and_refills_at_rate() {
     config.filter.redis.url = redis.url();
     config.filter.redis.timeout = Duration::from_secs(5);
     let limiter = Limiter::new(&config.filter.redis, LimiterOptions::default()).unwrap();
-    let check = |cost| Check {
-        key: "floodgate:bucket:ip:1.2.3.4".into(),
-        algorithm: Algorithm::TokenBucket {
-            rate: 2.0,
-            burst: nz(3),
-        },
-        cost,
-        enforce: true,
-        penalty: None,
+    let check = |cost| {
+        Check::new(
+            "floodgate:bucket:ip:1.2.3.4",
+            Algorithm::token_bucket(2.0, 3).unwrap(),
+        )
+        .with_cost(cost)
+        .unwrap()
     };
     let t0 = 1_700_000_000_000_u64;
     let at = |ms: u64, cost: u32| {

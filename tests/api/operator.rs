@@ -341,30 +341,23 @@ fn a_ban_unban_and_reset_reach_every_serving_process_and_their_cached_denials() 
 }
 
 fn window_check(key: &str, limit: u32, penalty: Option<Penalty>) -> Check {
-    Check {
-        key: key.into(),
-        algorithm: Algorithm::SlidingWindow {
-            limit: std::num::NonZeroU32::new(limit).unwrap(),
-            window: Duration::from_secs(3600),
-        },
-        cost: 1,
-        enforce: true,
-        penalty,
-    }
+    Check::new(
+        key,
+        Algorithm::sliding_window(limit, Duration::from_secs(3600)).unwrap(),
+    )
+    .with_penalty(penalty)
 }
 
-const PENALTY: Penalty = Penalty {
-    after: 3,
-    within: Duration::from_secs(600),
-    ban: Duration::from_secs(10),
-    max: Duration::from_secs(40),
-};
+fn penalty(after: u32) -> Penalty {
+    let secs = Duration::from_secs;
+    Penalty::new(after, secs(600), secs(10), secs(40)).unwrap()
+}
 
 #[test]
 fn a_penalty_bans_after_n_denials_and_each_ban_doubles_up_to_max() {
     let redis = RedisServer::start();
     let mut conn = redis.connection();
-    let check = window_check("floodgate:p:ip:198.51.100.1", 1, Some(PENALTY));
+    let check = window_check("floodgate:p:ip:198.51.100.1", 1, Some(penalty(3)));
     let mut at = |ms: u64| {
         let mut r =
             floodgate::__private::decide_batch(&mut conn, vec![(Some(ms), vec![check.clone()])])
@@ -424,7 +417,7 @@ fn a_penalty_counts_only_its_own_identitys_denials() {
             let mut checks = vec![window_check(
                 &format!("floodgate:p{rules}:ip:{who}"),
                 1,
-                Some(PENALTY),
+                Some(penalty(3)),
             )];
             if rules == 2 {
                 checks.push(window_check(&format!("floodgate:q:ip:{who}"), 100, None));
@@ -459,11 +452,7 @@ async fn a_penalty_is_exact_under_concurrent_denials() {
     let mut redis_config = config.redis.clone();
     redis_config.url = redis.url();
     let limiter = Arc::new(Limiter::new(&redis_config, LimiterOptions::default()).unwrap());
-    let penalty = Penalty {
-        after: 5,
-        ..PENALTY
-    };
-    let check = window_check("floodgate:c:ip:198.51.100.2", 1, Some(penalty));
+    let check = window_check("floodgate:c:ip:198.51.100.2", 1, Some(penalty(5)));
     // 40 requests at once: 1 admitted, 4 denied by the limit, the 5th
     // denial bans, and the other 34 meet the ban.
     let decisions = futures_util::future::join_all((0..40).map(|_| {

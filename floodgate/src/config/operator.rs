@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use super::MAX_WINDOW;
 use crate::net::Cidr;
-use crate::rule::spec::{check_penalty_after, check_penalty_ban, check_penalty_duration};
+use crate::rule::policy::{check_penalty_after, check_penalty_ban, check_penalty_duration};
 use crate::rule::Penalty;
 use crate::units::{amount_of_time, invalid_duration, parse_duration_ms, DurationError};
 

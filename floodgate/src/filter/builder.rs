@@ -235,7 +235,7 @@ impl FilterBuilder {
     /// ```
     pub fn json_content_type(
         mut self,
-        accepts: impl Fn(actix_web::mime::Mime) -> bool + Send + Sync + 'static,
+        accepts: impl Fn(mime::Mime) -> bool + Send + Sync + 'static,
     ) -> Self {
         self.json_content_type = Some(Box::new(accepts));
         self
@@ -312,7 +312,7 @@ impl FilterBuilder {
     ///     Response::builder()
     ///         .status(StatusCode::TOO_MANY_REQUESTS)
     ///         .header(header::CONTENT_TYPE, "application/json")
-    ///         .body(format!(r#"{{"limit":"{}","wait":{}}}"#, denial.rule.name, denial.retry_after))
+    ///         .body(format!(r#"{{"limit":"{}","wait":{}}}"#, denial.rule.name(), denial.retry_after))
     ///         .unwrap_or_default()
     /// });
     /// ```

@@ -7,12 +7,13 @@ use crate::head::RequestHead;
 use sha2::{Digest, Sha256};
 
 use super::{Filter, SetupError};
-use crate::rule::spec::{written_duration, Amount, Defaults, RuleSpec, CODE_DENY};
+use crate::rule::spec::{Amount, Defaults, RuleSpec, CODE_DENY};
 use crate::rule::Algorithm;
 use crate::rule::{
     Count, Deny, HeaderDialect, Key, KeyKind, Mode, Normalize, OnMissingKey, OnRedisError, Rule,
     Skip,
 };
+use crate::units::written_duration;
 
 impl Filter {
     /// Middleware that applies `limit` to every request it wraps: `.wrap()`
@@ -387,13 +388,11 @@ impl Limit {
     /// use floodgate_limiter::rule::Penalty;
     /// use floodgate_limiter::{Key, Limit};
     ///
-    /// let guesses = Limit::per_minute(5).key(Key::form("phone")).penalty(Penalty {
-    ///     after: 3,
-    ///     within: Duration::from_secs(600),
-    ///     ban: Duration::from_secs(300),
-    ///     max: Duration::from_secs(86_400),
-    /// });
+    /// let secs = Duration::from_secs;
+    /// let penalty = Penalty::new(3, secs(600), secs(300), secs(86_400))?;
+    /// let guesses = Limit::per_minute(5).key(Key::form("phone")).penalty(penalty);
     /// # let _ = guesses;
+    /// # Ok::<(), floodgate_limiter::rule::InvalidPolicy>(())
     /// ```
     pub fn penalty(mut self, penalty: crate::rule::Penalty) -> Limit {
         self.penalty = Some(penalty);

@@ -2,15 +2,11 @@
 //! 429, or the application's own response), or the answer to a request the
 //! filter cannot read (400, 413, 415, 431).
 
-use actix_web::body::EitherBody;
-use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::http::StatusCode as ActixStatus;
-use actix_web::{HttpRequest, HttpResponse};
 use http::StatusCode;
 
 use super::decision::summary;
 use super::head::Head;
-use super::{fields, values, Denial, Filter, Usage};
+use super::{values, Denial, Filter};
 use crate::limiter::{Decision, LimiterError, Outcome};
 use crate::logging::{self, Escaped};
 use crate::metrics::DecisionKind as Counted;
@@ -30,73 +26,57 @@ pub(super) fn denying<'r>(
         .map(|(r, o)| (*r, *o))
 }
 
-/// A request over its limits, or that no one could decide, as the one
-/// place that answers denials ([`deny`]) takes it.
-pub(super) enum Denied<'a> {
+/// A request over its limits, or that no one could decide, as every door
+/// answers it.
+pub(super) enum Denied<'r> {
     /// Over a limit.
     Limited {
         /// The denying rule that frees last: it names the denial, so that
         /// `Retry-After` holds for every rule.
-        rule: &'a Rule,
+        rule: &'r Rule,
         /// Seconds until the request would be allowed.
         retry: u64,
         /// The rules whose `RateLimit` fields the denial carries, and
         /// their outcomes (one each).
-        rules: &'a [&'a Rule],
-        outcomes: &'a [Outcome],
+        rules: Vec<&'r Rule>,
+        outcomes: Vec<Outcome>,
         /// Who decided.
-        by: DecidedBy<'a>,
+        by: DecidedBy,
     },
     /// Redis did not decide and an enforce rule says `on_redis_error =
     /// "deny"`: 503.
-    Unavailable(&'a LimiterError),
+    Unavailable(LimiterError),
 }
 
 /// Who denied a request.
-#[derive(Clone, Copy)]
-pub(super) enum DecidedBy<'a> {
+pub(super) enum DecidedBy {
     /// Redis: the denying rules are counted here (bans too).
     Redis,
     /// The denial cache (counted where it was looked up).
     Remembered,
     /// This process, for Redis did not answer (`on_redis_error = "local"`;
     /// counted where it was decided).
-    Here(&'a LimiterError),
+    Here(LimiterError),
 }
 
-/// The denial of `req`, whose decoded path is `path`: counted and logged,
-/// answered (303 to the error page, 429, 503, or the application's own
-/// response) with `Retry-After` and the rules' fields, and the units an
-/// outer filter took for the request given back.
-pub(super) fn deny<B>(
-    filter: &Filter,
-    req: ServiceRequest,
-    path: &str,
-    denied: Denied<'_>,
-) -> ServiceResponse<EitherBody<B>> {
-    noted(filter, req.method().as_str(), path, &denied);
-    let response = match denied {
-        Denied::Limited {
-            rule,
-            retry,
-            rules,
-            outcomes,
-            ..
-        } => {
-            let banned = is_banned(rule, rules, outcomes);
-            let mut response = denial(filter, req.request(), rule, retry, banned).to_actix();
-            fields::on_denial(&mut response, req.request(), rules, outcomes);
-            response
+impl Denied<'_> {
+    /// The answer to the denial (its fields not yet written): the
+    /// application's, or the filter's own.
+    pub(super) fn answer(&self, filter: &Filter, req: &impl Head) -> Answer {
+        match self {
+            Denied::Limited {
+                rule,
+                retry,
+                rules,
+                outcomes,
+                ..
+            } => {
+                let banned = is_banned(rule, rules, outcomes);
+                denial(filter, req, rule, *retry, banned)
+            }
+            Denied::Unavailable(_) => unavailable(),
         }
-        Denied::Unavailable(_) => {
-            let mut response = unavailable().to_actix();
-            fields::on_unavailable(&mut response, req.request());
-            response
-        }
-    };
-    // Units an outer filter already took for this request go back.
-    Usage::deny_outer(req.request());
-    req.into_response(response).map_into_right_body()
+    }
 }
 
 /// Counts and logs a denial of `method` `path` (decoded), as every door does.
@@ -113,7 +93,7 @@ pub(super) fn noted(filter: &Filter, method: &str, path: &str, denied: &Denied<'
         } => match by {
             DecidedBy::Redis => {
                 let metrics = &filter.state.metrics;
-                for (r, o) in rules.iter().zip(outcomes.iter()) {
+                for (r, o) in rules.iter().zip(outcomes) {
                     if r.mode == Mode::Enforce && !o.allowed {
                         let counted = if o.banned {
                             Counted::Banned
@@ -174,33 +154,9 @@ pub(super) enum Input {
     BrokenBody,
 }
 
-/// The answer to a [`Refused`] request, as the actix door sends it.
-pub(super) fn refuse<B>(
-    req: ServiceRequest,
-    refused: Refused<'_>,
-) -> ServiceResponse<EitherBody<B>> {
-    if let Refused::Unreadable(values::Unreadable::Missing(at), rule) = &refused {
-        log::debug!(
-            "{} {}: refused by rule {}: no {} value",
-            req.method(),
-            Escaped(req.path()),
-            rule.map_or("", |r| r.name.as_str()),
-            rule.and_then(|r| r.key.kinds().get(*at))
-                .map_or("key".to_string(), ToString::to_string)
-        );
-    }
-    let response = refusal(&refused, req.headers()).to_actix();
-    req.into_response(response).map_into_right_body()
-}
-
 /// Whether `path` (as received) is `page` (as the rules read paths, decoded).
 fn is_error_page(path: &str, page: &str) -> bool {
     path == page || percent_encoding::percent_decode_str(path).decode_utf8_lossy() == page
-}
-
-/// Whether the `Accept` field names a media type.
-pub fn accepts(req: &HttpRequest, media: &str) -> bool {
-    accepts_in(req.headers(), media)
 }
 
 /// Whether the `Accept` field of `headers` names a media type.
@@ -237,17 +193,6 @@ impl Answer {
             headers,
             body,
         }
-    }
-
-    /// The answer as an actix-web response.
-    fn to_actix(&self) -> HttpResponse {
-        let status =
-            ActixStatus::from_u16(self.status.as_u16()).unwrap_or(ActixStatus::TOO_MANY_REQUESTS);
-        let mut builder = HttpResponse::build(status);
-        for (name, value) in &self.headers {
-            builder.insert_header((name.as_str(), value.as_bytes()));
-        }
-        builder.body(self.body.clone())
     }
 }
 

@@ -30,9 +30,6 @@
 use std::cell::RefCell;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use actix_web::dev::ServiceResponse;
-use actix_web::{HttpMessage, HttpRequest, HttpResponse};
-
 use crate::limiter::Outcome;
 use crate::rule::{HeaderDialect, Mode, Rule};
 
@@ -109,27 +106,6 @@ pub(crate) trait FieldMap {
     fn unset(&mut self, name: &'static str);
 }
 
-impl FieldMap for actix_web::http::header::HeaderMap {
-    fn text(&self, name: &'static str) -> Option<&str> {
-        self.get(name).and_then(|v| v.to_str().ok())
-    }
-    fn joined(&self, name: &'static str) -> Option<String> {
-        join(self.get_all(name).filter_map(|v| v.to_str().ok()))
-    }
-    fn has(&self, name: &'static str) -> bool {
-        self.contains_key(name)
-    }
-    fn set(&mut self, name: &'static str, value: String) {
-        use actix_web::http::header::{HeaderName, HeaderValue};
-        if let Ok(v) = HeaderValue::try_from(value) {
-            self.insert(HeaderName::from_static(name), v);
-        }
-    }
-    fn unset(&mut self, name: &'static str) {
-        self.remove(name);
-    }
-}
-
 impl FieldMap for http::HeaderMap {
     fn text(&self, name: &'static str) -> Option<&str> {
         self.get(name).and_then(|v| v.to_str().ok())
@@ -151,7 +127,7 @@ impl FieldMap for http::HeaderMap {
 }
 
 /// The lines of a field as one list (`None` when there is none).
-fn join<'a>(lines: impl Iterator<Item = &'a str>) -> Option<String> {
+pub(super) fn join<'a>(lines: impl Iterator<Item = &'a str>) -> Option<String> {
     let mut joined: Option<String> = None;
     for line in lines {
         match &mut joined {
@@ -249,68 +225,6 @@ pub(crate) struct Shown {
     picks: [Option<Pick>; 3],
     /// Which of them are in the response (and so must go before a merge).
     written: [bool; 3],
-}
-
-/// Adds the fields of `rules` (with their `outcomes`) to a response the
-/// filter passed on. `nothing_taken`: an inner filter denied the request
-/// and this filter's units went back.
-pub(super) fn on_response<B>(
-    res: &mut ServiceResponse<B>,
-    rules: &[&Rule],
-    outcomes: &[Outcome],
-    nothing_taken: bool,
-) {
-    let req = res.request().clone();
-    noted(&req, res.headers_mut(), rules, outcomes, nothing_taken);
-}
-
-/// Adds the fields of `rules` (with their `outcomes`) to a denial of `req`.
-pub(super) fn on_denial(
-    res: &mut HttpResponse,
-    req: &HttpRequest,
-    rules: &[&Rule],
-    outcomes: &[Outcome],
-) {
-    noted(req, res.headers_mut(), rules, outcomes, true);
-}
-
-/// Names `Retry-After` in `Access-Control-Expose-Headers` of the `503` a
-/// request with an `Origin` gets when no one could decide it.
-pub(super) fn on_unavailable(res: &mut HttpResponse, req: &HttpRequest) {
-    if !has_origin(req) {
-        return;
-    }
-    let headers = res.headers_mut();
-    let mut exposed = Exposed::of(headers);
-    expose(headers, &mut exposed, true);
-    req.extensions_mut().insert(exposed);
-}
-
-/// Whether the request names the origin of a page's script.
-fn has_origin(req: &HttpRequest) -> bool {
-    req.headers().contains_key(actix_web::http::header::ORIGIN)
-}
-
-/// [`write`], with what an inner filter showed (and exposed) taken from,
-/// and what this one shows noted in, the request's extensions.
-fn noted(
-    req: &HttpRequest,
-    headers: &mut actix_web::http::header::HeaderMap,
-    rules: &[&Rule],
-    outcomes: &[Outcome],
-    denied: bool,
-) {
-    let inner = req.extensions_mut().remove::<Shown>();
-    let mut exposed = has_origin(req).then(|| {
-        let earlier = req.extensions_mut().remove::<Exposed>();
-        earlier.unwrap_or_else(|| Exposed::of(headers))
-    });
-    if let Some(shown) = write(headers, inner, rules, outcomes, denied, exposed.as_mut()) {
-        req.extensions_mut().insert(shown);
-    }
-    if let Some(exposed) = exposed {
-        req.extensions_mut().insert(exposed);
-    }
 }
 
 /// Writes the fields of `rules` (with their `outcomes`, one each) into a
@@ -475,9 +389,11 @@ fn fields(dialect: HeaderDialect, pick: Pick) -> Vec<(&'static str, String)> {
     }
 }
 
-#[cfg(test)]
+// Through the actix door, whose filters nest by the request's extensions.
+#[cfg(all(test, feature = "actix"))]
 mod tests {
     use super::*;
+    use crate::filter::actix::noted;
     use actix_web::http::header::HeaderMap;
     use std::time::Duration;
 

@@ -4,7 +4,6 @@
 use std::fmt;
 
 use crate::net::HeaderLines;
-use actix_web::{mime, HttpMessage};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
@@ -17,6 +16,9 @@ use super::JsonContentType;
 ///
 /// [`FilterBuilder::json_content_type_required`]: super::FilterBuilder::json_content_type_required
 /// [`FilterBuilder::json_content_type`]: super::FilterBuilder::json_content_type
+// Only the actix door reads bodies by its `JsonConfig`; the tower door
+// reads them as axum's `Json` does, which has no settings.
+#[cfg_attr(not(feature = "actix"), allow(dead_code))]
 pub(crate) struct JsonBodies {
     /// `JsonConfig::content_type_required`.
     pub required: bool,
@@ -24,6 +26,7 @@ pub(crate) struct JsonBodies {
     pub content_type: Option<Box<JsonContentType>>,
 }
 
+#[cfg_attr(not(feature = "actix"), allow(dead_code))]
 impl JsonBodies {
     /// Whether the handler's `web::Json` reads the body of `req`, by
     /// actix-web's own rule (`JsonBody::new`): a `Content-Type` that parses
@@ -31,15 +34,22 @@ impl JsonBodies {
     /// `text/json`, `application/json+x`) or whose suffix is `json`
     /// (`application/problem+json`), or that the app's predicate accepts;
     /// any body at all when the app does not require a `Content-Type`.
-    pub(crate) fn reads(&self, req: &impl HttpMessage) -> bool {
-        !self.required || self.declared(req)
+    pub(crate) fn reads(&self, headers: &impl HeaderLines) -> bool {
+        !self.required || self.declared(headers)
     }
 
     /// Whether `Content-Type` names a body `web::Json` reads (whether or
-    /// not the app requires one).
-    pub(crate) fn declared(&self, req: &impl HttpMessage) -> bool {
-        match req.mime_type() {
-            Ok(Some(mime)) => {
+    /// not the app requires one). Its first line is parsed as actix's
+    /// `HttpMessage::mime_type` parses it: visible ASCII, one media type.
+    pub(crate) fn declared(&self, headers: &impl HeaderLines) -> bool {
+        let parsed = headers
+            .lines("content-type")
+            .next()
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .filter(|v| v.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)))
+            .map(str::parse::<mime::Mime>);
+        match parsed {
+            Some(Ok(mime)) => {
                 mime.subtype() == mime::JSON
                     || mime.suffix() == Some(mime::JSON)
                     || self.content_type.as_ref().is_some_and(|f| f(mime))
@@ -187,10 +197,8 @@ impl<'de> Visitor<'de> for Member<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use actix_web::http::header::{self, HeaderMap};
-    use actix_web::http::header::{HeaderName, HeaderValue};
-    use actix_web::test::TestRequest;
-    use actix_web::{web, FromRequest};
+    use http::header::{self, HeaderMap};
+    use http::header::{HeaderName, HeaderValue};
 
     fn v(body: &str) -> Result<Option<String>, Unreadable> {
         json_value(body.as_bytes(), "phone")
@@ -254,12 +262,16 @@ mod tests {
         assert_eq!(v(r#"{"a":1,"a":2,"phone":"3"}"#), Ok(Some("3".into())));
     }
 
+    #[cfg(feature = "actix")]
+    use actix_web::{test::TestRequest, web, FromRequest};
+
     /// Whether actix's `web::Json` reads a body of `content_type` under
     /// `config`: what the filter must answer.
+    #[cfg(feature = "actix")]
     async fn web_json_reads(content_type: Option<&str>, config: web::JsonConfig) -> bool {
         let mut req = TestRequest::post().app_data(config).set_payload("{}");
         if let Some(ct) = content_type {
-            req = req.insert_header((header::CONTENT_TYPE, ct));
+            req = req.insert_header(("content-type", ct));
         }
         let (req, mut payload) = req.to_http_parts();
         web::Json::<serde_json::Value>::from_request(&req, &mut payload)
@@ -267,14 +279,16 @@ mod tests {
             .is_ok()
     }
 
+    #[cfg(feature = "actix")]
     fn reads(bodies: &JsonBodies, content_type: Option<&str>) -> bool {
         let mut req = TestRequest::post();
         if let Some(ct) = content_type {
-            req = req.insert_header((header::CONTENT_TYPE, ct));
+            req = req.insert_header(("content-type", ct));
         }
-        bodies.reads(&req.to_http_request())
+        bodies.reads(req.to_http_request().headers())
     }
 
+    #[cfg(feature = "actix")]
     #[actix_web::test]
     async fn the_bodies_read_are_those_web_json_reads() {
         let types = [

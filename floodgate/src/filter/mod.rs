@@ -11,7 +11,12 @@
 //! by `builder.rs` (a file, or code), and `code_limit.rs` holds the
 //! [`Limit`] declared in code beside a handler.
 
-mod body;
+// Without a door (no feature `actix` nor `tower`) the filter can be built
+// and operated, but no request goes through its stages.
+#![cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
+
+#[cfg(feature = "actix")]
+mod actix;
 mod builder;
 mod code_limit;
 mod decision;
@@ -28,25 +33,18 @@ pub(crate) mod tower;
 mod usage;
 mod values;
 
+#[cfg(feature = "actix")]
+pub use self::actix::{accepts, FilterService};
 pub use self::builder::FilterBuilder;
 pub use self::code_limit::Limit;
-pub use self::deny::accepts;
 pub use self::error::SetupError;
 pub use self::operator::{ban_action, operator_check, override_action, OperatorError};
 pub use self::usage::{RuleState, Usage};
 pub use self::values::Unreadable;
 
 use std::collections::HashMap;
-use std::future::{ready, Future, Ready};
 use std::net::{IpAddr, Ipv4Addr};
-use std::pin::Pin;
-use std::rc::Rc;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-
-use actix_service::{Service, Transform};
-use actix_web::body::{EitherBody, MessageBody};
-use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::{Error, HttpRequest};
 
 use crate::head::RequestHead;
 
@@ -76,7 +74,7 @@ pub type DenialResponder = dyn Fn(&Denial, &RequestHead) -> http::Response<Strin
 /// A media type the app's `web::Json` reads besides the JSON ones: the
 /// predicate the app gives `JsonConfig::content_type` (see
 /// [`FilterBuilder::json_content_type`]).
-pub type JsonContentType = dyn Fn(actix_web::mime::Mime) -> bool + Send + Sync;
+pub type JsonContentType = dyn Fn(mime::Mime) -> bool + Send + Sync;
 
 /// A denied request, as a [`DenialResponder`] sees it.
 #[derive(Debug, Clone)]
@@ -113,6 +111,7 @@ struct FilterState {
     trusted_proxies: Vec<Cidr>,
     proxy_header: ProxyHeader,
     max_form: usize,
+    #[cfg_attr(not(feature = "actix"), allow(dead_code))]
     json: json::JsonBodies,
     key_prefix: String,
     denial_page: Box<DenialPage>,
@@ -311,11 +310,6 @@ impl Filter {
         self.state.trusted_proxies.iter().any(|c| c.contains(ip))
     }
 
-    /// The client address of a request, behind trusted proxies.
-    pub fn client_addr(&self, req: &HttpRequest) -> IpAddr {
-        self.client_of(req)
-    }
-
     /// The client address of a request as any door reads it.
     pub(crate) fn client_of<H: head::Head>(&self, req: &H) -> IpAddr {
         let peer = req.peer().unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
@@ -325,52 +319,6 @@ impl Filter {
             &self.state.trusted_proxies,
             self.state.proxy_header,
         )
-    }
-}
-
-impl<S, B> Transform<S, ServiceRequest> for Filter
-where
-    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error> + 'static,
-    B: MessageBody + 'static,
-{
-    type Response = ServiceResponse<EitherBody<B>>;
-    type Error = Error;
-    type Transform = FilterService<S>;
-    type InitError = ();
-    type Future = Ready<Result<Self::Transform, Self::InitError>>;
-
-    fn new_transform(&self, service: S) -> Self::Future {
-        ready(Ok(FilterService {
-            service: Rc::new(service),
-            filter: self.clone(),
-        }))
-    }
-}
-
-/// The per-worker service the [`Filter`] transform builds.
-#[doc(hidden)]
-pub struct FilterService<S> {
-    service: Rc<S>,
-    filter: Filter,
-}
-
-type LocalBoxFuture<T> = Pin<Box<dyn Future<Output = T>>>;
-
-impl<S, B> Service<ServiceRequest> for FilterService<S>
-where
-    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error> + 'static,
-    B: MessageBody + 'static,
-{
-    type Response = ServiceResponse<EitherBody<B>>;
-    type Error = Error;
-    type Future = LocalBoxFuture<Result<Self::Response, Self::Error>>;
-
-    actix_service::forward_ready!(service);
-
-    fn call(&self, req: ServiceRequest) -> Self::Future {
-        let service = Rc::clone(&self.service);
-        let filter = self.filter.clone();
-        Box::pin(async move { request::filter_request(filter, service, req).await })
     }
 }
 

@@ -1,20 +1,16 @@
-//! One request through the filter, in stages: the rules that match it, the
-//! bodies its keys read (`body.rs`), its Redis keys, the decision
-//! (`decision.rs`), and the response (denials in `deny.rs`).
+//! The stages every door takes a request through: the rules that guard it
+//! ([`guarding`]), the lookups of its key functions ([`lookups`]), each
+//! rule's Redis key and check ([`checks`]), and after the decision
+//! (`decision.rs`) the give-backs of `count = "failures"` ([`give_back`]).
+//! Each door reads the body its keys need and writes the answer with its
+//! own types (`actix/`, `tower.rs`).
 
-use std::rc::Rc;
 use std::time::Instant;
 
-use actix_service::Service;
-use actix_web::body::{EitherBody, MessageBody};
-use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::{Error, HttpMessage, HttpRequest};
-
-use super::body::read_bodies;
-use super::decision::{self, summary, Verdict};
-use super::deny::{deny, denying, refuse, DecidedBy, Denied, Input, Refused};
+use super::decision::{summary, Verdict};
+use super::deny::{denying, noted, DecidedBy, Denied, Input, Refused};
 use super::head::Head;
-use super::{fields, json, usage, values, Filter, Usage, MAX_HEADER_BYTES};
+use super::{json, usage, values, Filter, Usage, MAX_HEADER_BYTES};
 use crate::limiter::{Check, Decision, Outcome};
 use crate::logging::{self, Escaped};
 use crate::metrics::{DecisionKind as Counted, Metrics};
@@ -22,22 +18,6 @@ use crate::net::{self, HeaderLines};
 use crate::rule::{self, Count, KeyKind, Mode, OnMissingKey, Rule};
 
 impl Filter {
-    /// The Redis key a rule uses for a request. `form` is the urlencoded
-    /// body already decoded from its charset (see `form_text`), when one
-    /// was read. A value the rule must read but cannot read exactly as a
-    /// handler would is an error: the request is refused, never keyed by
-    /// something else.
-    pub fn key_for(
-        &self,
-        rule: &Rule,
-        req: &HttpRequest,
-        path: &str,
-        form: Option<&[u8]>,
-    ) -> Result<String, values::Unreadable> {
-        let body = values::BodyRead { form, json: None };
-        self.key_of(rule, req, path, &body, &[]).map(|k| k.key)
-    }
-
     /// [`Filter::key_for`], with the JSON body too, and what the rule's
     /// [`Key::lookup`](crate::Key::lookup) parts found (in their order).
     pub(crate) fn key_of<H: Head>(
@@ -126,68 +106,6 @@ impl Filter {
             limit,
         })
     }
-}
-
-/// A request through the filter, in stages: the rules that guard it
-/// ([`guarding`]), the bodies their keys read ([`read_bodies`]), each
-/// rule's check ([`checks`]), the decision ([`decision::decide`]), and the
-/// answer ([`respond`]). A stage that refuses the request says why, and
-/// [`refuse`] answers it.
-pub(super) async fn filter_request<S, B>(
-    filter: Filter,
-    service: Rc<S>,
-    mut req: ServiceRequest,
-) -> Result<ServiceResponse<EitherBody<B>>, Error>
-where
-    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
-    B: MessageBody,
-{
-    let rules = filter.rules();
-    let (matched, path) = match guarding(&filter, req.request(), &rules) {
-        Ok(Some(guarded)) => guarded,
-        Ok(None) => return service.call(req).await.map(|r| r.map_into_left_body()),
-        Err(refused) => return Ok(refuse(req, refused)),
-    };
-    let bodies = match read_bodies(&filter, &mut req, &matched).await {
-        Ok(bodies) => bodies,
-        Err(refused) => return Ok(refuse(req, refused)),
-    };
-    let looked_up = lookups(&filter, req.request(), &matched).await;
-    let keyed = checks(
-        &filter,
-        req.request(),
-        &path,
-        &bodies.read(),
-        &looked_up,
-        &matched,
-    );
-    drop(bodies);
-    let Checked { checks, own } = match keyed {
-        Ok(keyed) => keyed,
-        Err(refused) => return Ok(refuse(req, refused)),
-    };
-    // A rule whose key chose the identity's own quota decides (and shows)
-    // that quota for this request.
-    let mut matched = matched;
-    for (i, r) in &own {
-        matched[*i] = r;
-    }
-
-    let metrics = &filter.state.metrics;
-    let started = Instant::now();
-    // The checks stay here, for a give-back and for the handler's `Usage`.
-    let verdict =
-        decision::decide(&filter.state.limiter, metrics, &matched, &checks, started).await;
-    metrics.observe(started.elapsed());
-    let asked = Asked {
-        filter: &filter,
-        path: &path,
-        matched: &matched,
-        checks,
-        looked_up: &looked_up,
-        started,
-    };
-    respond(asked, &*service, req, verdict).await
 }
 
 /// Stage 1: the rules that guard `req` (its method, and its decoded path or
@@ -352,64 +270,69 @@ pub(super) fn checks<'r, H: Head>(
     Ok(Checked { checks, own })
 }
 
-/// What the filter asked of the limiter for a request: the rules (one
-/// check each, kept for the handler's `Usage`), and when it asked.
-struct Asked<'a> {
-    filter: &'a Filter,
-    /// The decoded path.
-    path: &'a str,
-    matched: &'a [&'a Rule],
-    checks: Vec<Check>,
-    /// What each matched rule's lookups found (for the handler's `Usage`).
-    looked_up: &'a [Vec<Option<rule::Identity>>],
-    started: Instant,
+/// A decided request, as every door answers it.
+pub(super) enum Settled<'r> {
+    /// The door writes the denial (see [`Denied::answer`]).
+    Denied(Denied<'r>),
+    /// The inner service answers, with the rules' fields.
+    Admitted(Admitted<'r>),
 }
 
-/// Stage 4: the answer to a decided request: the handler's response with
-/// the rules' fields, or a denial ([`deny`]).
-async fn respond<S, B>(
-    asked: Asked<'_>,
-    service: &S,
-    req: ServiceRequest,
+/// An admitted request: the rules whose fields its answer carries, and
+/// what each said.
+pub(super) struct Admitted<'r> {
+    pub(super) rules: Vec<&'r Rule>,
+    pub(super) decision: Decision,
+    /// The rules' checks, until [`Admitted::record`] hands them to `Usage`.
+    checks: Vec<Check>,
+    /// Decided in this process (Redis did not answer), at this time on the
+    /// local limiter's clock: units go back here, and `Usage` has none.
+    here: Option<u64>,
+}
+
+/// Stage 4: what the verdict on `matched` (with their `checks`) comes to
+/// for the request `method` `path` (decoded), counted and logged.
+pub(super) fn settle<'r>(
+    filter: &Filter,
+    matched: Vec<&'r Rule>,
+    checks: Vec<Check>,
     verdict: Verdict,
-) -> Result<ServiceResponse<EitherBody<B>>, Error>
-where
-    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
-    B: MessageBody,
-{
-    let Asked {
-        filter,
-        path,
-        matched,
-        ..
-    } = asked;
-    match verdict {
+    (method, path): (&str, &str),
+) -> Settled<'r> {
+    let denied = match verdict {
         Verdict::Redis(decision) if decision.allowed => {
-            allowed(asked, service, req, decision).await
+            count_allowed(&filter.state.metrics, &matched, &decision);
+            log::debug!(
+                "{method} {}: allowed ({})",
+                Escaped(path),
+                summary(&matched, &decision.outcomes)
+            );
+            return Settled::Admitted(Admitted {
+                rules: matched,
+                decision,
+                checks,
+                here: None,
+            });
         }
-        Verdict::Redis(decision) => {
+        Verdict::Redis(decision) => match denying(&matched, &decision) {
             // The denying rule that frees last names the denial, so that
             // Retry-After holds for every rule.
-            let Some((rule, outcome)) = denying(matched, &decision) else {
-                // Not reachable: a request is denied only by an enforce rule.
-                return service.call(req).await.map(|r| r.map_into_left_body());
-            };
-            let denied = Denied::Limited {
+            Some((rule, outcome)) => Denied::Limited {
                 rule,
                 retry: outcome.retry_after_secs(),
                 rules: matched,
-                outcomes: &decision.outcomes,
+                outcomes: decision.outcomes,
                 by: DecidedBy::Redis,
-            };
-            Ok(deny(filter, req, path, denied))
-        }
+            },
+            // Not reachable: a request is denied only by an enforce rule.
+            None => return Settled::Admitted(Admitted::untouched()),
+        },
         Verdict::Cached {
             rule,
             wait,
             quota,
             banned,
         } => {
-            let rule = matched[rule];
             let remembered = Outcome {
                 allowed: false,
                 remaining: 0,
@@ -419,16 +342,15 @@ where
                 quota,
             };
             // Only the denying rule's state is known without Redis.
-            let denied = Denied::Limited {
-                rule,
+            Denied::Limited {
+                rule: matched[rule],
                 retry: remembered.retry_after_secs(),
-                rules: &[rule],
-                outcomes: &[remembered],
+                rules: vec![matched[rule]],
+                outcomes: vec![remembered],
                 by: DecidedBy::Remembered,
-            };
-            Ok(deny(filter, req, path, denied))
+            }
         }
-        Verdict::Unavailable(e) => Ok(deny(filter, req, path, Denied::Unavailable(&e))),
+        Verdict::Unavailable(e) => Denied::Unavailable(e),
         Verdict::Fallback {
             error,
             local,
@@ -438,108 +360,126 @@ where
         } => {
             // Only the rules this process decided have outcomes.
             let rules: Vec<&Rule> = local.iter().map(|&i| matched[i]).collect();
-            if !decision.allowed {
-                let Some((rule, outcome)) = denying(&rules, &decision) else {
-                    return service.call(req).await.map(|r| r.map_into_left_body());
-                };
-                let denied = Denied::Limited {
+            if decision.allowed {
+                crate::logging::repeated!(
+                    &logging::NO_DECISION,
+                    "{method} {}: no decision ({}), allowed{}",
+                    Escaped(path),
+                    Escaped(&error.to_string()),
+                    if rules.is_empty() { "" } else { " here" }
+                );
+                return Settled::Admitted(Admitted {
+                    rules,
+                    decision,
+                    checks,
+                    here: Some(at),
+                });
+            }
+            match denying(&rules, &decision) {
+                Some((rule, outcome)) => Denied::Limited {
                     rule,
                     retry: outcome.retry_after_secs(),
-                    rules: &rules,
-                    outcomes: &decision.outcomes,
-                    by: DecidedBy::Here(&error),
-                };
-                return Ok(deny(filter, req, path, denied));
+                    rules,
+                    outcomes: decision.outcomes,
+                    by: DecidedBy::Here(error),
+                },
+                None => return Settled::Admitted(Admitted::untouched()),
             }
-            crate::logging::repeated!(
-                &logging::NO_DECISION,
-                "{} {}: no decision ({}), allowed{}",
-                req.method(),
-                Escaped(path),
-                Escaped(&error.to_string()),
-                if rules.is_empty() { "" } else { " here" }
-            );
-            let mut res = service.call(req).await?;
-            let mut decision = decision;
-            if res.status().as_u16() < 400 {
+        }
+    };
+    noted(filter, method, path, &denied);
+    Settled::Denied(denied)
+}
+
+impl Admitted<'_> {
+    /// Passed on with no fields and nothing taken.
+    fn untouched() -> Self {
+        Admitted {
+            rules: Vec::new(),
+            decision: Decision {
+                allowed: true,
+                outcomes: Vec::new(),
+            },
+            checks: Vec::new(),
+            here: None,
+        }
+    }
+
+    /// Notes what Redis took for the request in its `usage` (which the
+    /// handler reads, and charges or gives back through): the units taken,
+    /// which go back at most once. Nothing when decided here.
+    pub(super) fn record(
+        &mut self,
+        filter: &Filter,
+        usage: &Usage,
+        looked_up: &[Vec<Option<rule::Identity>>],
+        started: Instant,
+    ) -> Option<usage::Taken> {
+        if self.here.is_some() || self.rules.is_empty() {
+            return None;
+        }
+        let checks = std::mem::take(&mut self.checks);
+        Some(usage.add(
+            filter.limiter(),
+            &self.rules,
+            (checks, looked_up),
+            &self.decision,
+            started,
+        ))
+    }
+
+    /// An inner filter denied the request: the units taken go back, and the
+    /// request takes nothing from these rules. Whether they went back.
+    pub(super) async fn withdraw(filter: &Filter, taken: Option<&usage::Taken>) -> bool {
+        let Some(taken) = taken else {
+            return false;
+        };
+        match taken.withdraw(filter).await {
+            Ok(_) => true,
+            Err(e) => {
+                crate::logging::repeated!(
+                    &logging::GIVE_BACK_FAILED,
+                    "could not give units back ({}); the request stays charged",
+                    Escaped(&e.to_string())
+                );
+                false
+            }
+        }
+    }
+
+    /// The inner service answered with `status`: under `count =
+    /// "failures"`, an answer below 400 gives back what the request took
+    /// (here, or in Redis: `taken`), and the outcomes show it.
+    pub(super) async fn answered(
+        &mut self,
+        filter: &Filter,
+        status: u16,
+        taken: Option<&usage::Taken>,
+    ) {
+        if status >= 400 || !self.rules.iter().any(|r| r.count == Count::Failures) {
+            return;
+        }
+        match (self.here, taken) {
+            (Some(at), _) => {
                 // Units taken here go back here; Redis took none.
-                for ((r, c), o) in rules.iter().zip(&checks).zip(&mut decision.outcomes) {
+                let local = filter.state.limiter.local();
+                for ((r, c), o) in self
+                    .rules
+                    .iter()
+                    .zip(&self.checks)
+                    .zip(&mut self.decision.outcomes)
+                {
                     if r.count == Count::Failures && o.allowed {
-                        filter.state.limiter.local().give_back(c, at);
+                        local.give_back(c, at);
                         o.remaining =
                             (o.remaining + u64::from(c.cost)).min(u64::from(o.limit(&r.algorithm)));
                     }
                 }
             }
-            fields::on_response(&mut res, &rules, &decision.outcomes, false);
-            Ok(res.map_into_left_body())
+            (None, Some(taken)) => give_back(filter, &self.rules, taken, &mut self.decision).await,
+            (None, None) => {}
         }
     }
-}
-
-/// Redis allowed the request: the handler answers, with the rules' fields;
-/// units go back when an inner filter denied it, or (`count = "failures"`)
-/// when the answer is below 400.
-async fn allowed<S, B>(
-    asked: Asked<'_>,
-    service: &S,
-    req: ServiceRequest,
-    decision: Decision,
-) -> Result<ServiceResponse<EitherBody<B>>, Error>
-where
-    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
-    B: MessageBody,
-{
-    let Asked {
-        filter,
-        path,
-        matched,
-        checks,
-        looked_up,
-        started,
-    } = asked;
-    count_allowed(&filter.state.metrics, matched, &decision);
-    log::debug!(
-        "{} {}: allowed ({})",
-        req.method(),
-        Escaped(path),
-        summary(matched, &decision.outcomes)
-    );
-    let taken = Usage::record(
-        req.request(),
-        filter.limiter(),
-        matched,
-        (checks, looked_up),
-        &decision,
-        started,
-    );
-    // Rules that count failures only need the keys again afterwards.
-    let charged = matched.iter().any(|r| r.count == Count::Failures);
-    let mut res = service.call(req).await?;
-    // Whether an inner filter's denial gave our units back.
-    let mut withdrawn = false;
-    if res
-        .request()
-        .extensions()
-        .get::<usage::Withdrawn>()
-        .is_some()
-    {
-        // An inner filter denied the request: it takes nothing from us.
-        match taken.withdraw(filter).await {
-            Ok(_) => withdrawn = true,
-            Err(e) => crate::logging::repeated!(
-                &logging::GIVE_BACK_FAILED,
-                "could not give units back ({}); the request stays charged",
-                Escaped(&e.to_string())
-            ),
-        }
-    }
-    let mut decision = decision;
-    if charged && res.status().as_u16() < 400 {
-        give_back(filter, matched, &taken, &mut decision).await;
-    }
-    fields::on_response(&mut res, matched, &decision.outcomes, withdrawn);
-    Ok(res.map_into_left_body())
 }
 
 /// `count = "failures"`: a request answered below 400 gets back the units

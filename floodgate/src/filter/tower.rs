@@ -16,9 +16,13 @@
 //! The application's own functions (a [`DenialResponder`], a
 //! [`SessionLookup`], [`Key::custom`](crate::Key::custom) and
 //! [`Key::lookup`](crate::Key::lookup) key functions, `skip_if` predicates)
-//! see the same [`RequestHead`](crate::RequestHead) under both doors. What
-//! only the actix door has, for now: limits made in code
-//! ([`Limit`](crate::Limit)) wrapped on single routes.
+//! see the same [`RequestHead`](crate::RequestHead) under both doors.
+//!
+//! Filters nest: a limit made in code ([`Filter::limit`]) is a layer of
+//! its own on one route (`route_layer`) inside the router's filter. The
+//! inner filter notes in its response's extensions what it showed and
+//! whether it denied, so that the outer one merges the fields and gives
+//! its units back when the inner one denied (all or nothing).
 //!
 //! [`DenialResponder`]: super::DenialResponder
 //! [`SessionLookup`]: super::SessionLookup
@@ -35,15 +39,15 @@ use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, Limited};
 
-use super::decision::{self, Verdict};
-use super::deny::{self, denying, refusal, unavailable, Answer, DecidedBy, Denied, Input, Refused};
+use super::decision;
+use super::deny::{refusal, Answer, Denied, Input, Refused};
 use super::head::Head;
-use super::request::{checks, count_allowed, give_back, guarding, lookups, Checked};
+use super::request::{checks, guarding, lookups, settle, Admitted, Checked, Settled};
+use super::usage::Withdrawn;
 use super::{fields, json, values, Filter, Usage};
 use crate::head::RequestHead;
-use crate::limiter::{Decision, Outcome};
-use crate::logging::{self, Escaped};
-use crate::rule::{Count, Rule};
+use crate::limiter::Outcome;
+use crate::rule::Rule;
 
 /// The error type of bodies: what a body's error is turned into.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -197,7 +201,7 @@ where
     let guarded = guarding(&filter, &TowerHead::new(&parts), &rules);
     let (matched, path) = match guarded {
         Ok(Some(guarded)) => guarded,
-        Ok(None) => return pass(inner, Request::from_parts(parts, body)).await,
+        Ok(None) => return call(inner, Request::from_parts(parts, body)).await,
         Err(refused) => return Ok(written(refusal(&refused, &parts.headers))),
     };
     let (read, body) = match read_body(&filter, &parts, body, &matched).await {
@@ -220,176 +224,96 @@ where
     let verdict =
         decision::decide(&filter.state.limiter, metrics, &matched, &checks, started).await;
     metrics.observe(started.elapsed());
-    let method = parts.method.clone();
+    let settled = settle(
+        &filter,
+        matched,
+        checks,
+        verdict,
+        (parts.method.as_str(), &path),
+    );
     // Whether the fields are named for a page's script (the request moves
     // on to the inner service before they are written).
     let origin = parts.headers.contains_key(http::header::ORIGIN);
-    let denial = |denied: Denied<'_>, parts: &Parts| {
-        deny::noted(&filter, method.as_str(), &path, &denied);
-        match denied {
-            Denied::Limited {
-                rule,
-                retry,
-                rules,
-                outcomes,
-                ..
-            } => {
-                let banned = deny::is_banned(rule, rules, outcomes);
-                let mut answered =
-                    deny::denial(&filter, &TowerHead::new(parts), rule, retry, banned);
-                with_fields(&mut answered.headers, origin, rules, outcomes, true);
-                written(answered)
-            }
-            Denied::Unavailable(_) => {
-                let mut answered = unavailable();
-                if origin {
-                    let mut exposed = fields::Exposed::of(&answered.headers);
-                    fields::expose(&mut answered.headers, &mut exposed, true);
-                }
-                written(answered)
-            }
-        }
-    };
-    match verdict {
-        Verdict::Redis(decision) if decision.allowed => {
-            count_allowed(metrics, &matched, &decision);
-            log::debug!(
-                "{} {}: allowed ({})",
-                method,
-                Escaped(&path),
-                super::decision::summary(&matched, &decision.outcomes)
-            );
-            let usage = Usage::default();
-            let taken = usage.add(
-                filter.limiter(),
-                &matched,
-                (checks, &looked_up),
-                &decision,
-                started,
-            );
-            parts.extensions.insert(usage);
-            let charged = matched.iter().any(|r| r.count == Count::Failures);
-            let mut res = call(inner, Request::from_parts(parts, body)).await?;
-            let mut decision = decision;
-            if charged && res.status().as_u16() < 400 {
-                give_back(&filter, &matched, &taken, &mut decision).await;
-            }
-            with_fields(
-                res.headers_mut(),
-                origin,
-                &matched,
-                &decision.outcomes,
-                false,
-            );
-            Ok(res)
-        }
-        Verdict::Redis(decision) => {
-            let Some((rule, outcome)) = denying(&matched, &decision) else {
-                return pass(inner, Request::from_parts(parts, body)).await;
-            };
-            let denied = Denied::Limited {
-                rule,
-                retry: outcome.retry_after_secs(),
-                rules: &matched,
-                outcomes: &decision.outcomes,
-                by: DecidedBy::Redis,
-            };
-            Ok(denial(denied, &parts))
-        }
-        Verdict::Cached {
-            rule,
-            wait,
-            quota,
-            banned,
-        } => {
-            let rule = matched[rule];
-            let remembered = Outcome {
-                allowed: false,
-                remaining: 0,
-                wait,
-                banned,
-                ban_started: false,
-                quota,
-            };
-            let denied = Denied::Limited {
-                rule,
-                retry: remembered.retry_after_secs(),
-                rules: &[rule],
-                outcomes: &[remembered],
-                by: DecidedBy::Remembered,
-            };
-            Ok(denial(denied, &parts))
-        }
-        Verdict::Unavailable(e) => Ok(denial(Denied::Unavailable(&e), &parts)),
-        Verdict::Fallback {
-            error,
-            local,
-            checks,
-            decision,
-            at,
-        } => {
-            let rules: Vec<&Rule> = local.iter().map(|&i| matched[i]).collect();
-            if !decision.allowed {
-                let Some((rule, outcome)) = denying(&rules, &decision) else {
-                    return pass(inner, Request::from_parts(parts, body)).await;
-                };
-                let denied = Denied::Limited {
-                    rule,
-                    retry: outcome.retry_after_secs(),
-                    rules: &rules,
-                    outcomes: &decision.outcomes,
-                    by: DecidedBy::Here(&error),
-                };
-                return Ok(denial(denied, &parts));
-            }
-            logging::repeated!(
-                &logging::NO_DECISION,
-                "{} {}: no decision ({}), allowed{}",
-                method,
-                Escaped(&path),
-                Escaped(&error.to_string()),
-                if rules.is_empty() { "" } else { " here" }
-            );
-            let mut res = call(inner, Request::from_parts(parts, body)).await?;
-            let mut decision: Decision = decision;
-            if res.status().as_u16() < 400 {
-                // Units taken here go back here; Redis took none.
-                for ((r, c), o) in rules.iter().zip(&checks).zip(&mut decision.outcomes) {
-                    if r.count == Count::Failures && o.allowed {
-                        filter.state.limiter.local().give_back(c, at);
-                        o.remaining =
-                            (o.remaining + u64::from(c.cost)).min(u64::from(o.limit(&r.algorithm)));
+    let mut admitted = match settled {
+        Settled::Admitted(admitted) => admitted,
+        Settled::Denied(denied) => {
+            let mut answered = denied.answer(&filter, &TowerHead::new(&parts));
+            let mut noted = http::Extensions::new();
+            match &denied {
+                Denied::Limited {
+                    rules, outcomes, ..
+                } => with_fields(
+                    &mut answered.headers,
+                    &mut noted,
+                    origin,
+                    rules,
+                    outcomes,
+                    true,
+                ),
+                Denied::Unavailable(_) => {
+                    if origin {
+                        let mut exposed = fields::Exposed::of(&answered.headers);
+                        fields::expose(&mut answered.headers, &mut exposed, true);
+                        noted.insert(exposed);
                     }
                 }
             }
-            with_fields(res.headers_mut(), origin, &rules, &decision.outcomes, false);
-            Ok(res)
+            // The filters around this one give back what they took.
+            noted.insert(Withdrawn);
+            let mut res = written(answered);
+            res.extensions_mut().extend(noted);
+            return Ok(res);
         }
-    }
+    };
+    // A filter around this one already holds the request's `Usage`.
+    let usage = parts.extensions.get::<Usage>().cloned().unwrap_or_default();
+    let taken = admitted.record(&filter, &usage, &looked_up, started);
+    parts.extensions.insert(usage);
+    let res = call(inner, Request::from_parts(parts, body)).await?;
+    // A filter inside denied the request: it takes nothing from this one's.
+    let inner_denied = res.extensions().get::<Withdrawn>().is_some();
+    let withdrawn = inner_denied && Admitted::withdraw(&filter, taken.as_ref()).await;
+    admitted
+        .answered(&filter, res.status().as_u16(), taken.as_ref())
+        .await;
+    let (mut head, body) = res.into_parts();
+    with_fields(
+        &mut head.headers,
+        &mut head.extensions,
+        origin,
+        &admitted.rules,
+        &admitted.decision.outcomes,
+        withdrawn,
+    );
+    Ok(Response::from_parts(head, body))
 }
 
-/// Writes the fields of `rules` into a response (see [`fields::write`]):
-/// this door has no filter inside it, and `origin` says whether the
+/// Writes the fields of `rules` into a response (see [`fields::write`]),
+/// merged with what a filter inside this one showed and exposed, noted in
+/// the response's `extensions` for a filter around it. `origin`: the
 /// request came with an `Origin`.
 fn with_fields(
     headers: &mut http::HeaderMap,
+    extensions: &mut http::Extensions,
     origin: bool,
     rules: &[&Rule],
     outcomes: &[Outcome],
     denied: bool,
 ) {
-    let mut exposed = origin.then(|| fields::Exposed::of(headers));
-    fields::write(headers, None, rules, outcomes, denied, exposed.as_mut());
+    let inner = extensions.remove::<fields::Shown>();
+    let mut exposed = origin.then(|| {
+        let earlier = extensions.remove::<fields::Exposed>();
+        earlier.unwrap_or_else(|| fields::Exposed::of(headers))
+    });
+    if let Some(shown) = fields::write(headers, inner, rules, outcomes, denied, exposed.as_mut()) {
+        extensions.insert(shown);
+    }
+    if let Some(exposed) = exposed {
+        extensions.insert(exposed);
+    }
 }
 
-/// The inner service's answer to a request no rule guards.
-async fn pass<S, B, RB>(inner: S, req: Request<B>) -> Result<Response<GuardedBody<RB>>, S::Error>
-where
-    S: tower_service::Service<Request<B>, Response = Response<RB>>,
-{
-    call(inner, req).await
-}
-
+/// The inner service's answer.
 async fn call<S, B, RB>(
     mut inner: S,
     req: Request<B>,

@@ -1,12 +1,8 @@
 //! What the filter decided about a request, for its handler: the
 //! [`Usage`] extractor, and charging or giving back units from a handler.
 
-use std::future::{ready, Ready};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-use actix_web::dev::Payload;
-use actix_web::{FromRequest, HttpMessage, HttpRequest};
 
 use super::{lock, Filter};
 use crate::limiter::give_back::Refund;
@@ -91,30 +87,6 @@ pub(super) struct Taken {
 }
 
 impl Usage {
-    /// Adds one filter's allowed decision to the request's `Usage` (which
-    /// keeps its checks).
-    pub(super) fn record(
-        req: &HttpRequest,
-        limiter: &Arc<Limiter>,
-        matched: &[&Rule],
-        (checks, looked_up): (Vec<Check>, &[Vec<Option<Identity>>]),
-        decision: &Decision,
-        decided: Instant,
-    ) -> Taken {
-        let limits = {
-            let mut ext = req.extensions_mut();
-            match ext.get::<Usage>() {
-                Some(l) => l.clone(),
-                None => {
-                    let l = Usage::default();
-                    ext.insert(l.clone());
-                    l
-                }
-            }
-        };
-        limits.add(limiter, matched, (checks, looked_up), decision, decided)
-    }
-
     /// Adds one filter's allowed decision to this `Usage`.
     pub(super) fn add(
         &self,
@@ -154,13 +126,6 @@ impl Usage {
             from,
             to,
             decided,
-        }
-    }
-
-    /// Called by a filter that denies: outer filters give back their units.
-    pub(super) fn deny_outer(req: &HttpRequest) {
-        if req.extensions().get::<Usage>().is_some() {
-            req.extensions_mut().insert(Withdrawn);
         }
     }
 
@@ -303,18 +268,5 @@ fn refund(check: &Check, outcome: &Outcome) -> Refund {
         algorithm: check.algorithm,
         cost: check.cost,
         window_left: outcome.wait,
-    }
-}
-
-impl FromRequest for Usage {
-    type Error = actix_web::Error;
-    type Future = Ready<Result<Usage, actix_web::Error>>;
-
-    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        ready(Ok(req
-            .extensions()
-            .get::<Usage>()
-            .cloned()
-            .unwrap_or_default()))
     }
 }

@@ -103,7 +103,7 @@ mod tests {
     use crate::rule::{compose, normalize, redis_key, redis_key_for, Normalize};
     #[cfg(feature = "e164")]
     use crate::rule::{e164, Region};
-    use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
+    use http::{HeaderMap, HeaderName, HeaderValue};
     use std::net::IpAddr;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {

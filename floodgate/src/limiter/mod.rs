@@ -33,6 +33,8 @@ pub(crate) mod wire;
 
 use std::time::Duration;
 
+use crate::rule::InvalidPolicy;
+
 pub use self::decide::Limiter;
 pub use self::deny_cache::{DenyCache, Remembered};
 pub use self::error::LimiterError;
@@ -89,23 +91,97 @@ pub enum Dispatch {
     Worker,
 }
 
-/// One rule's question about one request: may `cost` units be taken from `key`?
+/// The most units one [`Check`] may take (the largest limit an algorithm
+/// takes).
+pub const MAX_COST: u32 = crate::units::MAX_LARGE_LIMIT;
+
+/// One rule's question about one request: may `cost` units be taken from
+/// `key`? Built by [`Check::new`] and its methods, which keep the cost
+/// within the algorithm's quota.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Check {
     /// The full Redis key, `PREFIX:RULE:KIND:ID`.
-    pub key: String,
+    pub(crate) key: String,
     /// The algorithm and its parameters.
-    pub algorithm: Algorithm,
+    pub(crate) algorithm: Algorithm,
     /// Units the request takes.
-    pub cost: u32,
+    pub(crate) cost: u32,
     /// `false` for shadow rules: counted, but their denial does not deny.
-    pub enforce: bool,
+    pub(crate) enforce: bool,
     /// Escalating bans: denials of this identity that ban it (see
     /// [`Penalty`]); `None`: none.
-    pub penalty: Option<Penalty>,
+    pub(crate) penalty: Option<Penalty>,
 }
 
 impl Check {
+    /// One unit from `key` (the full Redis key) under `algorithm`,
+    /// enforced, with no penalty.
+    pub fn new(key: impl Into<String>, algorithm: Algorithm) -> Check {
+        Check {
+            key: key.into(),
+            algorithm,
+            cost: 1,
+            enforce: true,
+            penalty: None,
+        }
+    }
+
+    /// Takes `cost` units, from 1 to [`MAX_COST`]. A cost above the
+    /// algorithm's quota (its limit, or its burst) never fits: such a check
+    /// is always denied, and takes nothing.
+    pub fn with_cost(mut self, cost: u32) -> Result<Check, InvalidPolicy> {
+        if !(1..=MAX_COST).contains(&cost) {
+            return Err(InvalidPolicy::new(format!(
+                "cost must be between 1 and {MAX_COST}, got {cost}"
+            )));
+        }
+        self.cost = cost;
+        Ok(self)
+    }
+
+    /// The same question about another key.
+    pub fn with_key(mut self, key: impl Into<String>) -> Check {
+        self.key = key.into();
+        self
+    }
+
+    /// `false`: counted, but a denial does not deny (a shadow rule's check).
+    pub fn with_enforce(mut self, enforce: bool) -> Check {
+        self.enforce = enforce;
+        self
+    }
+
+    /// Denials of this identity that ban it (`None`: none).
+    pub fn with_penalty(mut self, penalty: Option<Penalty>) -> Check {
+        self.penalty = penalty;
+        self
+    }
+
+    /// The full Redis key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The algorithm and its parameters.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// Units the request takes.
+    pub fn cost(&self) -> u32 {
+        self.cost
+    }
+
+    /// `false` for a shadow check: counted, but its denial does not deny.
+    pub fn enforce(&self) -> bool {
+        self.enforce
+    }
+
+    /// Escalating bans (`None`: none).
+    pub fn penalty(&self) -> Option<Penalty> {
+        self.penalty
+    }
+
     /// The `flags` argument of the check, as `lua/batch.lua` reads it:
     /// enforce (1) or shadow (0), and the penalty's numbers in ms.
     pub(crate) fn flags(&self) -> std::borrow::Cow<'static, str> {

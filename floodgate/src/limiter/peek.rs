@@ -28,25 +28,15 @@ impl Limiter {
     /// `redis.timeout`; on a cluster, each key is one call to its master.
     ///
     /// ```no_run
-    /// use std::num::NonZeroU32;
     /// use std::time::Duration;
     /// use floodgate_limiter::config::RedisConfig;
-    /// use floodgate_limiter::limiter::{Check, LimiterError, LimiterOptions};
+    /// use floodgate_limiter::limiter::{Check, Limiter, LimiterOptions};
     /// use floodgate_limiter::rule::Algorithm;
-    /// use floodgate_limiter::limiter::Limiter;
     ///
-    /// # async fn show(config: &RedisConfig) -> Result<(), LimiterError> {
+    /// # async fn show(config: &RedisConfig) -> Result<(), Box<dyn std::error::Error>> {
     /// let limiter = Limiter::new(config, LimiterOptions::default())?;
-    /// let check = Check {
-    ///     key: "floodgate:check:ip:192.0.2.7".into(),
-    ///     algorithm: Algorithm::SlidingWindow {
-    ///         limit: NonZeroU32::new(5).unwrap(),
-    ///         window: Duration::from_secs(10),
-    ///     },
-    ///     cost: 1,
-    ///     enforce: true,
-    ///     penalty: None,
-    /// };
+    /// let algorithm = Algorithm::sliding_window(5, Duration::from_secs(10))?;
+    /// let check = Check::new("floodgate:check:ip:192.0.2.7", algorithm);
     /// let now = limiter.peek(vec![check]).await?;
     /// // A request now would leave `remaining`; nothing was counted.
     /// println!("allowed {}, {} left", now[0].allowed, now[0].remaining);

@@ -64,7 +64,16 @@ impl Gather {
 /// (axum's, tonic's, hyper's). Elsewhere a decision goes straight to the
 /// dispatcher threads.
 pub(crate) fn on_runtime() -> bool {
-    actix_rt::Arbiter::try_current().is_some() || tokio::runtime::Handle::try_current().is_ok()
+    on_actix() || tokio::runtime::Handle::try_current().is_ok()
+}
+
+/// Whether this thread is an actix worker (an arbiter), whose tasks are
+/// local to it.
+fn on_actix() -> bool {
+    #[cfg(feature = "actix")]
+    return actix_rt::Arbiter::try_current().is_some();
+    #[cfg(not(feature = "actix"))]
+    false
 }
 
 /// Runs `flush` once every task made ready in the current scheduler tick
@@ -77,11 +86,12 @@ pub(crate) fn after_tick(flush: impl FnOnce() + Send + 'static) {
         tokio::task::yield_now().await;
         flush();
     };
-    if actix_rt::Arbiter::try_current().is_some() {
+    #[cfg(feature = "actix")]
+    if on_actix() {
         actix_rt::spawn(task);
-    } else {
-        tokio::spawn(task);
+        return;
     }
+    tokio::spawn(task);
 }
 
 /// Queues `job` on this thread's tick of the limiter `id`; the first job of

@@ -18,7 +18,7 @@ pub(crate) use self::key::{hashed_id, Key};
 pub use self::normalize::{e164, Region};
 pub use self::options::{Identity, LookupFn, LookupFuture, OnMissingKey, Skip};
 pub use self::path::PathPattern;
-pub use self::policy::{Algorithm, Penalty};
+pub use self::policy::{Algorithm, InvalidPolicy, Penalty};
 use crate::net::Cidr;
 use crate::units::human_duration;
 
@@ -143,52 +143,168 @@ pub enum HeaderDialect {
     None,
 }
 
-/// One checked rule with `[defaults]` applied.
+/// One checked rule with `[defaults]` applied. Only a file's `[[rule]]` or a
+/// [`Limit`](crate::Limit) builds one, through the same checks; read it
+/// through its methods.
 #[derive(Debug, Clone)]
 pub struct Rule {
     /// Unique name, `[A-Za-z0-9_-]{1,64}`.
-    pub name: String,
+    pub(crate) name: String,
     /// Path patterns as written (for display).
-    pub path_text: Vec<String>,
+    pub(crate) path_text: Vec<String>,
     /// Compiled path patterns.
-    pub paths: Vec<PathPattern>,
+    pub(crate) paths: Vec<PathPattern>,
     /// Upper-case methods; empty = every method.
-    pub methods: Vec<String>,
+    pub(crate) methods: Vec<String>,
     /// What identifies the caller.
-    pub key: Key,
+    pub(crate) key: Key,
     /// Normalization of header/query/form values.
-    pub normalize: Normalize,
+    pub(crate) normalize: Normalize,
     /// The algorithm and its parameters.
-    pub algorithm: Algorithm,
+    pub(crate) algorithm: Algorithm,
     /// Units one request takes.
-    pub cost: u32,
+    pub(crate) cost: u32,
     /// What a denied request gets.
-    pub deny: Deny,
+    pub(crate) deny: Deny,
     /// Where `redirect` sends a denied request.
-    pub error_page: String,
+    pub(crate) error_page: String,
     /// Redis error policy.
-    pub on_redis_error: OnRedisError,
+    pub(crate) on_redis_error: OnRedisError,
     /// Enforce or shadow.
-    pub mode: Mode,
+    pub(crate) mode: Mode,
     /// Whether answers below 400 give their units back.
-    pub count: Count,
+    pub(crate) count: Count,
     /// Which response fields show the rule.
-    pub headers: HeaderDialect,
+    pub(crate) headers: HeaderDialect,
     /// Client addresses the rule neither counts nor denies.
-    pub exempt: Vec<Cidr>,
+    pub(crate) exempt: Vec<Cidr>,
     /// The limit in human words.
-    pub description: String,
+    pub(crate) description: String,
     /// What a request without its key value gets.
-    pub on_missing_key: OnMissingKey,
+    pub(crate) on_missing_key: OnMissingKey,
     /// Whether key values appear in Redis key names only hashed.
-    pub hash_key: bool,
+    pub(crate) hash_key: bool,
     /// Requests this predicate holds for skip the rule (rules made in code).
-    pub skip: Option<Skip>,
+    pub(crate) skip: Option<Skip>,
     /// Escalating bans (`None`: none).
-    pub penalty: Option<Penalty>,
+    pub(crate) penalty: Option<Penalty>,
 }
 
 impl Rule {
+    /// Unique name, `[A-Za-z0-9_-]{1,64}`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Path patterns as written (for display).
+    pub fn path_text(&self) -> &[String] {
+        &self.path_text
+    }
+
+    /// Compiled path patterns.
+    pub fn paths(&self) -> &[PathPattern] {
+        &self.paths
+    }
+
+    /// Upper-case methods; empty = every method.
+    pub fn methods(&self) -> &[String] {
+        &self.methods
+    }
+
+    /// What identifies the caller.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// Normalization of header/query/form values.
+    pub fn normalize(&self) -> Normalize {
+        self.normalize
+    }
+
+    /// The algorithm and its parameters.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// Units one request takes.
+    pub fn cost(&self) -> u32 {
+        self.cost
+    }
+
+    /// What a denied request gets.
+    pub fn deny(&self) -> Deny {
+        self.deny
+    }
+
+    /// Where `redirect` sends a denied request.
+    pub fn error_page(&self) -> &str {
+        &self.error_page
+    }
+
+    /// Redis error policy.
+    pub fn on_redis_error(&self) -> OnRedisError {
+        self.on_redis_error
+    }
+
+    /// Enforce or shadow.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Whether answers below 400 give their units back.
+    pub fn count(&self) -> Count {
+        self.count
+    }
+
+    /// Which response fields show the rule.
+    pub fn headers(&self) -> HeaderDialect {
+        self.headers
+    }
+
+    /// Client addresses the rule neither counts nor denies.
+    pub fn exempt(&self) -> &[Cidr] {
+        &self.exempt
+    }
+
+    /// The limit in human words.
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    /// What a request without its key value gets.
+    pub fn on_missing_key(&self) -> OnMissingKey {
+        self.on_missing_key
+    }
+
+    /// Whether key values appear in Redis key names only hashed.
+    pub fn hash_key(&self) -> bool {
+        self.hash_key
+    }
+
+    /// Escalating bans (`None`: none).
+    pub fn penalty(&self) -> Option<Penalty> {
+        self.penalty
+    }
+
+    /// The check this rule makes of the identity whose Redis key is `key`
+    /// (see [`Limiter::decide`](crate::limiter::Limiter::decide)): its
+    /// algorithm, cost, mode and penalty.
+    pub fn check(&self, key: impl Into<String>) -> crate::limiter::Check {
+        crate::limiter::Check {
+            key: key.into(),
+            algorithm: self.algorithm,
+            cost: self.cost,
+            enforce: self.mode == Mode::Enforce,
+            penalty: self.penalty,
+        }
+    }
+
+    /// Whether a predicate of the application's skips some requests (a
+    /// [`Limit::skip_if`](crate::Limit::skip_if)).
+    pub fn has_skip(&self) -> bool {
+        self.skip.is_some()
+    }
+
     /// Whether this rule guards `method` + (decoded) `path`.
     pub fn matches(&self, method: &str, path: &str) -> bool {
         (self.methods.is_empty() || self.methods.iter().any(|m| m == method))

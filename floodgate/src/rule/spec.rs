@@ -3,17 +3,16 @@
 //! becomes a checked [`Rule`], or a message that says what is wrong and the
 //! range allowed; and the [`Defaults`] both start from.
 
-use std::num::NonZeroU32;
 use std::time::Duration;
 
-use super::policy::{Algorithm, Penalty};
+use super::policy::Penalty;
 use super::{
-    number, Count, Deny, HeaderDialect, Key, KeyKind, Mode, Normalize, OnMissingKey, OnRedisError,
+    Count, Deny, HeaderDialect, Key, KeyKind, Mode, Normalize, OnMissingKey, OnRedisError,
     PathPattern, Rule, Skip,
 };
 use crate::net::Cidr;
 
-pub(crate) use crate::units::{amount_of_time, MAX_ERROR_PAGE, MAX_LIMIT, MAX_RATE, MAX_WINDOW};
+pub(crate) use crate::units::MAX_ERROR_PAGE;
 
 /// What a rule has when its author sets nothing else: one set, for a
 /// file's `[[rule]]` (under which `[defaults]` may set its own) and for a
@@ -164,51 +163,13 @@ fn check(r: RuleSpec, earlier: &[Rule]) -> Result<Rule, String> {
     let exempt = check_exempt(&r.exempt).map_err(|e| format!("exempt: {e}"))?;
 
     let algorithm = match r.amount {
-        Amount::Bucket { rate, burst } => {
-            if !(rate.is_finite() && rate > 0.0 && rate <= MAX_RATE) {
-                return Err(format!(
-                    "rate must be greater than 0 and at most {MAX_RATE} (tokens per second), got {}",
-                    number(rate)
-                ));
-            }
-            let burst = u32::try_from(burst)
-                .ok()
-                .filter(|b| *b <= MAX_LIMIT)
-                .and_then(NonZeroU32::new)
-                .ok_or_else(|| format!("burst must be between 1 and {MAX_LIMIT}, got {burst}"))?;
-            // Every time the bucket's script derives (its TTL, a wait) is at
-            // most burst / rate: bounding it keeps them whole milliseconds
-            // that Redis takes as integers.
-            let max_secs = MAX_WINDOW.as_secs_f64();
-            // (A hair of slack, so the least rate the message names is accepted
-            // when written back despite float rounding.)
-            if f64::from(burst.get()) / rate > max_secs * (1.0 + 1e-9) {
-                return Err(format!(
-                    "a bucket of {burst} refilling at rate {} per second needs more than {} to refill from empty; rate must be at least {} (burst / {} seconds)",
-                    number(rate),
-                    amount_of_time(MAX_WINDOW),
-                    number(f64::from(burst.get()) / max_secs),
-                    MAX_WINDOW.as_secs()
-                ));
-            }
-            Algorithm::TokenBucket { rate, burst }
-        }
+        Amount::Bucket { rate, burst } => super::policy::checked_bucket(rate, burst)?,
         Amount::Window {
             limit,
             window,
             written,
             name,
-        } => {
-            let unknown = || format!("unknown algorithm {name:?}");
-            let max = Algorithm::max_limit(name).ok_or_else(unknown)?;
-            let limit = u32::try_from(limit)
-                .ok()
-                .filter(|l| *l <= max)
-                .and_then(NonZeroU32::new)
-                .ok_or_else(|| format!("limit must be between 1 and {max}, got {limit}"))?;
-            let window = check_window(window, &written)?;
-            Algorithm::windowed(name, limit, window).ok_or_else(unknown)?
-        }
+        } => super::policy::checked_windowed(name, limit, window, &written)?,
     };
 
     // Units one request takes: 1 ..= the rule's limit or burst.
@@ -323,25 +284,6 @@ fn check_key(key: &Key) -> Result<(), String> {
     Ok(())
 }
 
-/// `window`: more than 0, at most [`MAX_WINDOW`], in whole milliseconds
-/// (what the Redis scripts count in). `written` is the value as given.
-fn check_window(window: Duration, written: &str) -> Result<Duration, String> {
-    if window.is_zero() {
-        Err("window must be greater than 0".into())
-    } else if window > MAX_WINDOW {
-        Err(format!(
-            "window must be at most {}, got {written:?}",
-            amount_of_time(MAX_WINDOW)
-        ))
-    } else if !window.subsec_nanos().is_multiple_of(1_000_000) {
-        Err(format!(
-            "window must be a whole number of milliseconds (at least 1ms), got {written:?}"
-        ))
-    } else {
-        Ok(window)
-    }
-}
-
 /// `error_page` is a plain absolute path on this site: it starts with one
 /// `/`, has no query, fragment or percent-encoding, no empty, `.` or `..`
 /// segment, and only the printable ASCII characters a path may hold as
@@ -418,54 +360,5 @@ pub(crate) fn check_exempt(list: &[String]) -> Result<Vec<Cidr>, String> {
 /// code): `after` 1 to 1000000, durations above 0 and at most 366 days in
 /// whole milliseconds, the first ban at most `max`.
 fn check_penalty(p: &Penalty) -> Result<(), String> {
-    check_penalty_after(i64::from(p.after))?;
-    for (what, d) in [("within", p.within), ("ban", p.ban), ("max", p.max)] {
-        check_penalty_duration(what, d, &written_duration(d))?;
-    }
-    check_penalty_ban(p, &written_duration(p.ban), &written_duration(p.max))
-}
-
-/// A penalty's `after`: 1 to 1000000 denials.
-pub(crate) fn check_penalty_after(after: i64) -> Result<u32, String> {
-    u32::try_from(after)
-        .ok()
-        .filter(|a| (1..=1_000_000).contains(a))
-        .ok_or_else(|| format!("penalty after must be between 1 and 1000000, got {after}"))
-}
-
-/// A penalty's `within`, `ban` or `max` (`what`): above 0, at most
-/// [`MAX_WINDOW`], whole milliseconds; `written` is the value as given.
-pub(crate) fn check_penalty_duration(what: &str, d: Duration, written: &str) -> Result<(), String> {
-    if d.is_zero() {
-        Err(format!("penalty {what} must be greater than 0"))
-    } else if d > MAX_WINDOW {
-        Err(format!(
-            "penalty {what} must be at most {}, got {written:?}",
-            amount_of_time(MAX_WINDOW)
-        ))
-    } else if !d.subsec_nanos().is_multiple_of(1_000_000) {
-        Err(format!(
-            "penalty {what} must be a whole number of milliseconds (at least 1ms), got {written:?}"
-        ))
-    } else {
-        Ok(())
-    }
-}
-
-/// A penalty's first ban is at most its longest (`ban` and `max` as given).
-pub(crate) fn check_penalty_ban(p: &Penalty, ban: &str, max: &str) -> Result<(), String> {
-    if p.ban > p.max {
-        return Err(format!("penalty ban ({ban}) must be at most max ({max})"));
-    }
-    Ok(())
-}
-
-/// A duration as messages show it: `"10s"`, `"1500ms"`, or `"1.5ms"` when
-/// it is not whole milliseconds.
-pub(crate) fn written_duration(d: Duration) -> String {
-    if d.subsec_nanos().is_multiple_of(1_000_000) && d.as_millis() > 0 {
-        crate::units::format_duration(d)
-    } else {
-        format!("{d:?}")
-    }
+    p.checked().map(|_| ())
 }

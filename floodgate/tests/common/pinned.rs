@@ -28,32 +28,19 @@ pub fn pinned_limiter(redis: &RedisServer) -> Limiter {
 }
 
 pub fn sliding(limit: u32, window_ms: u64) -> Algorithm {
-    Algorithm::SlidingWindow {
-        limit: nz(limit),
-        window: Duration::from_millis(window_ms),
-    }
+    Algorithm::sliding_window(limit, Duration::from_millis(window_ms)).unwrap()
 }
 
 pub fn fixed(limit: u32, window_ms: u64) -> Algorithm {
-    Algorithm::FixedWindow {
-        limit: nz(limit),
-        window: Duration::from_millis(window_ms),
-    }
+    Algorithm::fixed_window(limit, Duration::from_millis(window_ms)).unwrap()
 }
 
 pub fn bucket(rate: f64, burst: u32) -> Algorithm {
-    Algorithm::TokenBucket {
-        rate,
-        burst: nz(burst),
-    }
+    Algorithm::token_bucket(rate, burst).unwrap()
 }
 
 pub fn check(key: &str, algorithm: Algorithm, cost: u32) -> Check {
-    Check {
-        key: key.to_string(),
-        algorithm,
-        cost,
-        enforce: true,
-        penalty: None,
-    }
+    Check::new(key.to_string(), algorithm)
+        .with_cost(cost)
+        .unwrap()
 }

@@ -10,8 +10,8 @@ use actix_web::web::{Bytes, BytesMut};
 use actix_web::HttpMessage;
 use futures_util::StreamExt;
 
-use super::deny::{Input, Refused};
-use super::{json, values, Filter};
+use crate::filter::deny::{Input, Refused};
+use crate::filter::{json, values, Filter};
 use crate::rule::Rule;
 
 /// The bodies a request's keys read: the form as the handler will read it
@@ -43,8 +43,9 @@ pub(super) async fn read_bodies(
     matched: &[&Rule],
 ) -> Result<Bodies, Refused<'static>> {
     let form_wanted = matched.iter().any(|r| r.key.reads_form()) && is_urlencoded(req);
-    let json_wanted =
-        !form_wanted && matched.iter().any(|r| r.key.reads_json()) && filter.state.json.reads(req);
+    let json_wanted = !form_wanted
+        && matched.iter().any(|r| r.key.reads_json())
+        && filter.state.json.reads(req.headers());
     if json_wanted {
         json::check_json_headers(req.headers()).map_err(|e| Refused::Unreadable(e, None))?;
     }
@@ -62,7 +63,7 @@ pub(super) async fn read_bodies(
     // A body read only because the app takes any body as JSON names no one
     // when it is empty (a GET on the same path, say), rather than being
     // refused as no JSON.
-    if json_wanted && body.is_empty() && !filter.state.json.declared(req) {
+    if json_wanted && body.is_empty() && !filter.state.json.declared(req.headers()) {
         return Ok(Bodies::default());
     }
     if json_wanted {
