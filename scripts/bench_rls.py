@@ -13,11 +13,18 @@ at once, 64 in flight, on one key with a limit of 1000: the OKs are counted).
 Reports calls per second (median over rounds), each against the floor, p50
 and p99 latency, the service's CPU and Redis's CPU per call, and writes the
 table into the output file between its markers.
+
+With `--peer` (benches/limitador_peer, built by scripts/bench), the same
+load then runs against Limitador on the same Redis, in each of its two modes
+(counting in Redis on every call; counting in memory and flushing to Redis),
+Redis flushed before each: cases (a) to (d) in alternating order and
+exactness, reported in a second table beside floodgate's floor.
 """
 
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -41,6 +48,14 @@ descriptors:
   - key: exact
     rate_limit: {unit: hour, requests_per_unit: 1000}
 """
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The peer's modes: its --mode, and what the table calls it.
+PEER_MODES = [
+    ("exact", "`AsyncRedisStorage`: every call counted in Redis"),
+    ("cached", "`CachedRedisStorage`, default settings: counted in memory, flushed to Redis"),
+]
 
 CASES = [
     ("none", "(a) no limit matched: the floor"),
@@ -85,6 +100,83 @@ def load(tool, endpoint, case, extra=()):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def wait_listening(server, port, name):
+    deadline = time.time() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if server.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"bench: {name} did not start")
+            time.sleep(0.05)
+
+
+def stop(server, name):
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        say(f"{name} did not stop on SIGTERM within 30 s: killed")
+        server.kill()
+        server.wait()
+
+
+def exactness(tool, endpoint, tag):
+    """2000 calls, INFLIGHT at once, on one fresh key limited to 1000."""
+    return json.loads(subprocess.run(
+        [tool, "--endpoint", endpoint, "--case", "exact", "--calls", "2000",
+         "--inflight", str(INFLIGHT), "--tag", tag],
+        capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+
+
+def rounds(tool, endpoint, url, pid, name, tag):
+    """Cases (a) to (d), ROUNDS times, every other round in reverse order."""
+    runs = {c: [] for c, _ in CASES}
+    for rnd in range(ROUNDS):
+        order = CASES if rnd % 2 == 0 else list(reversed(CASES))
+        for case, _ in order:
+            r = measure(tool, endpoint, case, url, pid, f"{tag}r{rnd}")
+            say(f"{name} round {rnd + 1}: {case}: {r['calls_per_s']:.0f} calls/s, p99 {r['p99_us']} us")
+            runs[case].append(r)
+    return {c: {k: statistics.median(r[k] for r in runs[c])
+                for k in ("calls_per_s", "p50_us", "p99_us", "redis_us", "server_us")}
+            for c, _ in CASES}
+
+
+def limitador_version():
+    """The limitador crate version the peer was built with (its Cargo.lock)."""
+    try:
+        text = open(os.path.join(ROOT, "benches", "limitador_peer", "Cargo.lock")).read()
+    except OSError:
+        return "?"
+    m = re.search(r'name = "limitador"\nversion = "([^"]+)"', text)
+    return m.group(1) if m else "?"
+
+
+def run_peer(peer, tool, url, work):
+    """The same load against the Limitador peer, in each mode, on a flushed Redis."""
+    results = {}
+    for mode, _ in PEER_MODES:
+        redis_cli(url, "FLUSHALL")
+        port = free_port()
+        log = open(os.path.join(work, f"limitador-{mode}.log"), "w")
+        server = subprocess.Popen(
+            [peer, "--listen", f"127.0.0.1:{port}", "--redis", url, "--mode", mode], stderr=log)
+        endpoint = f"http://127.0.0.1:{port}"
+        wait_listening(server, port, f"the Limitador peer ({mode})")
+        try:
+            med = rounds(tool, endpoint, url, server.pid, f"limitador {mode}", f"lim{mode}")
+            exact = exactness(tool, endpoint, f"limexact{mode}{os.getpid()}")
+            say(f"limitador {mode} exact: {exact}")
+        finally:
+            stop(server, f"the Limitador peer ({mode})")
+        if server.returncode != 0:
+            say(f"the Limitador peer ({mode}) exited with {server.returncode} on SIGTERM")
+        results[mode] = (med, exact)
+    return results
+
+
 def measure(tool, endpoint, case, url, pid, tag):
     r0, s0 = redis_cpu(url), proc_cpu(pid)
     result = load(tool, endpoint, case, ("--tag", tag))
@@ -96,6 +188,50 @@ def measure(tool, endpoint, case, url, pid, tag):
     return result
 
 
+def peer_lines(peer, floor):
+    """The second table: the same load against Limitador, beside floodgate's floor."""
+    if peer is None:
+        return ["Not measured in this run: the same load against Limitador on the same Redis "
+                "(scripts/bench_rls.py without `--peer`)."]
+    version = limitador_version()
+    lines = [
+        f"#### The same load against Limitador (crate version {version}, Redis storage) behind a "
+        "minimal tonic server of the benchmark's own",
+        "",
+        "benches/limitador_peer: the `limitador` crate with its Redis storage only, the same limits "
+        "(namespace `bench`; `one` and `two` 100000 per second, `exact` 1000 per hour, each counted "
+        "per descriptor value: a Limitador limit with the descriptor key as its variable, every "
+        "descriptor entry put in one map of key to value as Limitador's own server does), on the "
+        "same Redis, flushed before each mode; the same load generator, cases, rounds and "
+        "measures as above, after floodgate's. *of its floor*: against the same mode's case (a); "
+        "*of floodgate's floor*: against floodgate's case (a) above.",
+        "",
+    ]
+    for mode, title in PEER_MODES:
+        med, exact = peer[mode]
+        own = med["none"]["calls_per_s"] or 1
+        lines += [
+            f"`--mode {mode}`, {title}:",
+            "",
+            "| case | calls/s | of its floor | of floodgate's floor | p50 | p99 | service CPU/call | Redis CPU/call |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for case, case_title in CASES:
+            m = med[case]
+            lines.append(
+                f"| {case_title} | {m['calls_per_s']:.0f} | {m['calls_per_s'] / own:.2f} | "
+                f"{m['calls_per_s'] / floor:.2f} | {m['p50_us']:.0f} us | {m['p99_us']:.0f} us | "
+                f"{m['server_us']:.1f} us | {m['redis_us']:.1f} us |")
+        lines += [
+            "",
+            f"Exactness, `--mode {mode}`: {exact['calls']} calls at once ({INFLIGHT} in flight) on one "
+            f"key with a limit of 1000: {exact['ok']} OK, {exact['over']} OVER_LIMIT, "
+            f"{exact['errors']} errors.",
+            "",
+        ]
+    return lines[:-1]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--redis", required=True)
@@ -104,6 +240,7 @@ def main():
     ap.add_argument("--load", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--peer", help="benches/limitador_peer's binary: measure Limitador too")
     a = ap.parse_args()
 
     work = os.path.join(a.work, "rls")
@@ -121,23 +258,9 @@ def main():
     server = subprocess.Popen([a.floodgate, "rls", "--config", config], stderr=log,
                               env={**os.environ, "RUST_LOG": "warn"})
     endpoint = f"http://127.0.0.1:{grpc}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", grpc), timeout=1).close()
-            break
-        except OSError:
-            if server.poll() is not None or time.time() > deadline:
-                raise SystemExit("bench: floodgate rls did not start")
-            time.sleep(0.05)
+    wait_listening(server, grpc, "floodgate rls")
     try:
-        runs = {c: [] for c, _ in CASES}
-        for rnd in range(ROUNDS):
-            order = CASES if rnd % 2 == 0 else list(reversed(CASES))
-            for case, _ in order:
-                r = measure(a.load, endpoint, case, a.redis, server.pid, f"r{rnd}")
-                say(f"rls round {rnd + 1}: {case}: {r['calls_per_s']:.0f} calls/s, p99 {r['p99_us']} us")
-                runs[case].append(r)
+        med = rounds(a.load, endpoint, a.redis, server.pid, "rls", "")
         # (e) Redis stalled for 2 s in the middle of a run.
         with open(a.redis_pid_file) as f:
             redis_pid = int(f.read().strip())
@@ -151,21 +274,13 @@ def main():
         stalled = json.loads(stall.communicate()[0].strip().splitlines()[-1])
         say(f"rls stall: {stalled}")
         # Exactness: 2000 calls, 64 at once, on one fresh key limited to 1000.
-        exact = json.loads(subprocess.run(
-            [a.load, "--endpoint", endpoint, "--case", "exact", "--calls", "2000",
-             "--inflight", str(INFLIGHT), "--tag", f"exact{os.getpid()}"],
-            capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+        exact = exactness(a.load, endpoint, f"exact{os.getpid()}")
         say(f"rls exact: {exact}")
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop(server, "floodgate rls")
 
-    med = {c: {k: statistics.median(r[k] for r in runs[c])
-               for k in ("calls_per_s", "p50_us", "p99_us", "redis_us", "server_us")}
-           for c, _ in CASES}
+    peer = run_peer(a.peer, a.load, a.redis, work) if a.peer else None
+
     floor = med["none"]["calls_per_s"] or 1
     lines = [
         BEGIN,
@@ -194,7 +309,9 @@ def main():
         f"Exactness: {exact['calls']} calls at once ({INFLIGHT} in flight) on one key with a limit of 1000: "
         f"{exact['ok']} OK, {exact['over']} OVER_LIMIT, {exact['errors']} errors.",
         "",
-        "Not measured here yet: the same load against a peer on the same Redis (Limitador).",
+    ]
+    lines += peer_lines(peer, floor)
+    lines += [
         "",
         END,
     ]
