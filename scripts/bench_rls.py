@@ -54,7 +54,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The peer's modes: its --mode, and what the table calls it.
 PEER_MODES = [
     ("exact", "`AsyncRedisStorage`: every call counted in Redis"),
-    ("cached", "`CachedRedisStorage`, default settings: counted in memory, flushed to Redis"),
+    ("cached", "`CachedRedisStorage`, default settings: counted in the process, flushed to Redis "
+     "every second (so one process's count is exact; processes sharing Redis learn of each other's "
+     "hits at the flushes)"),
 ]
 
 CASES = [
@@ -198,7 +200,9 @@ def peer_lines(peer, floor):
         f"#### The same load against Limitador (crate version {version}, Redis storage) behind a "
         "minimal tonic server of the benchmark's own",
         "",
-        "benches/limitador_peer: the `limitador` crate with its Redis storage only, the same limits "
+        "benches/limitador_peer: the `limitador` crate with its Redis storage only (the newest "
+        "release that builds so: later ones need the RocksDB disk storage feature, Kuadrant/limitador "
+        "issue #459), the same limits "
         "(namespace `bench`; `one` and `two` 100000 per second, `exact` 1000 per hour, each counted "
         "per descriptor value: a Limitador limit with the descriptor key as its variable, every "
         "descriptor entry put in one map of key to value as Limitador's own server does), on the "
