@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use floodgate::config::duration_at_most;
 use floodgate::config::ConfigError;
-use floodgate::rule::Algorithm;
+use floodgate::rule::{Algorithm, Penalty};
 use serde::Deserialize;
 
 use super::matcher::{Limit, Matcher, NodeKind, Pattern};
@@ -56,6 +56,18 @@ struct RawRateLimit {
     replaces: Vec<RawReplace>,
     algorithm: Option<String>,
     window: Option<String>,
+    penalty: Option<RawPenalty>,
+}
+
+/// A `penalty` as written (floodgate's): `after` denials within `within`
+/// ban the value for `ban`, doubling up to `max`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPenalty {
+    after: u32,
+    within: String,
+    ban: String,
+    max: String,
 }
 
 /// One `replaces` entry as written.
@@ -356,7 +368,15 @@ fn check_rate_limit(
         shadow: d.shadow_mode,
         replaces,
         detailed_metric: d.detailed_metric,
+        penalty: None,
     };
+    if rl.penalty.is_some() && (rl.unlimited || rl.requests_per_unit == Some(0)) {
+        return Err(
+            "a penalty needs a limit that can admit a call (not unlimited, nor requests_per_unit: 0)"
+                .into(),
+        );
+    }
+    limit.penalty = rl.penalty.as_ref().map(penalty_of).transpose()?;
     if rl.unlimited {
         if rl.unit.is_some() || rl.window.is_some() {
             return Err("an unlimited rate_limit takes no unit or window".into());
@@ -412,6 +432,21 @@ fn check_rate_limit(
         )?),
     };
     Ok(limit)
+}
+
+/// A checked `penalty`, in the words a configuration file's gets.
+fn penalty_of(raw: &RawPenalty) -> Result<Penalty, String> {
+    let duration = |what: &str, text: &str| {
+        duration_at_most(text, floodgate::config::MAX_WINDOW)
+            .map_err(|e| format!("penalty {what}: {e}"))
+    };
+    Penalty::new(
+        raw.after,
+        duration("within", &raw.within)?,
+        duration("ban", &raw.ban)?,
+        duration("max", &raw.max)?,
+    )
+    .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

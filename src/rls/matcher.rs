@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use floodgate::rule::Algorithm;
 use floodgate::rule::{compose, redis_key_for};
+use floodgate::rule::{Algorithm, Penalty};
 
 use super::proto::{Entry, Unit};
 
@@ -116,6 +116,8 @@ pub struct Limit {
     pub replaces: Vec<String>,
     /// Count decisions per descriptor value in metrics.
     pub detailed_metric: bool,
+    /// Escalating bans of a value denied again and again (floodgate's).
+    pub penalty: Option<Penalty>,
 }
 
 /// One node of a domain's tree.

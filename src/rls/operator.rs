@@ -72,6 +72,7 @@ pub fn check_for(
     }
     Ok(
         Check::new(state_key(hash_tags, prefix, &limit.name, values), algorithm)
-            .with_enforce(!limit.shadow),
+            .with_enforce(!limit.shadow)
+            .with_penalty(limit.penalty),
     )
 }

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use floodgate::limiter::Limiter;
 use floodgate::limiter::{Check, Decision, LimiterError, Outcome};
 use floodgate::metrics::{DecisionKind, Metrics};
-use floodgate::rule::Algorithm;
 use floodgate::rule::HeaderDialect;
+use floodgate::rule::{Algorithm, Penalty};
 
 use super::config::{OnError, Settings};
 use super::descriptors::{algorithm_for, unit_length, unit_of};
@@ -100,6 +100,7 @@ struct Applied {
     shadow: bool,
     replaces: Vec<String>,
     hits: u32,
+    penalty: Option<Penalty>,
 }
 
 impl Applied {
@@ -229,6 +230,7 @@ impl Rls {
                         shadow: false,
                         replaces: Vec::new(),
                         hits,
+                        penalty: None,
                     });
                 }
                 let m = matched?;
@@ -245,6 +247,7 @@ impl Rls {
                     shadow: l.shadow || self.settings.shadow,
                     replaces: l.replaces.clone(),
                     hits,
+                    penalty: l.penalty,
                 })
             })
             .collect();
@@ -330,7 +333,8 @@ impl Rls {
                     let check = Check::new(a.key.clone(), algorithm)
                         .with_cost(a.hits)
                         .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?
-                        .with_enforce(!a.shadow);
+                        .with_enforce(!a.shadow)
+                        .with_penalty(a.penalty);
                     checks.push(check);
                     of_check.push(i);
                 }
@@ -385,79 +389,55 @@ impl Rls {
             }
             return Ok(self.response(applied, statuses));
         }
-        // A remembered denial answers without Redis.
-        if let Some(cache) = self.limiter.deny_cache() {
-            let hit = checks
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| c.enforce())
-                .filter_map(|(n, c)| cache.denial(c.key(), c.cost(), started).map(|d| (n, d)))
-                .max_by_key(|(_, d)| d.wait);
-            if let Some((n, denial)) = hit {
-                if let Some(a) = &applied[of_check[n]] {
-                    self.metrics.deny_cache_hit(&a.metric);
-                    let kind = if denial.banned {
-                        DecisionKind::Banned
-                    } else {
-                        DecisionKind::Denied
-                    };
-                    self.metrics.decision(&a.metric, kind);
-                    let mut s = bare_status(a, Code::OverLimit);
-                    if let Some(q) = denial.quota {
-                        s.current_limit = Some(RateLimit {
-                            requests_per_unit: q.limit,
-                            unit: unit_of(q.window) as i32,
-                            ..a.current()
-                        });
-                    }
-                    s.duration_until_reset = Some(denial.wait.into());
-                    statuses[of_check[n]] = s;
+        // A remembered denial answers without Redis (and counts for `top`).
+        let enforced = |n: usize| checks[n].enforce();
+        if let Some((n, denial)) = self.limiter.remembered_denial(&checks, enforced, started) {
+            if let Some(a) = &applied[of_check[n]] {
+                self.metrics.deny_cache_hit(&a.metric);
+                let kind = if denial.banned {
+                    DecisionKind::Banned
+                } else {
+                    DecisionKind::Denied
+                };
+                self.metrics.decision(&a.metric, kind);
+                let mut s = bare_status(a, Code::OverLimit);
+                if let Some(q) = denial.quota {
+                    s.current_limit = Some(RateLimit {
+                        requests_per_unit: q.limit,
+                        unit: unit_of(q.window) as i32,
+                        ..a.current()
+                    });
                 }
-                // The others show what they hold now (nothing is charged).
-                let others: Vec<usize> = (0..checks.len()).filter(|&m| m != n).collect();
-                if !others.is_empty() {
-                    let peeked = self
-                        .limiter
-                        .peek(others.iter().map(|&m| checks[m].clone()).collect())
-                        .await;
-                    for (k, &m) in others.iter().enumerate() {
-                        let Some(a) = &applied[of_check[m]] else {
-                            continue;
-                        };
-                        statuses[of_check[m]] = match peeked.as_ref().ok().and_then(|o| o.get(k)) {
-                            Some(o) => self.status(a, o, false),
-                            None => bare_status(a, Code::Ok),
-                        };
-                    }
-                }
-                return Ok(self.response(applied, statuses));
+                s.duration_until_reset = Some(denial.wait.into());
+                statuses[of_check[n]] = s;
             }
+            // The others show what they hold now (nothing is charged).
+            let others: Vec<usize> = (0..checks.len()).filter(|&m| m != n).collect();
+            if !others.is_empty() {
+                let peeked = self
+                    .limiter
+                    .peek(others.iter().map(|&m| checks[m].clone()).collect())
+                    .await;
+                for (k, &m) in others.iter().enumerate() {
+                    let Some(a) = &applied[of_check[m]] else {
+                        continue;
+                    };
+                    statuses[of_check[m]] = match peeked.as_ref().ok().and_then(|o| o.get(k)) {
+                        Some(o) => self.status(a, o, false),
+                        None => bare_status(a, Code::Ok),
+                    };
+                }
+            }
+            return Ok(self.response(applied, statuses));
         }
         match self.limiter.decide(checks.clone()).await {
             Ok(decision) => {
-                self.remember(&checks, &decision, started);
+                self.limiter
+                    .remember_denials(&checks, &decision, enforced, started);
                 self.count_and_answer(applied, &mut statuses, &of_check, &checks, &decision, false);
                 Ok(self.response(applied, statuses))
             }
             Err(e) => self.without_redis(applied, statuses, &of_check, &checks, e),
-        }
-    }
-
-    /// Remembers the call's denials in the denial cache.
-    fn remember(&self, checks: &[Check], decision: &Decision, started: Instant) {
-        let Some(cache) = self.limiter.deny_cache() else {
-            return;
-        };
-        let answered = Instant::now();
-        for (c, o) in checks.iter().zip(&decision.outcomes) {
-            if o.allowed || !c.enforce() {
-                continue;
-            }
-            if o.banned {
-                cache.remember_ban(c.key(), o.wait, started, answered);
-            } else {
-                cache.remember(c.key(), c.cost(), o.wait, o.quota, started, answered);
-            }
         }
     }
 
@@ -536,6 +516,10 @@ impl Rls {
                 (false, _, false, _) => DecisionKind::ShadowDenied,
             };
             self.metrics.decision(&a.metric, kind);
+            // (Bans are counted where Redis decided, as the site counts them.)
+            if o.ban_started && !local {
+                self.metrics.ban(&a.metric, "penalty");
+            }
             statuses[i] = self.status(a, o, decision.allowed);
         }
     }

@@ -633,3 +633,48 @@ async fn the_local_fallback_keeps_the_bans_redis_answered() {
         "banned here"
     );
 }
+
+/// floodgate's `penalty` in a `rate_limit`: a value denied `after` times
+/// within `within` is banned for `ban`, counted and decided in the call
+/// that denies; the ban shows as the wait, and in the metrics.
+#[tokio::test]
+async fn a_penalty_bans_a_value_denied_again_and_again() {
+    const PENALTY: &str = "domain: pen\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: minute\n      requests_per_unit: 1\n      penalty: {after: 2, within: 10m, ban: 1h, max: 4h}\n";
+    let redis = RedisServer::start();
+    let svc = Service::start(&redis, &[("pen.yaml", PENALTY)], "", "");
+    let mut c = svc.client().await;
+    let user = unique();
+    let one = || call("pen", &[&[("user", &user)]], 1);
+    let mut waits = Vec::new();
+    for _ in 0..4 {
+        let r = c.should_rate_limit(one()).await.unwrap();
+        waits.push((
+            codes(&r)[0].0,
+            r.statuses[0].duration_until_reset.unwrap().seconds,
+        ));
+    }
+    assert_eq!(waits[0].0, "OK");
+    // The first denial waits for the window; the second bans for an hour.
+    assert_eq!(waits[1].0, "OVER_LIMIT");
+    assert!(waits[1].1 <= 60, "{waits:?}");
+    for (code, wait) in &waits[2..] {
+        assert_eq!(*code, "OVER_LIMIT");
+        assert!((3500..=3600).contains(wait), "{waits:?}");
+    }
+    // Another value is not banned.
+    let other = unique();
+    let r = c
+        .should_rate_limit(call("pen", &[&[("user", &other)]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r)[0].0, "OK");
+    assert!(
+        svc.metrics()
+            .lines()
+            .any(|l| l.starts_with("floodgate_bans_total{")
+                && l.contains("penalty")
+                && l.ends_with(" 1")),
+        "{}",
+        svc.metrics()
+    );
+}

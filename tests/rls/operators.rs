@@ -55,6 +55,20 @@ fn check_config_lists_rule_names_and_refuses_bad_files() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
 
+    // A penalty is checked as a configuration file's is, in the same words.
+    std::fs::write(
+        dir.join("descriptors/zz.yaml"),
+        "domain: zz\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1, penalty: {after: 2, within: 1m, ban: 2h, max: 1h}}\n",
+    )
+    .unwrap();
+    let (code, _, err) = floodgate(&["check-config", config.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(
+        err.trim()
+            .ends_with("penalty ban (2h) must be at most max (1h)"),
+        "{err}"
+    );
+
     // [server] and [[rule]] do not apply to the service: refused.
     std::fs::remove_file(dir.join("descriptors/zz.yaml")).unwrap();
     let text = std::fs::read_to_string(&config).unwrap();
@@ -192,4 +206,39 @@ async fn top_and_find_on_the_services_limits() {
         format!("floodgate:per-user:rls:acme|{user}")
     );
     assert_eq!(found[0]["used"], 5);
+
+    // With the denial cache on, the denials it answers count too.
+    let cached = Service::start(&redis, &[("ops.yaml", TREE)], "", "");
+    let mut c = cached.client().await;
+    let other = unique();
+    let mut codes_seen = Vec::new();
+    for _ in 0..7 {
+        let r = c
+            .should_rate_limit(call("ops", &[&[("tenant", "acme"), ("user", &other)]], 1))
+            .await
+            .unwrap();
+        codes_seen.push(codes(&r)[0].0);
+    }
+    assert_eq!(codes_seen.iter().filter(|c| **c == "OVER_LIMIT").count(), 2);
+    assert!(
+        cached
+            .metrics()
+            .lines()
+            .any(|l| l.starts_with("floodgate_deny_cache_hits_total") && l.ends_with(" 1")),
+        "the second denial came from the cache: {}",
+        cached.metrics()
+    );
+    let want = format!("acme|{other}");
+    crate::wait_until(
+        std::time::Duration::from_secs(10),
+        "the cached denial in top",
+        || {
+            let (code, stdout, err) = floodgate(&["top", "--config", config, "per-user"]);
+            assert_eq!(code, 0, "{err}");
+            stdout.lines().any(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v["id"] == want.as_str() && v["denied"] == 2
+            })
+        },
+    );
 }

@@ -56,53 +56,28 @@ pub(crate) async fn decide(
     checks: &[Check],
     started: Instant,
 ) -> Verdict {
-    if let Some(cache) = limiter.deny_cache() {
-        let hit = matched
-            .iter()
-            .zip(checks)
-            .enumerate()
-            .filter(|(_, (r, _))| cacheable(r))
-            .filter_map(|(i, (_, c))| cache.denial(&c.key, c.cost, started).map(|w| (i, w)))
-            .max_by_key(|(_, d)| d.wait);
-        if let Some((rule, denial)) = hit {
-            metrics.deny_cache_hit(&matched[rule].name);
-            limiter.tally_denial(&checks[rule].key);
-            let counted = if denial.banned {
-                Counted::Banned
-            } else {
-                Counted::Denied
-            };
-            metrics.decision(&matched[rule].name, counted);
-            return Verdict::Cached {
-                rule,
-                banned: denial.banned,
-                wait: denial.wait,
-                quota: denial.quota,
-            };
-        }
+    let eligible = |i: usize| cacheable(matched[i]);
+    if let Some((rule, denial)) = limiter.remembered_denial(checks, eligible, started) {
+        metrics.deny_cache_hit(&matched[rule].name);
+        let counted = if denial.banned {
+            Counted::Banned
+        } else {
+            Counted::Denied
+        };
+        metrics.decision(&matched[rule].name, counted);
+        return Verdict::Cached {
+            rule,
+            banned: denial.banned,
+            wait: denial.wait,
+            quota: denial.quota,
+        };
     }
     let result = limiter.decide(checks.to_vec()).await;
     match result {
         Ok(decision) => {
-            let answered = Instant::now();
             // (A ban Redis answered is taught to the local fallback by the
             // limiter itself, for every caller.)
-            if let Some(cache) = limiter.deny_cache() {
-                for ((r, c), o) in matched.iter().zip(checks).zip(&decision.outcomes) {
-                    if o.allowed || !cacheable(r) {
-                        continue;
-                    }
-                    if o.banned {
-                        // Until the ban ends; an operator's change is
-                        // published, and every process forgets it.
-                        cache.remember_ban(&c.key, o.wait, started, answered);
-                    } else if r.penalty.is_none() {
-                        // (A rule with a penalty counts every denial in
-                        // Redis: only its bans are remembered here.)
-                        cache.remember(&c.key, c.cost, o.wait, o.quota, started, answered);
-                    }
-                }
-            }
+            limiter.remember_denials(checks, &decision, eligible, started);
             Verdict::Redis(decision)
         }
         Err(error) => fallback(limiter, metrics, matched, checks, error),

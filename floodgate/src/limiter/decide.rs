@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use super::breaker::{Breaker, Gate};
 use super::clock::{deadline_margin, RedisClock};
 use super::conn::{manager, pool_of, spoils, Manager, Pool};
-use super::deny_cache::DenyCache;
+use super::deny_cache::{DenyCache, Remembered};
 #[cfg(feature = "cluster")]
 use super::dispatch::cluster::health::MasterHealths;
 use super::dispatch::single::Single;
@@ -142,6 +142,56 @@ impl Limiter {
             program,
             cluster,
         })
+    }
+
+    /// Of the checks that `eligible` (by index) lets the denial cache
+    /// answer, the remembered denial that frees last, with its index, and
+    /// tallied for [`Limiter::top_blocking`]; `None`: Redis must decide (or
+    /// the cache is off). Nothing is asked of Redis.
+    pub fn remembered_denial(
+        &self,
+        checks: &[Check],
+        eligible: impl Fn(usize) -> bool,
+        now: Instant,
+    ) -> Option<(usize, Remembered)> {
+        let cache = self.deny_cache()?;
+        let (i, denial) = checks
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| eligible(*i))
+            .filter_map(|(i, c)| cache.denial(&c.key, c.cost, now).map(|d| (i, d)))
+            .max_by_key(|(_, d)| d.wait)?;
+        self.tally_denial(&checks[i].key);
+        Some((i, denial))
+    }
+
+    /// Remembers the denials Redis answered for `checks` (those `eligible`
+    /// lets the cache answer), asked at `asked`: a ban until it ends, a
+    /// denial until the request would fit, but not the denials of a check
+    /// with a penalty (each of them counts in Redis towards a ban).
+    pub fn remember_denials(
+        &self,
+        checks: &[Check],
+        decision: &Decision,
+        eligible: impl Fn(usize) -> bool,
+        asked: Instant,
+    ) {
+        let Some(cache) = self.deny_cache() else {
+            return;
+        };
+        let answered = Instant::now();
+        for (i, (c, o)) in checks.iter().zip(&decision.outcomes).enumerate() {
+            if o.allowed || !eligible(i) {
+                continue;
+            }
+            if o.banned {
+                // Until the ban ends; an operator's change is published,
+                // and every process forgets it.
+                cache.remember_ban(&c.key, o.wait, asked, answered);
+            } else if c.penalty.is_none() {
+                cache.remember(&c.key, c.cost, o.wait, o.quota, asked, answered);
+            }
+        }
     }
 
     /// The denial cache, when `deny_cache` is on. For the tests: not part
