@@ -7,7 +7,7 @@ use std::net::IpAddr;
 /// A request's head (method, path, query, header fields, addresses) as the
 /// functions an application gives floodgate see it: [`Key::custom`] and
 /// [`Key::lookup`] key functions, [`Limit::skip_if`] predicates, the
-/// [`SessionLookup`] and the [`DenialResponder`]. The actix-web filter and
+/// [session lookup] and the [denial responder]. The actix-web filter and
 /// the tower layer hand over the same thing, so one function serves both
 /// doors. It is built only for a request that one of those functions
 /// reads, and owned, so that a lookup may await with it.
@@ -15,8 +15,8 @@ use std::net::IpAddr;
 /// [`Key::custom`]: crate::Key::custom
 /// [`Key::lookup`]: crate::Key::lookup
 /// [`Limit::skip_if`]: crate::Limit::skip_if
-/// [`SessionLookup`]: crate::SessionLookup
-/// [`DenialResponder`]: crate::DenialResponder
+/// [session lookup]: crate::FilterBuilder::session_lookup
+/// [denial responder]: crate::FilterBuilder::denial_responder
 ///
 /// ```
 /// use floodgate_limiter::RequestHead;

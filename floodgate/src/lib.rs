@@ -23,14 +23,14 @@ pub mod tower {
 #[cfg(feature = "actix")]
 pub use crate::filter::{accepts, FilterService};
 pub use crate::filter::{
-    ban_action, operator_check, override_action, Bypass, Denial, DenialPage, DenialResponder,
-    Filter, FilterBuilder, JsonContentType, Limit, OperatorError, RuleState, SessionLookup,
-    SetupError, Unreadable, Usage, MAX_HEADER_BYTES,
+    ban_action, operator_check, override_action, Denial, Filter, FilterBuilder, Limit,
+    OperatorError, RuleState, SetupError, Unreadable, Usage,
 };
 pub use crate::head::RequestHead;
 pub use crate::rule::key::{Key, KeyFn};
 /// The `http` crate (version 1) whose types [`RequestHead`] and a
-/// [`DenialResponder`]'s response are written in.
+/// [denial responder](FilterBuilder::denial_responder)'s response are
+/// written in.
 pub use http;
 
 /// Items the benchmarks and tests reach; not part of the supported API.

@@ -51,7 +51,7 @@ fn needs_escape(c: char) -> bool {
 
 /// Writes `s` to `out` with control characters escaped, and backslashes
 /// too when `backslash`.
-pub fn escape_into(out: &mut impl Write, s: &str, backslash: bool) -> fmt::Result {
+pub(crate) fn escape_into(out: &mut impl Write, s: &str, backslash: bool) -> fmt::Result {
     let mut rest = s;
     while let Some(at) = rest.find(|c| needs_escape(c) || (backslash && c == '\\')) {
         out.write_str(&rest[..at])?;

@@ -38,7 +38,7 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 86_400);
 pub const MAX_RATE: f64 = 1_000_000.0;
 
 /// Longest `error_page`.
-pub const MAX_ERROR_PAGE: usize = 256;
+pub(crate) const MAX_ERROR_PAGE: usize = 256;
 
 /// "10 seconds", "minute", "10 minutes", "hour", "1500 ms".
 pub fn human_duration(d: Duration) -> String {
@@ -181,7 +181,7 @@ pub fn format_duration(d: Duration) -> String {
 }
 
 /// Parses a size: `"16KiB"`, `"1MiB"`, `"4096"`, `"64KB"`; 1 byte to 64MiB.
-pub fn parse_size(text: &str) -> Result<usize, String> {
+pub(crate) fn parse_size(text: &str) -> Result<usize, String> {
     let bad = || format!("invalid size {text:?}: expected a number with B, KiB, MiB, KB or MB");
     let range = || format!("must be between 1 byte and 64MiB, got {text:?}");
     let t = text.trim();

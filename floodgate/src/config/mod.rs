@@ -75,23 +75,24 @@ use crate::rule::Region;
 use crate::rule::Rule;
 #[cfg(test)]
 use crate::units::parse_duration;
-pub use crate::units::{format_duration, human_duration, parse_size};
-pub use crate::units::{MAX_ERROR_PAGE, MAX_LARGE_LIMIT, MAX_LIMIT, MAX_RATE, MAX_WINDOW};
+pub(crate) use crate::units::parse_size;
+pub use crate::units::{format_duration, human_duration};
+pub use crate::units::{MAX_LARGE_LIMIT, MAX_LIMIT, MAX_RATE, MAX_WINDOW};
 
 /// Most connections in the pool (`[redis] pool_size`).
-pub const MAX_POOL_SIZE: u32 = 1024;
+pub(crate) const MAX_POOL_SIZE: u32 = 1024;
 
 /// Longest `[redis] timeout`.
-pub const MAX_REDIS_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const MAX_REDIS_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Longest `[limiter] breaker`.
-pub const MAX_BREAKER: Duration = Duration::from_secs(600);
+pub(crate) const MAX_BREAKER: Duration = Duration::from_secs(600);
 
 /// Fewest connections the pool may have. The limiter's own connections
 /// (one per worker and per dispatcher thread) are outside it; the pool
 /// serves the site, `/readyz`, give-backs and `/limits`, and below 3 one
 /// call stalled until the timeout holds up the rest.
-pub fn min_pool_size() -> u32 {
+pub(crate) fn min_pool_size() -> u32 {
     3
 }
 
@@ -474,7 +475,9 @@ mod tests {
         ] {
             assert!(check_error_page(bad).is_err(), "{bad:?}");
         }
-        assert!(check_error_page(&format!("/{}", "a".repeat(MAX_ERROR_PAGE))).is_err());
+        assert!(
+            check_error_page(&format!("/{}", "a".repeat(crate::units::MAX_ERROR_PAGE))).is_err()
+        );
     }
 
     #[test]

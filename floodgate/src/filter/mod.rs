@@ -55,28 +55,30 @@ use crate::rule::Rule;
 
 /// Renders the HTML page of a 429 for a browser, given the denial (its
 /// rule, seconds to wait, whether the identity is banned).
-pub type DenialPage = dyn Fn(&Denial) -> String + Send + Sync;
+pub(crate) type DenialPage = dyn Fn(&Denial) -> String + Send + Sync;
 
 /// A predicate on the whole filter: a request for which it holds is
 /// neither counted nor denied by any rule (tests, health checkers).
-pub type Bypass = dyn Fn(&RequestHead) -> bool + Send + Sync;
+pub(crate) type Bypass = dyn Fn(&RequestHead) -> bool + Send + Sync;
 
 /// Tells who is signed in, for `key = "session"`: the account ID or `None`.
-pub type SessionLookup = dyn Fn(&RequestHead) -> Option<String> + Send + Sync;
+pub(crate) type SessionLookup = dyn Fn(&RequestHead) -> Option<String> + Send + Sync;
 
 /// Answers a denied request in place of the filter's own 303 / 429: given
 /// the denial and the request, the whole response, as the `http` crate
 /// writes one (both doors send it). The filter still adds `Retry-After` and
 /// `Cache-Control: no-store` when the response lacks them, and the
 /// rate-limit fields of the matching rules (as on every denial).
-pub type DenialResponder = dyn Fn(&Denial, &RequestHead) -> http::Response<String> + Send + Sync;
+pub(crate) type DenialResponder =
+    dyn Fn(&Denial, &RequestHead) -> http::Response<String> + Send + Sync;
 
 /// A media type the app's `web::Json` reads besides the JSON ones: the
 /// predicate the app gives `JsonConfig::content_type` (see
 /// [`FilterBuilder::json_content_type`]).
-pub type JsonContentType = dyn Fn(mime::Mime) -> bool + Send + Sync;
+pub(crate) type JsonContentType = dyn Fn(mime::Mime) -> bool + Send + Sync;
 
-/// A denied request, as a [`DenialResponder`] sees it.
+/// A denied request, as a [denial responder](FilterBuilder::denial_responder)
+/// sees it.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Denial {
@@ -324,7 +326,7 @@ impl Filter {
 
 /// Largest header block accepted (names, values and separators): a larger
 /// one gets 431, well below actix-http's own 128 KiB bound.
-pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+pub(crate) const MAX_HEADER_BYTES: usize = 32 * 1024;
 
 /// A lock that a panic elsewhere does not make unusable.
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

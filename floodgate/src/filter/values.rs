@@ -100,7 +100,7 @@ pub(crate) fn header_value(
 mod tests {
     use super::*;
     use crate::net::{client_addr, ip_id, Cidr, ProxyHeader};
-    use crate::rule::{compose, normalize, redis_key, redis_key_for, Normalize};
+    use crate::rule::{compose, normalize, redis_key_for, Normalize};
     #[cfg(feature = "e164")]
     use crate::rule::{e164, Region};
     use http::{HeaderMap, HeaderName, HeaderValue};
@@ -163,10 +163,13 @@ mod tests {
 
     #[test]
     fn long_ids_are_hashed() {
-        let k = redis_key("fg", "r", "header", &"x".repeat(65));
+        let k = redis_key_for(false, "fg", "r", "header", &"x".repeat(65));
         let id = k.rsplit(':').next().unwrap();
         assert_eq!(id.len(), 41);
-        assert_eq!(redis_key("fg", "r", "ip", "1.2.3.4"), "fg:r:ip:1.2.3.4");
+        assert_eq!(
+            redis_key_for(false, "fg", "r", "ip", "1.2.3.4"),
+            "fg:r:ip:1.2.3.4"
+        );
     }
 
     #[test]
@@ -176,7 +179,7 @@ mod tests {
             "fg:r:ip:{1.2.3.4}"
         );
         let long = redis_key_for(true, "fg", "r", "header", &"x".repeat(65));
-        let plain = redis_key("fg", "r", "header", &"x".repeat(65));
+        let plain = redis_key_for(false, "fg", "r", "header", &"x".repeat(65));
         let id = plain.rsplit(':').next().unwrap();
         assert_eq!(long, format!("fg:r:header:{{{id}}}"));
     }

@@ -10,7 +10,7 @@ use super::{compose, normalize, KeyKind, Normalize, Rule};
 /// The Redis key of the identity whose values, one per key kind of `rule`
 /// in the rule's order, are `values` (`global` takes none). Errors say
 /// which value is wrong, in one sentence.
-pub fn identity_key(
+pub(crate) fn identity_key(
     rule: &Rule,
     values: &[&str],
     key_prefix: &str,

@@ -412,12 +412,7 @@ fn check_name(text: &str, n: &str) -> Result<(), String> {
 }
 
 /// `PREFIX:RULE:KIND:ID`, with an ID longer than 64 bytes replaced by
-/// `~` and 40 hex digits of its SHA-256.
-pub fn redis_key(prefix: &str, rule: &str, kind: &str, id: &str) -> String {
-    redis_key_for(false, prefix, rule, kind, id)
-}
-
-/// [`redis_key`], and with `hash_tag` (Redis Cluster) the ID in braces,
+/// `~` and 40 hex digits of its SHA-256; with `hash_tag` (Redis Cluster) the ID in braces,
 /// `PREFIX:RULE:KIND:{ID}`: Redis Cluster then places a key by its ID
 /// alone, so the rules that key one request by the same value share a slot
 /// (and are decided in one atomic call), while different IDs spread over

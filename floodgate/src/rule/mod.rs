@@ -11,8 +11,9 @@ mod path;
 pub(crate) mod policy;
 pub(crate) mod spec;
 
-pub use self::identity::{id_parts_of, identity_key};
-pub use self::key::{compose, redis_key, redis_key_for, CustomKey, KeyKind};
+pub use self::identity::id_parts_of;
+pub(crate) use self::identity::identity_key;
+pub use self::key::{compose, redis_key_for, CustomKey, KeyKind};
 pub(crate) use self::key::{hashed_id, Key};
 #[cfg(feature = "e164")]
 pub use self::normalize::{e164, Region};
