@@ -1,22 +1,25 @@
 //! The service's HTTP listener (`[rls] http_bind`): `/healthz`, `/readyz`,
 //! `/metrics` and, with `[admin] token` set, the operators' API
 //! (`POST /admin/{inspect,reset,ban,unban,override}`) on the service's
-//! identities. It runs on its own actix system thread, apart from gRPC.
+//! identities, checked, read and written to the audit trail as the site's
+//! (see `admin_http.rs`). It runs on its own actix system thread, apart
+//! from gRPC.
 
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use actix_web::dev::ServerHandle;
-use actix_web::http::{header, StatusCode};
+use actix_web::http::StatusCode;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 
-use floodgate::limiter::Action;
 use floodgate::logging::Escaped;
-use floodgate::{ban_action, override_action};
 
 use super::config::RlsConfig;
 use super::service::Rls;
-use crate::admin_http::{bearer, error, json, token_matches};
+use crate::admin_http::{
+    action_of, audit, bearer, error, json, read_body, refuse_authentication, token_matches,
+    ActionBody,
+};
 
 /// The running listener.
 pub struct Http {
@@ -116,67 +119,20 @@ async fn metrics(state: web::Data<State>) -> HttpResponse {
         .body(body)
 }
 
-/// A request's body, as the API reads it.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Body {
-    rule: String,
-    #[serde(default)]
-    values: Vec<String>,
-    #[serde(default, rename = "for")]
-    lasts: Option<String>,
-    #[serde(default)]
-    limit: Option<i64>,
-    #[serde(default)]
-    window: Option<String>,
-    #[serde(default)]
-    clear: bool,
-}
-
-fn action_of(what: &str, body: &Body) -> Result<Action, String> {
-    match what {
-        "inspect" => Ok(Action::Inspect),
-        "reset" => Ok(Action::Reset),
-        "unban" => Ok(Action::Unban),
-        "ban" => ban_action(
-            body.lasts
-                .as_deref()
-                .ok_or("ban needs \"for\", like \"10m\"")?,
-        ),
-        _ if body.clear => {
-            if body.limit.is_some() || body.window.is_some() {
-                return Err("\"clear\" takes no limit or window".into());
-            }
-            Ok(Action::Clear)
-        }
-        _ => override_action(
-            body.limit
-                .ok_or("override needs \"limit\", or \"clear\": true")?,
-            body.window.as_deref(),
-            body.lasts.as_deref(),
-        ),
-    }
-}
-
-async fn admin(state: web::Data<State>, req: HttpRequest, body: web::Bytes) -> HttpResponse {
+async fn admin(state: web::Data<State>, req: HttpRequest, payload: web::Payload) -> HttpResponse {
     let Some(token) = state.token.as_deref() else {
         return text(StatusCode::NOT_FOUND, "not found\n");
     };
-    let client: Option<IpAddr> = req.peer_addr().map(|a| a.ip());
-    let allowed = client.is_some_and(|ip| {
-        let ip = floodgate::net::canonical_ip(ip);
+    let allowed = |ip: &IpAddr| {
+        let ip = floodgate::net::canonical_ip(*ip);
         state.allow.iter().any(|c| c.contains(ip))
-    });
-    if !allowed {
+    };
+    let Some(client) = req.peer_addr().map(|a| a.ip()).filter(allowed) else {
         return error(StatusCode::FORBIDDEN, "forbidden");
-    }
+    };
+    let rls = &state.rls;
     if !bearer(&req).is_some_and(|given| token_matches(given, token)) {
-        let mut res = error(StatusCode::UNAUTHORIZED, "unauthorized");
-        res.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static("Bearer"),
-        );
-        return res;
+        return refuse_authentication(&rls.limiter, &rls.prefix, &req, client).await;
     }
     let what = req.path().strip_prefix("/admin/").unwrap_or_default();
     if !["inspect", "reset", "ban", "unban", "override"].contains(&what) {
@@ -185,7 +141,11 @@ async fn admin(state: web::Data<State>, req: HttpRequest, body: web::Bytes) -> H
     if req.method() != actix_web::http::Method::POST {
         return error(StatusCode::METHOD_NOT_ALLOWED, "use POST");
     }
-    let body: Body = match serde_json::from_slice(&body) {
+    let body = match read_body(&req, payload).await {
+        Ok(body) => body,
+        Err(refused) => return refused,
+    };
+    let body: ActionBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, &format!("bad JSON body: {e}")),
     };
@@ -193,7 +153,6 @@ async fn admin(state: web::Data<State>, req: HttpRequest, body: web::Bytes) -> H
         Ok(a) => a,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e),
     };
-    let rls = &state.rls;
     let values: Vec<&str> = body.values.iter().map(String::as_str).collect();
     let matcher = match rls.matcher.read() {
         Ok(m) => Arc::clone(&m),
@@ -215,11 +174,20 @@ async fn admin(state: web::Data<State>, req: HttpRequest, body: web::Bytes) -> H
         action.name(),
         body.rule,
         body.values,
-        client.map_or_else(|| "?".to_string(), |c| c.to_string())
+        client
     );
     match rls.limiter.operate(check, action).await {
         Ok(seen) => {
             log::info!("{}: ok", Escaped(&shown));
+            let (rule, key) = (body.rule.clone(), seen.key.clone());
+            audit(
+                Arc::clone(&rls.limiter),
+                rls.prefix.clone(),
+                action,
+                (rule, key),
+                client.to_string(),
+            )
+            .await;
             json(StatusCode::OK, seen.to_json(&body.rule))
         }
         Err(e) => {

@@ -6,7 +6,8 @@
 //! whose script calls them. It exists
 //! only with `[admin] token` set (else every `/admin` path is 404), answers
 //! only the `[admin] allow` addresses (403; behind a proxy, an address the
-//! proxy named) bearing the token (401; after [`FAILURES`] failures a
+//! proxy named) bearing the token (401; after
+//! [`FAILURES`](crate::admin_http::FAILURES) failures a
 //! minute from one address, 429), and reads the body only then. Each
 //! action takes exactly the fields the command line takes (else 400). The
 //! filter never counts it (it leaves [`PATH`] unguarded). JSON in and out,
@@ -17,57 +18,25 @@ use std::time::Duration;
 
 use actix_web::http::{header, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse};
-use futures_util::StreamExt;
 
 use std::sync::Arc;
 
 use super::Site;
-use crate::admin_http::{bearer, error, json, token_matches};
+use crate::admin_http::{
+    action_of, audit, bearer, error, json, read_body, refuse_authentication, token_matches,
+    ActionBody,
+};
 use crate::listings;
-use floodgate::limiter::{Action, Check};
+use floodgate::limiter::Action;
 use floodgate::logging::Escaped;
-use floodgate::rule::Algorithm;
-use floodgate::{ban_action, override_action, OperatorError};
+use floodgate::OperatorError;
 
 /// Where the admin API lives.
 pub const PATH: &str = "/admin";
 
-/// Failed authentications (no or a wrong token) one client address may
-/// make in [`FAILURE_WINDOW`]; more get 429 until the oldest leaves it.
-pub const FAILURES: u32 = 5;
-
-/// The window [`FAILURES`] are counted in.
-pub const FAILURE_WINDOW: Duration = Duration::from_secs(60);
-
-/// The name failures are counted under in Redis keys
-/// (`PREFIX:admin.auth:ip:ADDRESS`): no rule can have it (rule names have
-/// no `.`), so no rule shares its counts.
-const FAILURE_NAME: &str = "admin.auth";
-
-/// Largest body read (after the address and token are checked): 413.
-const MAX_BODY: usize = 64 * 1024;
-
 /// Registers the admin API (one handler for every path under [`PATH`]).
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(web::scope(PATH).default_service(web::to(handle)));
-}
-
-/// A request's body, as the API reads it.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Body {
-    rule: String,
-    #[serde(default)]
-    values: Vec<String>,
-    #[serde(default, rename = "for")]
-    lasts: Option<String>,
-    #[serde(default)]
-    limit: Option<i64>,
-    #[serde(default)]
-    window: Option<String>,
-    /// Given (`true` or `false`) only to `override`.
-    #[serde(default)]
-    clear: Option<bool>,
 }
 
 async fn handle(site: web::Data<Site>, req: HttpRequest, payload: web::Payload) -> HttpResponse {
@@ -93,7 +62,8 @@ async fn handle(site: web::Data<Site>, req: HttpRequest, payload: web::Payload) 
         return page(&site);
     }
     if !bearer(&req).is_some_and(|given| token_matches(given, token)) {
-        return refuse_authentication(&site, &req, client).await;
+        let prefix = &site.config.filter.redis.key_prefix;
+        return refuse_authentication(site.filter.limiter(), prefix, &req, client).await;
     }
     let what = req
         .match_info()
@@ -125,7 +95,7 @@ async fn handle(site: web::Data<Site>, req: HttpRequest, payload: web::Payload) 
         Ok(body) => body,
         Err(refused) => return refused,
     };
-    let body: Body = match serde_json::from_slice(&body) {
+    let body: ActionBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, &format!("bad JSON body: {e}")),
     };
@@ -166,166 +136,23 @@ fn allowed(site: &Site, client: IpAddr) -> bool {
         .any(|c| c.contains(ip))
 }
 
-/// A request without the right token: 401, or 429 once its address has
-/// failed [`FAILURES`] times in [`FAILURE_WINDOW`]. Failures are counted in
-/// Redis through the library's [`Limiter`](floodgate::limiter::Limiter) (a sliding
-/// window keyed by the address), so every serving process shares one
-/// count and the process keeps nothing per address; a request with the
-/// right token never gets here, so it is never limited nor counted. When
-/// Redis cannot count, the answer is 401 (the token is still needed).
-async fn refuse_authentication(site: &Site, req: &HttpRequest, client: IpAddr) -> HttpResponse {
-    let limiter = site.filter.limiter();
-    let key = floodgate::rule::redis_key_for(
-        limiter.hash_tags(),
-        &site.config.filter.redis.key_prefix,
-        FAILURE_NAME,
-        "ip",
-        &floodgate::net::ip_id(client),
-    );
-    let decided = match Algorithm::sliding_window(FAILURES, FAILURE_WINDOW) {
-        Ok(algorithm) => limiter
-            .decide(vec![Check::new(key, algorithm)])
-            .await
-            .map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
-    };
-    let over = match decided {
-        Ok(decision) if !decision.allowed => {
-            decision.outcomes.first().map(|o| o.retry_after_secs())
-        }
-        Ok(_) => None,
-        Err(e) => {
-            log::warn!(
-                "admin: cannot count a failed authentication ({})",
-                Escaped(&e)
-            );
-            None
-        }
-    };
-    if let Some(retry) = over {
-        crate::repeated!(
-            &crate::log_kinds::ADMIN_REFUSED,
-            "admin: {} from {client}: refused (too many failed authentications)",
-            Escaped(req.path())
-        );
-        let mut res = json(
-            StatusCode::TOO_MANY_REQUESTS,
-            format!("{{\"error\":\"rate_limited\",\"retry_after\":{retry}}}"),
-        );
-        res.headers_mut()
-            .insert(header::RETRY_AFTER, header::HeaderValue::from(retry));
-        return res;
-    }
-    crate::repeated!(
-        &crate::log_kinds::ADMIN_REFUSED,
-        "admin: {} from {client}: refused (no or wrong token)",
-        Escaped(req.path())
-    );
-    let mut res = error(StatusCode::UNAUTHORIZED, "unauthorized");
-    res.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        header::HeaderValue::from_static("Bearer"),
-    );
-    res
-}
-
-/// The body, up to [`MAX_BODY`] (413 beyond; 400 when the connection breaks).
-async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<Vec<u8>, HttpResponse> {
-    let too_large = || error(StatusCode::PAYLOAD_TOO_LARGE, "body too large");
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY as u64) {
-        return Err(too_large());
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|_| error(StatusCode::BAD_REQUEST, "unreadable body"))?;
-        if body.len() + chunk.len() > MAX_BODY {
-            return Err(too_large());
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
-}
-
-/// The action `what` asks for, from exactly its own fields, as the
-/// command line takes them (`src/operator.rs`): `inspect`, `reset` and
-/// `unban` none; `ban` `for`; `override` `limit` (with `window` and `for`)
-/// or `clear: true` alone. Any other field given is refused.
-fn action_of(what: &str, body: &Body) -> Result<Action, String> {
-    let given = [
-        ("for", body.lasts.is_some()),
-        ("limit", body.limit.is_some()),
-        ("window", body.window.is_some()),
-        ("clear", body.clear.is_some()),
-    ];
-    let only = |takes: &[&str], doing: &str| -> Result<(), String> {
-        match given.iter().find(|(name, is)| *is && !takes.contains(name)) {
-            Some((name, _)) => Err(format!("{doing} takes no \"{name}\"")),
-            None => Ok(()),
-        }
-    };
-    match what {
-        "inspect" | "reset" | "unban" => {
-            only(&[], what)?;
-            Ok(match what {
-                "inspect" => Action::Inspect,
-                "reset" => Action::Reset,
-                _ => Action::Unban,
-            })
-        }
-        "ban" => {
-            only(&["for"], what)?;
-            ban_action(
-                body.lasts
-                    .as_deref()
-                    .ok_or("ban needs \"for\", like \"10m\"")?,
-            )
-        }
-        _ if body.clear == Some(true) => {
-            only(&["clear"], "override with \"clear\"")?;
-            Ok(Action::Clear)
-        }
-        _ => {
-            only(&["limit", "window", "for", "clear"], what)?;
-            override_action(
-                body.limit
-                    .ok_or("override needs \"limit\", or \"clear\": true")?,
-                body.window.as_deref(),
-                body.lasts.as_deref(),
-            )
-        }
-    }
-}
-
 /// Runs `action` and records it in the audit trail, by `client`.
 async fn run(
     site: &Site,
-    body: &Body,
+    body: &ActionBody,
     action: Action,
     client: IpAddr,
 ) -> Result<String, OperatorError> {
     let values: Vec<&str> = body.values.iter().map(String::as_str).collect();
     let seen = site.filter.operate(&body.rule, &values, action).await?;
-    let limiter = Arc::clone(site.filter.limiter());
-    let prefix = site.config.filter.redis.key_prefix.clone();
-    let (rule, key) = (body.rule.clone(), seen.key.clone());
-    let recorded = web::block(move || {
-        listings::record(&limiter, &prefix, &action, &rule, &key, &client.to_string())
-    })
+    audit(
+        Arc::clone(site.filter.limiter()),
+        site.config.filter.redis.key_prefix.clone(),
+        action,
+        (body.rule.clone(), seen.key.clone()),
+        client.to_string(),
+    )
     .await;
-    if let Err(e) = recorded
-        .map_err(|e| e.to_string())
-        .and_then(|r| r.map_err(|e| e.to_string()))
-    {
-        log::warn!(
-            "admin {}: done, but not written to the audit trail: {e}",
-            action.name()
-        );
-    }
     Ok(seen.to_json(&body.rule))
 }
 

@@ -160,6 +160,32 @@ async fn ban_inspect_override_reset_by_rule_name_and_values() {
     assert_eq!(seen["used"], 0, "{text}");
     let r = c.should_rate_limit(one()).await.unwrap();
     assert_eq!(codes(&r)[0].0, "OK");
+
+    // As the site's: the action is in the audit trail, by the address...
+    let (code, out, err) = floodgate(&["audit", "--config", config]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.contains("\"action\":\"reset\"") && l.contains("\"by\":\"127.0.0.1\"")),
+        "{out}"
+    );
+    // ...a field the action does not take is refused...
+    let extra = format!("{{\"rule\":\"per-user\",\"values\":[\"acme\",\"{user}\"],\"limit\":5}}");
+    let (status, text) = http_request(
+        svc.http,
+        &format!(
+            "POST /admin/reset HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sesame-sesame-sesame\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{extra}",
+            extra.len()
+        ),
+    );
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("reset takes no \\\"limit\\\""), "{text}");
+    // ...and wrong tokens are counted: 429 after five a minute.
+    let statuses: Vec<u16> = (0..6)
+        .map(|_| http_request(svc.http, &request("/admin/inspect", "wrong")).0)
+        .collect();
+    // (One wrong token was sent above.)
+    assert_eq!(statuses, [401, 401, 401, 401, 429, 429]);
 }
 
 /// `floodgate top` and `find` on the service's limits: the identities its

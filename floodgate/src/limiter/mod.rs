@@ -36,10 +36,10 @@ use std::time::Duration;
 use crate::rule::InvalidPolicy;
 
 pub use self::decide::Limiter;
-pub use self::deny_cache::Remembered;
 /// For the tests (through [`Limiter::deny_cache`]): not part of the API.
 #[doc(hidden)]
 pub use self::deny_cache::DenyCache;
+pub use self::deny_cache::Remembered;
 pub use self::error::LimiterError;
 pub use self::operator::{
     split_state_key, Action, AuditEntry, Inspection, Listed, ListedOverride, OverrideState,
