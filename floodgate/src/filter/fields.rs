@@ -18,8 +18,9 @@
 //! Filters nest (limits wrapped on a resource inside the app's filter):
 //! the inner one writes first, the outer one merges. `ietf` lists are
 //! merged as text (ours first, then the inner's items); the one-rule
-//! dialects are merged from what the inner filter noted in the request's
-//! extensions, so that the pick is the most restrictive over both filters.
+//! dialects are merged from what the inner filter noted ([`Noted`], which
+//! each door carries from the inner filter to the outer one), so that the
+//! pick is the most restrictive over both filters.
 //!
 //! A request with an `Origin` (a page's script, across origins) gets the
 //! names of the rate-limit fields its response carries (and `Retry-After`
@@ -160,9 +161,8 @@ const EXPOSABLE: [&str; 9] = [
 
 /// What `Access-Control-Expose-Headers` holds for a request with an
 /// `Origin`: the application's own list, and the names a filter added after
-/// it. Noted in the request's extensions for the filter around (actix), so
-/// that it lists exactly the fields the response carries once it merged
-/// its own.
+/// it. Noted for the filter around ([`Noted`]), so that it lists exactly
+/// the fields the response carries once it merged its own.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Exposed {
     /// The application's own list, as it was before any filter added to it.
@@ -216,15 +216,57 @@ pub(crate) fn expose(headers: &mut impl FieldMap, exposed: &mut Exposed, denied:
     }
 }
 
-/// What a filter showed in the one-rule dialects of a response, noted in
-/// the request's extensions for the filter around it. Only requests with a
-/// rule of such a dialect carry one.
+/// What a filter showed in the one-rule dialects of a response, noted for
+/// the filter around it ([`Noted`]). Only requests with a rule of such a
+/// dialect carry one.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Shown {
     /// The pick of each dialect of [`SINGLE`], written or not.
     picks: [Option<Pick>; 3],
     /// Which of them are in the response (and so must go before a merge).
     written: [bool; 3],
+}
+
+/// What one filter notes for the filter around it (filters nest): what it
+/// showed in the one-rule dialects, and what it listed for a page's script.
+/// Each door carries it from the inner filter to the outer one: actix in
+/// the request's extensions, tower in the response's.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Noted {
+    shown: Option<Shown>,
+    exposed: Option<Exposed>,
+}
+
+/// [`write`] for one of nested filters: after what the filter inside
+/// `noted` (if any), and noting in turn what this one wrote. `origin`: the
+/// request came with an `Origin`.
+pub(crate) fn write_noted(
+    headers: &mut impl FieldMap,
+    noted: Option<Noted>,
+    origin: bool,
+    (rules, outcomes): (&[&Rule], &[Outcome]),
+    denied: bool,
+) -> Noted {
+    let Noted { shown, exposed } = noted.unwrap_or_default();
+    let mut exposed = origin.then(|| exposed.unwrap_or_else(|| Exposed::of(headers)));
+    let shown = write(headers, shown, rules, outcomes, denied, exposed.as_mut());
+    Noted { shown, exposed }
+}
+
+/// A response no one could decide (503): `Retry-After` listed for a page's
+/// script (when `origin`), after what a filter inside noted.
+pub(crate) fn expose_unavailable(
+    headers: &mut impl FieldMap,
+    noted: Option<Noted>,
+    origin: bool,
+) -> Noted {
+    let mut noted = noted.unwrap_or_default();
+    if origin {
+        let mut exposed = Exposed::of(headers);
+        expose(headers, &mut exposed, true);
+        noted.exposed = Some(exposed);
+    }
+    noted
 }
 
 /// Writes the fields of `rules` (with their `outcomes`, one each) into a
@@ -389,13 +431,27 @@ fn fields(dialect: HeaderDialect, pick: Pick) -> Vec<(&'static str, String)> {
     }
 }
 
-// Through the actix door, whose filters nest by the request's extensions.
-#[cfg(all(test, feature = "actix"))]
+#[cfg(test)]
 mod tests {
     use super::*;
-    use crate::filter::actix::noted;
-    use actix_web::http::header::HeaderMap;
+    use http::HeaderMap;
+    use std::cell::RefCell;
     use std::time::Duration;
+
+    /// A request through nested filters, as a door carries it: whether it
+    /// has an `Origin`, and what the last filter noted.
+    #[derive(Default)]
+    struct Req {
+        origin: bool,
+        noted: RefCell<Option<Noted>>,
+    }
+
+    /// One filter writing its fields, as both doors do.
+    fn noted(req: &Req, h: &mut HeaderMap, rules: &[&Rule], outcomes: &[Outcome], denied: bool) {
+        let earlier = req.noted.borrow_mut().take();
+        let now = write_noted(h, earlier, req.origin, (rules, outcomes), denied);
+        *req.noted.borrow_mut() = Some(now);
+    }
 
     fn rule(name: &str, headers: HeaderDialect, limit: u32) -> Rule {
         let toml = format!(
@@ -423,7 +479,7 @@ mod tests {
     }
 
     fn written(rules: &[&Rule], outcomes: &[Outcome]) -> HeaderMap {
-        let req = actix_web::test::TestRequest::default().to_http_request();
+        let req = Req::default();
         let mut h = HeaderMap::new();
         noted(&req, &mut h, rules, outcomes, false);
         h
@@ -481,7 +537,7 @@ mod tests {
 
     #[test]
     fn an_outer_filter_merges_with_the_inner_ones_pick() {
-        let req = actix_web::test::TestRequest::default().to_http_request();
+        let req = Req::default();
         let mut h = HeaderMap::new();
         let inner = rule("inner", HeaderDialect::XRateLimit, 5);
         noted(&req, &mut h, &[&inner], &[ok(1, 60)], false);
@@ -490,7 +546,7 @@ mod tests {
         assert_eq!(text(&h, "x-ratelimit-limit").as_deref(), Some("5"));
         assert_eq!(text(&h, "x-ratelimit-remaining").as_deref(), Some("1"));
         // An outer ietf rule takes RateLimit from an inner draft-7 rule.
-        let req = actix_web::test::TestRequest::default().to_http_request();
+        let req = Req::default();
         let mut h = HeaderMap::new();
         let inner = rule("inner", HeaderDialect::Draft7, 5);
         noted(&req, &mut h, &[&inner], &[ok(1, 60)], false);
@@ -504,7 +560,7 @@ mod tests {
 
     #[test]
     fn a_denial_shows_zero_for_the_denier_and_untaken_units_for_the_rest() {
-        let req = actix_web::test::TestRequest::default().to_http_request();
+        let req = Req::default();
         let mut h = HeaderMap::new();
         let a = rule("a", HeaderDialect::Ietf, 10);
         let b = rule("b", HeaderDialect::Ietf, 3);
@@ -530,10 +586,11 @@ mod tests {
             .unwrap_or_default()
     }
 
-    fn from_origin() -> actix_web::HttpRequest {
-        actix_web::test::TestRequest::default()
-            .insert_header(("origin", "https://app.example"))
-            .to_http_request()
+    fn from_origin() -> Req {
+        Req {
+            origin: true,
+            ..Req::default()
+        }
     }
 
     #[test]
@@ -569,7 +626,7 @@ mod tests {
 
     #[test]
     fn the_applications_own_names_come_first_and_none_twice() {
-        use actix_web::http::header::{HeaderName, HeaderValue};
+        use http::header::{HeaderName, HeaderValue};
         let a = rule("a", HeaderDialect::Ietf, 10);
         let mut h = HeaderMap::new();
         h.append(
@@ -607,7 +664,7 @@ mod tests {
 
     #[test]
     fn an_outer_filter_names_exactly_the_fields_left_after_its_merge() {
-        use actix_web::http::header::{HeaderName, HeaderValue};
+        use http::header::{HeaderName, HeaderValue};
         let req = from_origin();
         let mut h = HeaderMap::new();
         h.insert(

@@ -251,11 +251,11 @@ where
                     true,
                 ),
                 Denied::Unavailable(_) => {
-                    if origin {
-                        let mut exposed = fields::Exposed::of(&answered.headers);
-                        fields::expose(&mut answered.headers, &mut exposed, true);
-                        noted.insert(exposed);
-                    }
+                    noted.insert(fields::expose_unavailable(
+                        &mut answered.headers,
+                        None,
+                        origin,
+                    ));
                 }
             }
             // The filters around this one give back what they took.
@@ -300,17 +300,9 @@ fn with_fields(
     outcomes: &[Outcome],
     denied: bool,
 ) {
-    let inner = extensions.remove::<fields::Shown>();
-    let mut exposed = origin.then(|| {
-        let earlier = extensions.remove::<fields::Exposed>();
-        earlier.unwrap_or_else(|| fields::Exposed::of(headers))
-    });
-    if let Some(shown) = fields::write(headers, inner, rules, outcomes, denied, exposed.as_mut()) {
-        extensions.insert(shown);
-    }
-    if let Some(exposed) = exposed {
-        extensions.insert(exposed);
-    }
+    let earlier = extensions.remove::<fields::Noted>();
+    let now = fields::write_noted(headers, earlier, origin, (rules, outcomes), denied);
+    extensions.insert(now);
 }
 
 /// The inner service's answer.

@@ -88,7 +88,7 @@ impl Limiter {
         let program = Program::batch();
         let id = LIMITERS.fetch_add(1, Ordering::Relaxed);
         let local = LocalLimiter::default();
-        let top = Arc::new(super::operator::Tally::default());
+        let top = Arc::new(super::shared::Tally::default());
         super::operator::start_top_writer(&top, pool.clone(), &config.key_prefix);
         let shared = Arc::new(Shared {
             top,

@@ -94,6 +94,22 @@ pub enum Dispatch {
     Worker,
 }
 
+// (Here rather than in `rule`: the domain does not know the limiter.)
+impl crate::rule::Rule {
+    /// The check this rule makes of the identity whose Redis key is `key`
+    /// (see [`Limiter::decide`](crate::limiter::Limiter::decide)): its
+    /// algorithm, cost, mode and penalty.
+    pub fn check(&self, key: impl Into<String>) -> Check {
+        Check {
+            key: key.into(),
+            algorithm: self.algorithm,
+            cost: self.cost,
+            enforce: self.mode == crate::rule::Mode::Enforce,
+            penalty: self.penalty,
+        }
+    }
+}
+
 /// The most units one [`Check`] may take (the largest limit an algorithm
 /// takes).
 pub const MAX_COST: u32 = crate::units::MAX_LARGE_LIMIT;

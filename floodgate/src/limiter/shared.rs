@@ -3,7 +3,9 @@
 //! it): the shared counters, clock, breaker and denial cache, and the job
 //! one request's checks travel in.
 
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -33,7 +35,7 @@ pub(crate) struct Shared {
     /// asked (the filter's rules, Envoy's rate-limit service).
     pub(crate) bans: std::sync::Arc<super::local::Bans>,
     /// Denials not yet written for `floodgate top` (see `operator/top.rs`).
-    pub(crate) top: std::sync::Arc<super::operator::Tally>,
+    pub(crate) top: std::sync::Arc<Tally>,
     /// Redis Cluster: each master's breaker and clock, by address.
     #[cfg(feature = "cluster")]
     pub(crate) masters: MasterHealths,
@@ -68,5 +70,44 @@ impl Job {
     /// a late call takes nothing. `None` until the clock is known.
     pub(crate) fn redis_deadline(&self, clock: &RedisClock, margin: Duration) -> Option<i64> {
         clock.redis_ms(self.deadline - margin)
+    }
+}
+
+/// Identities one process tallies between two writes.
+pub(crate) const TALLY_MOST: usize = 20_000;
+
+/// Denials by identity (its state key, which names its rule).
+pub(crate) type Counts = HashMap<String, u64>;
+
+/// Denials by rule and identity since the last write, and how many did not
+/// fit.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    counts: Mutex<(Counts, u64)>,
+}
+
+impl Tally {
+    /// Counts one denial of the identity whose state key is `key`.
+    pub(crate) fn add(&self, key: &str) {
+        let mut guard = match self.counts.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let (counts, dropped) = &mut *guard;
+        if let Some(n) = counts.get_mut(key) {
+            *n += 1;
+        } else if counts.len() < TALLY_MOST {
+            counts.insert(key.to_string(), 1);
+        } else {
+            *dropped += 1;
+        }
+    }
+
+    pub(crate) fn take(&self) -> (Counts, u64) {
+        let mut guard = match self.counts.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        std::mem::take(&mut *guard)
     }
 }

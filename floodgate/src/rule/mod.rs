@@ -287,19 +287,6 @@ impl Rule {
         self.penalty
     }
 
-    /// The check this rule makes of the identity whose Redis key is `key`
-    /// (see [`Limiter::decide`](crate::limiter::Limiter::decide)): its
-    /// algorithm, cost, mode and penalty.
-    pub fn check(&self, key: impl Into<String>) -> crate::limiter::Check {
-        crate::limiter::Check {
-            key: key.into(),
-            algorithm: self.algorithm,
-            cost: self.cost,
-            enforce: self.mode == Mode::Enforce,
-            penalty: self.penalty,
-        }
-    }
-
     /// Whether a predicate of the application's skips some requests (a
     /// [`Limit::skip_if`](crate::Limit::skip_if)).
     pub fn has_skip(&self) -> bool {

@@ -15,9 +15,6 @@ mod body;
 mod request;
 mod response;
 
-#[cfg(test)]
-pub(super) use self::response::noted;
-
 use std::future::{ready, Future, Ready};
 use std::net::IpAddr;
 use std::pin::Pin;

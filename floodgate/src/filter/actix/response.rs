@@ -7,7 +7,7 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::{HttpMessage, HttpRequest, HttpResponse};
 
 use crate::filter::deny::{refusal, Denied, Refused};
-use crate::filter::fields::{expose, write, Exposed, Shown};
+use crate::filter::fields::{expose_unavailable, write_noted, Noted};
 use crate::filter::{values, Filter, Usage};
 use crate::limiter::Outcome;
 use crate::logging::Escaped;
@@ -79,13 +79,9 @@ pub(super) fn on_denial(
 /// Names `Retry-After` in `Access-Control-Expose-Headers` of the `503` a
 /// request with an `Origin` gets when no one could decide it.
 pub(super) fn on_unavailable(res: &mut HttpResponse, req: &HttpRequest) {
-    if !has_origin(req) {
-        return;
-    }
-    let headers = res.headers_mut();
-    let mut exposed = Exposed::of(headers);
-    expose(headers, &mut exposed, true);
-    req.extensions_mut().insert(exposed);
+    let earlier = req.extensions_mut().remove::<Noted>();
+    let now = expose_unavailable(res.headers_mut(), earlier, has_origin(req));
+    req.extensions_mut().insert(now);
 }
 
 /// Whether the request names the origin of a page's script.
@@ -93,24 +89,16 @@ fn has_origin(req: &HttpRequest) -> bool {
     req.headers().contains_key(actix_web::http::header::ORIGIN)
 }
 
-/// [`write`], with what an inner filter showed (and exposed) taken from,
-/// and what this one shows noted in, the request's extensions.
-pub(in crate::filter) fn noted(
+/// [`write_noted`], with what a filter inside noted taken from, and what
+/// this one writes noted in, the request's extensions.
+fn noted(
     req: &HttpRequest,
     headers: &mut actix_web::http::header::HeaderMap,
     rules: &[&Rule],
     outcomes: &[Outcome],
     denied: bool,
 ) {
-    let inner = req.extensions_mut().remove::<Shown>();
-    let mut exposed = has_origin(req).then(|| {
-        let earlier = req.extensions_mut().remove::<Exposed>();
-        earlier.unwrap_or_else(|| Exposed::of(headers))
-    });
-    if let Some(shown) = write(headers, inner, rules, outcomes, denied, exposed.as_mut()) {
-        req.extensions_mut().insert(shown);
-    }
-    if let Some(exposed) = exposed {
-        req.extensions_mut().insert(exposed);
-    }
+    let earlier = req.extensions_mut().remove::<Noted>();
+    let now = write_noted(headers, earlier, has_origin(req), (rules, outcomes), denied);
+    req.extensions_mut().insert(now);
 }

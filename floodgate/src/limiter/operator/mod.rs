@@ -37,7 +37,7 @@ pub(crate) use self::list::penalty_writer;
 pub use self::list::{split_state_key, AuditEntry, Listed, ListedOverride};
 use self::listener::announcement;
 pub(in crate::limiter) use self::listener::listen;
-pub(crate) use self::top::{start_writer as start_top_writer, Tally};
+pub(crate) use self::top::start_writer as start_top_writer;
 pub use self::top::{TopEntry, TOP_SINCE_MOST};
 use super::conn::Pool;
 use super::local::Bans;

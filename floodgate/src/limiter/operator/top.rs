@@ -13,15 +13,14 @@
 //! to its request's path but a lock and a map insert.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use super::{split_state_key, Limiter};
 use crate::limiter::conn::Pool;
+use crate::limiter::shared::{Counts, Tally, TALLY_MOST};
 use crate::limiter::LimiterError;
 
-/// Identities one process tallies between two writes.
-const TALLY_MOST: usize = 20_000;
 /// Identities a rule's minute keeps (the most denied).
 const MINUTE_MOST: usize = 1000;
 /// Identities a rule's last-denial set keeps (the newest).
@@ -54,42 +53,6 @@ fn write_script() -> &'static redis::Script {
             "local MINUTE_MOST = {MINUTE_MOST}\nlocal LAST_MOST = {LAST_MOST}\n{WRITE}"
         ))
     })
-}
-
-/// Denials by identity (its state key, which names its rule).
-type Counts = HashMap<String, u64>;
-
-/// Denials by rule and identity since the last write, and how many did not
-/// fit.
-#[derive(Debug, Default)]
-pub(crate) struct Tally {
-    counts: Mutex<(Counts, u64)>,
-}
-
-impl Tally {
-    /// Counts one denial of the identity whose state key is `key`.
-    pub(crate) fn add(&self, key: &str) {
-        let mut guard = match self.counts.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        let (counts, dropped) = &mut *guard;
-        if let Some(n) = counts.get_mut(key) {
-            *n += 1;
-        } else if counts.len() < TALLY_MOST {
-            counts.insert(key.to_string(), 1);
-        } else {
-            *dropped += 1;
-        }
-    }
-
-    fn take(&self) -> (Counts, u64) {
-        let mut guard = match self.counts.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        std::mem::take(&mut *guard)
-    }
 }
 
 /// The keys of `rule`'s sets under `prefix`.
