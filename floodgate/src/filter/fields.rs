@@ -238,19 +238,20 @@ pub(crate) struct Noted {
 }
 
 /// [`write`] for one of nested filters: after what the filter inside
-/// `noted` (if any), and noting in turn what this one wrote. `origin`: the
-/// request came with an `Origin`.
+/// `noted` (if any), and noting in turn what this one wrote (`None`:
+/// nothing a filter around needs, the common case, so that a request
+/// stores nothing). `origin`: the request came with an `Origin`.
 pub(crate) fn write_noted(
     headers: &mut impl FieldMap,
     noted: Option<Noted>,
     origin: bool,
     (rules, outcomes): (&[&Rule], &[Outcome]),
     denied: bool,
-) -> Noted {
+) -> Option<Noted> {
     let Noted { shown, exposed } = noted.unwrap_or_default();
     let mut exposed = origin.then(|| exposed.unwrap_or_else(|| Exposed::of(headers)));
     let shown = write(headers, shown, rules, outcomes, denied, exposed.as_mut());
-    Noted { shown, exposed }
+    (shown.is_some() || exposed.is_some()).then_some(Noted { shown, exposed })
 }
 
 /// A response no one could decide (503): `Retry-After` listed for a page's
@@ -450,7 +451,7 @@ mod tests {
     fn noted(req: &Req, h: &mut HeaderMap, rules: &[&Rule], outcomes: &[Outcome], denied: bool) {
         let earlier = req.noted.borrow_mut().take();
         let now = write_noted(h, earlier, req.origin, (rules, outcomes), denied);
-        *req.noted.borrow_mut() = Some(now);
+        *req.noted.borrow_mut() = now;
     }
 
     fn rule(name: &str, headers: HeaderDialect, limit: u32) -> Rule {

@@ -301,8 +301,9 @@ fn with_fields(
     denied: bool,
 ) {
     let earlier = extensions.remove::<fields::Noted>();
-    let now = fields::write_noted(headers, earlier, origin, (rules, outcomes), denied);
-    extensions.insert(now);
+    if let Some(now) = fields::write_noted(headers, earlier, origin, (rules, outcomes), denied) {
+        extensions.insert(now);
+    }
 }
 
 /// The inner service's answer.

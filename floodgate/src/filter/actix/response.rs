@@ -99,6 +99,7 @@ fn noted(
     denied: bool,
 ) {
     let earlier = req.extensions_mut().remove::<Noted>();
-    let now = write_noted(headers, earlier, has_origin(req), (rules, outcomes), denied);
-    req.extensions_mut().insert(now);
+    if let Some(now) = write_noted(headers, earlier, has_origin(req), (rules, outcomes), denied) {
+        req.extensions_mut().insert(now);
+    }
 }
