@@ -134,7 +134,7 @@ pub fn action_of(what: &str, body: &ActionBody) -> Result<Action, String> {
 
 /// A request without the right token: 401, or 429 once its address has
 /// failed [`FAILURES`] times in [`FAILURE_WINDOW`]. Failures are counted in
-/// Redis through the library's [`Limiter`](floodgate::limiter::Limiter) (a sliding
+/// Redis through the library's [`Limiter`] (a sliding
 /// window keyed by the address), so every serving process shares one
 /// count and the process keeps nothing per address; a request with the
 /// right token never gets here, so it is never limited nor counted. When

@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use super::decision::{summary, Verdict};
+use super::decision::{self, summary, Verdict};
 use super::deny::{denying, noted, DecidedBy, Denied, Input, Refused};
 use super::head::Head;
 use super::{json, usage, values, Filter, Usage, MAX_HEADER_BYTES};
@@ -290,7 +290,30 @@ pub(super) struct Admitted<'r> {
     here: Option<u64>,
 }
 
-/// Stage 4: what the verdict on `matched` (with their `checks`) comes to
+/// Stage 4: the decision on `matched` (with their `checks`; a rule of
+/// `own` decides, and shows, the quota its key chose for the identity),
+/// timed, and what it comes to ([`settle`]).
+pub(super) async fn decided<'r>(
+    filter: &Filter,
+    matched: Vec<&'r Rule>,
+    Checked { checks, own }: &'r mut Checked,
+    (method, path): (&str, &str),
+) -> (Settled<'r>, Instant) {
+    let mut matched = matched;
+    for (i, r) in own.iter() {
+        matched[*i] = r;
+    }
+    let checks = std::mem::take(checks);
+    let metrics = &filter.state.metrics;
+    let started = Instant::now();
+    let verdict =
+        decision::decide(&filter.state.limiter, metrics, &matched, &checks, started).await;
+    metrics.observe(started.elapsed());
+    let settled = settle(filter, matched, checks, verdict, (method, path));
+    (settled, started)
+}
+
+/// What the verdict on `matched` (with their `checks`) comes to
 /// for the request `method` `path` (decoded), counted and logged.
 pub(super) fn settle<'r>(
     filter: &Filter,

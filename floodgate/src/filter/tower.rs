@@ -31,7 +31,6 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -39,10 +38,9 @@ use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, Limited};
 
-use super::decision;
 use super::deny::{refusal, Answer, Denied, Input, Refused};
 use super::head::Head;
-use super::request::{checks, guarding, lookups, settle, Admitted, Checked, Settled};
+use super::request::{checks, decided, guarding, lookups, Admitted, Settled};
 use super::usage::Withdrawn;
 use super::{fields, json, values, Filter, Usage};
 use crate::head::RequestHead;
@@ -211,26 +209,13 @@ where
     let looked_up = lookups(&filter, &TowerHead::new(&parts), &matched).await;
     let head = TowerHead::new(&parts);
     let keyed = checks(&filter, &head, &path, &read.read(), &looked_up, &matched);
-    let Checked { checks, own } = match keyed {
+    let mut checked = match keyed {
         Ok(keyed) => keyed,
         Err(refused) => return Ok(written(refusal(&refused, &parts.headers))),
     };
-    let mut matched = matched;
-    for (i, r) in &own {
-        matched[*i] = r;
-    }
-    let metrics = &filter.state.metrics;
-    let started = Instant::now();
-    let verdict =
-        decision::decide(&filter.state.limiter, metrics, &matched, &checks, started).await;
-    metrics.observe(started.elapsed());
-    let settled = settle(
-        &filter,
-        matched,
-        checks,
-        verdict,
-        (parts.method.as_str(), &path),
-    );
+    let method = parts.method.clone();
+    let (settled, started) =
+        decided(&filter, matched, &mut checked, (method.as_str(), &path)).await;
     // Whether the fields are named for a page's script (the request moves
     // on to the inner service before they are written).
     let origin = parts.headers.contains_key(http::header::ORIGIN);

@@ -12,16 +12,15 @@ use actix_web::{Error, HttpMessage};
 
 use super::body::read_bodies;
 use super::response::{deny, on_response, refuse};
-use crate::filter::decision;
-use crate::filter::request::{checks, guarding, lookups, settle, Admitted, Checked, Settled};
+use crate::filter::request::{checks, decided, guarding, lookups, Admitted, Settled};
 use crate::filter::usage::Withdrawn;
 use crate::filter::{Filter, Usage};
 use crate::rule;
 
 /// A request through the filter, in stages: the rules that guard it
 /// ([`guarding`]), the bodies their keys read ([`read_bodies`]), each
-/// rule's check ([`checks`]), the decision ([`decision::decide`]), what it
-/// comes to ([`settle`]), and the answer: a denial ([`deny`]) or the
+/// rule's check ([`checks`]), the decision and what it comes to
+/// ([`decided`]), and the answer: a denial ([`deny`]) or the
 /// handler's ([`handled`]). A stage that refuses the request says why,
 /// and [`refuse`] answers it.
 pub(super) async fn filter_request<S, B>(
@@ -53,30 +52,12 @@ where
         &matched,
     );
     drop(bodies);
-    let Checked { checks, own } = match keyed {
+    let mut checked = match keyed {
         Ok(keyed) => keyed,
         Err(refused) => return Ok(refuse(req, refused)),
     };
-    // A rule whose key chose the identity's own quota decides (and shows)
-    // that quota for this request.
-    let mut matched = matched;
-    for (i, r) in &own {
-        matched[*i] = r;
-    }
-
-    let metrics = &filter.state.metrics;
-    let started = Instant::now();
-    // The checks stay here, for a give-back and for the handler's `Usage`.
-    let verdict =
-        decision::decide(&filter.state.limiter, metrics, &matched, &checks, started).await;
-    metrics.observe(started.elapsed());
-    let settled = settle(
-        &filter,
-        matched,
-        checks,
-        verdict,
-        (req.method().as_str(), &path),
-    );
+    let method = req.method().as_str();
+    let (settled, started) = decided(&filter, matched, &mut checked, (method, &path)).await;
     match settled {
         Settled::Denied(denied) => Ok(deny(&filter, req, denied)),
         Settled::Admitted(admitted) => {
