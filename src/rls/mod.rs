@@ -119,7 +119,10 @@ pub fn serve(path: &Path) -> Result<(), ServeError> {
     let options = LimiterOptions {
         deny_cache: config.filter.limiter.deny_cache,
         breaker: config.filter.limiter.breaker,
-        dispatch: Dispatch::Threads,
+        // Each runtime thread batches its tick's calls on a connection
+        // of its own, as the site's workers do (a stalled Redis hands the
+        // call to the lane's helper thread).
+        dispatch: Dispatch::Worker,
     };
     let limiter = Arc::new(
         Limiter::new(&config.filter.redis, options)
