@@ -40,6 +40,18 @@ pub mod __private {
     pub use crate::limiter::local::LocalLimiter;
     pub use crate::limiter::wire::SCRIPT_SOURCE;
 
+    /// A check that `Check::with_cost` would refuse (a cost above the
+    /// quota), for the tests of what Redis does with one.
+    pub fn unchecked_check(
+        key: &str,
+        algorithm: crate::rule::Algorithm,
+        cost: u32,
+    ) -> crate::limiter::Check {
+        let mut check = crate::limiter::Check::new(key, algorithm);
+        check.cost = cost;
+        check
+    }
+
     /// The function library the dispatchers call (`FUNCTION LOAD` takes the
     /// first), and the name of its batch function (for `FCALL`).
     pub fn batch_function() -> (&'static str, &'static str) {

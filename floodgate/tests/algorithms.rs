@@ -154,3 +154,33 @@ fn sliding_counter_over_admission_on_bursts_at_window_edges() {
     );
     assert!(approx <= exact * 2);
 }
+
+/// A check cannot ask for more units than its algorithm's quota (it could
+/// never fit, and Redis refuses to decide it): `Check::with_cost` refuses
+/// it, as a rule's `cost` is refused; the whole quota fits at once.
+#[test]
+fn a_cost_above_the_quota_cannot_be_asked() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let minute = Duration::from_secs(60);
+    let algorithms = [
+        Algorithm::sliding_window(5, minute).unwrap(),
+        Algorithm::fixed_window(5, minute).unwrap(),
+        Algorithm::token_bucket(1.0, 5).unwrap(),
+        Algorithm::gcra(5, minute).unwrap(),
+        Algorithm::sliding_counter(5, minute).unwrap(),
+    ];
+    for (i, a) in algorithms.into_iter().enumerate() {
+        let key = format!("p:over{i}:ip:1");
+        let refused = Check::new(key.as_str(), a).with_cost(6).unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .starts_with("cost must be between 1 and 5"),
+            "{a:?}: {refused}"
+        );
+        let d = decide(&mut conn, T0, &check(&key, a, 5));
+        assert!(d.allowed, "{a:?}: {d:?}");
+        assert_eq!(d.outcomes[0].remaining, 0, "{a:?}: {d:?}");
+    }
+}

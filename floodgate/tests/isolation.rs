@@ -213,7 +213,11 @@ async fn a_broken_rule_fails_alone_in_its_batch() {
         // Parameters out of range (a cost over the limit).
         (
             Some(T0),
-            vec![check("floodgate:ok:ip:3", sliding(2, 1000), 3)],
+            vec![floodgate_limiter::__private::unchecked_check(
+                "floodgate:ok:ip:3",
+                sliding(2, 1000),
+                3,
+            )],
         ),
         (
             Some(T0),

@@ -329,7 +329,7 @@ impl Rls {
         for (i, a) in applied.iter().enumerate() {
             if let Some(a) = a {
                 if let (Some(algorithm), false) = (a.algorithm, a.unlimited || a.never()) {
-                    // (Hits are at most MAX_HITS, which a check takes.)
+                    // (Not `never()`: the hits fit in the limit's quota.)
                     let check = Check::new(a.key.clone(), algorithm)
                         .with_cost(a.hits)
                         .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?

@@ -110,13 +110,9 @@ impl crate::rule::Rule {
     }
 }
 
-/// The most units one [`Check`] may take (the largest limit an algorithm
-/// takes).
-pub const MAX_COST: u32 = crate::units::MAX_LARGE_LIMIT;
-
 /// One rule's question about one request: may `cost` units be taken from
 /// `key`? Built by [`Check::new`] and its methods, which keep the cost
-/// within the algorithm's quota.
+/// within the algorithm's quota (as a rule's).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Check {
     /// The full Redis key, `PREFIX:RULE:KIND:ID`.
@@ -145,13 +141,15 @@ impl Check {
         }
     }
 
-    /// Takes `cost` units, from 1 to [`MAX_COST`]. A cost above the
-    /// algorithm's quota (its limit, or its burst) never fits: such a check
-    /// is always denied, and takes nothing.
+    /// Takes `cost` units: from 1 to the algorithm's quota (its limit, or
+    /// its burst), as a rule's `cost` (a larger one could never fit, and
+    /// Redis refuses to decide it).
     pub fn with_cost(mut self, cost: u32) -> Result<Check, InvalidPolicy> {
-        if !(1..=MAX_COST).contains(&cost) {
+        let quota = self.algorithm.quota();
+        if !(1..=quota).contains(&cost) {
             return Err(InvalidPolicy::new(format!(
-                "cost must be between 1 and {MAX_COST}, got {cost}"
+                "cost must be between 1 and {quota} (the {}), got {cost}",
+                self.algorithm.quota_word()
             )));
         }
         self.cost = cost;
