@@ -245,3 +245,92 @@ pub async fn audit(
         );
     }
 }
+
+/// `GET /admin/bans|overrides[?rule=R]`, `GET /admin/top?rule=R[&since=D]`,
+/// `GET /admin/find?value=V`, `GET /admin/audit[?since=D]`: a JSON array,
+/// as the command line lists them, over the rules `known` (`searched`
+/// tells what `find` looks for in each of them).
+pub async fn listing(
+    limiter: Arc<Limiter>,
+    prefix: String,
+    known: Vec<listings::Known>,
+    searched: impl FnOnce(&str) -> Vec<listings::Searched> + Send + 'static,
+    what: &str,
+    query: &str,
+) -> HttpResponse {
+    let mut rule = None;
+    let mut since = None;
+    let mut found = None;
+    for (name, value) in form_urlencoded::parse(query.as_bytes()) {
+        match (what, name.as_ref()) {
+            ("bans" | "overrides" | "top", "rule") if rule.is_none() => {
+                rule = Some(value.into_owned())
+            }
+            ("top", "since") if since.is_none() => since = Some(value.into_owned()),
+            ("find", "value") if found.is_none() => found = Some(value.into_owned()),
+            ("audit", "since") if since.is_none() => since = Some(value.into_owned()),
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("{what} takes no parameter {name:?} (or takes it once)"),
+                )
+            }
+        }
+    }
+    if let Some(rule) = &rule {
+        if let Err(e) = listings::known_rule(&known, rule) {
+            return error(StatusCode::BAD_REQUEST, &e);
+        }
+    }
+    if what == "top" && rule.is_none() {
+        return error(StatusCode::BAD_REQUEST, "top needs ?rule=R");
+    }
+    let looked = if what == "top" {
+        listings::top_since(since.as_deref()).map(|d| (0, d))
+    } else {
+        listings::since(since.as_deref()).map(|s| (s, Duration::ZERO))
+    };
+    let (since, top_since) = match looked {
+        Ok(s) => s,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    if what == "find" && found.is_none() {
+        return error(StatusCode::BAD_REQUEST, "find needs ?value=V");
+    }
+    let what = what.to_string();
+    let found = web::block(move || match what.as_str() {
+        "find" => listings::find_in(
+            &limiter,
+            &prefix,
+            &searched(found.as_deref().unwrap_or_default()),
+        ),
+        "top" => listings::top(
+            &limiter,
+            &prefix,
+            rule.as_deref().unwrap_or_default(),
+            top_since,
+        ),
+        "audit" => limiter
+            .audit_trail_blocking(&prefix, since, listings::AUDIT_MOST)
+            .map(|entries| listings::audit_objects(&entries)),
+        other => {
+            let listing = if other == "bans" {
+                listings::Listing::Bans
+            } else {
+                listings::Listing::Overrides
+            };
+            limiter
+                .listed_blocking(&prefix)
+                .map(|listed| listings::objects(listing, &listed, &known, rule.as_deref()))
+        }
+    })
+    .await;
+    match found {
+        Ok(Ok(objects)) => json(
+            StatusCode::OK,
+            serde_json::Value::Array(objects).to_string(),
+        ),
+        Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    }
+}

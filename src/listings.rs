@@ -128,15 +128,49 @@ pub fn find(
     rules: &[floodgate::rule::Rule],
     value: &str,
 ) -> Result<Vec<Value>, LimiterError> {
-    let searched: Vec<Searched> = rules
+    find_in(limiter, prefix, &searched_rules(rules, value))
+}
+
+/// What `find` looks for in each of a site's rules: `value` as the rule's
+/// key would read it from a request.
+pub fn searched_rules(rules: &[floodgate::rule::Rule], value: &str) -> Vec<Searched> {
+    rules
         .iter()
         .map(|rule| Searched {
             name: rule.name().to_string(),
             parts: floodgate::rule::id_parts_of(rule, value),
             inspect: rule.check(String::new()),
         })
-        .collect();
-    find_in(limiter, prefix, &searched)
+        .collect()
+}
+
+/// The limits of the rate-limit service's descriptor files as the
+/// listings know them.
+pub fn known_limits(matcher: &crate::rls::matcher::Matcher) -> Vec<Known> {
+    matcher
+        .limits()
+        .iter()
+        .map(|l| (l.name.clone(), l.window.as_secs().max(1)))
+        .collect()
+}
+
+/// What `find` looks for in each of the service's limits: `value` as a
+/// descriptor value, as written or as it is escaped in an ID.
+pub fn searched_limits(matcher: &crate::rls::matcher::Matcher, value: &str) -> Vec<Searched> {
+    let escaped = value.replace('%', "%25").replace('|', "%7C");
+    let mut parts = vec![value.to_string(), escaped];
+    parts.dedup();
+    matcher
+        .limits()
+        .iter()
+        .filter_map(|l| {
+            Some(Searched {
+                name: l.name.clone(),
+                parts: parts.clone(),
+                inspect: Check::new(String::new(), l.algorithm?).with_enforce(!l.shadow),
+            })
+        })
+        .collect()
 }
 
 /// One rule (or a rate-limit service's limit) as `find` searches it: its

@@ -141,6 +141,7 @@ fn run_rls(command: &str, args: &Args<'_>, path: &std::path::Path) -> ExitCode {
         &matcher,
         &redis.key_prefix,
         !redis.cluster.is_empty(),
+        config.rls.shadow,
         rule,
         values,
         &action,
@@ -223,30 +224,9 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
     let (redis, rules): (_, Vec<listings::Known>) = if floodgate_site::rls::is_rls_file(&path) {
         match floodgate_site::rls::load(&path) {
             Ok((config, matcher)) => {
-                let known = matcher
-                    .limits()
-                    .iter()
-                    .map(|l| (l.name.clone(), l.window.as_secs().max(1)))
-                    .collect();
+                let known = listings::known_limits(&matcher);
                 if let (Some(value), "find") = (args.positional.first(), command) {
-                    let escaped = value.replace('%', "%25").replace('|', "%7C");
-                    let mut parts = vec![(*value).to_string(), escaped];
-                    parts.dedup();
-                    rls_limits = matcher
-                        .limits()
-                        .iter()
-                        .filter_map(|l| {
-                            Some(listings::Searched {
-                                name: l.name.clone(),
-                                parts: parts.clone(),
-                                inspect: floodgate::limiter::Check::new(
-                                    String::new(),
-                                    l.algorithm?,
-                                )
-                                .with_enforce(!l.shadow),
-                            })
-                        })
-                        .collect();
+                    rls_limits = listings::searched_limits(&matcher, value);
                 }
                 (config.filter.redis, known)
             }

@@ -36,8 +36,19 @@ pub use http;
 /// Items the benchmarks and tests reach; not part of the supported API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::limiter::deny_cache::DenyCache;
     pub use crate::limiter::dispatch::single::{decide_batch, decide_batch_with_deadlines};
     pub use crate::limiter::local::LocalLimiter;
+
+    /// The limiter's denial cache (`None` when `deny_cache` is off).
+    pub fn deny_cache(limiter: &crate::limiter::Limiter) -> Option<&DenyCache> {
+        limiter.deny_cache()
+    }
+
+    /// The limiter's in-process fallback.
+    pub fn local(limiter: &crate::limiter::Limiter) -> &LocalLimiter {
+        limiter.local()
+    }
     pub use crate::limiter::wire::SCRIPT_SOURCE;
 
     /// A check that `Check::with_cost` would refuse (a cost above the

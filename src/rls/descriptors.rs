@@ -175,7 +175,7 @@ pub fn load(path: &Path, algorithm: &str) -> Result<Matcher, ConfigError> {
     let shown = path.display().to_string();
     let files = files_of(path).map_err(|what| ConfigError {
         file: shown.clone(),
-        place: String::new(),
+        place: "[rls] descriptors".into(),
         what,
     })?;
     let mut matcher = Matcher::default();
@@ -183,16 +183,11 @@ pub fn load(path: &Path, algorithm: &str) -> Result<Matcher, ConfigError> {
         let name = file.display().to_string();
         let text = std::fs::read_to_string(&file).map_err(|e| ConfigError {
             file: name.clone(),
-            place: String::new(),
+            place: "[rls] descriptors".into(),
             what: format!("cannot be read: {e}"),
         })?;
         add_file(&mut matcher, &text, &name, algorithm)?;
     }
-    matcher.check_names().map_err(|(place, what)| ConfigError {
-        file: shown,
-        place,
-        what,
-    })?;
     Ok(matcher)
 }
 
@@ -240,13 +235,28 @@ pub fn add_file(
         if let Some(at) = what.rfind(" at line ") {
             what.truncate(at);
         }
+        // Not the name of a type of ours: what the file should hold there.
+        for (raw, shown) in [
+            (
+                "struct RawFile",
+                "a mapping with a domain and its descriptors",
+            ),
+            ("struct RawDescriptor", "a descriptor: a mapping with a key"),
+            ("struct RawRateLimit", "a rate_limit mapping"),
+            (
+                "struct RawReplace",
+                "a replaces entry: a mapping with a name",
+            ),
+        ] {
+            what = what.replace(raw, shown);
+        }
         err(place, what)
     })?;
     let domain = match raw.domain {
         Some(d) if !d.is_empty() => d,
         _ => {
             return Err(err(
-                String::new(),
+                "domain".into(),
                 "the domain must be given and not empty".into(),
             ))
         }
@@ -263,7 +273,12 @@ pub fn add_file(
         domain: &domain,
         algorithm,
     };
-    add_level(matcher, &ctx, root, &domain, &raw.descriptors)
+    add_level(matcher, &ctx, root, &domain, &raw.descriptors)?;
+    // A name this file's limits share with an earlier one's (the files
+    // before it were checked as they came).
+    matcher
+        .check_names()
+        .map_err(|(place, what)| err(place, what))
 }
 
 /// What every descriptor of one file is read with.
@@ -591,7 +606,7 @@ descriptors:
     fn refusals_say_where_and_what() {
         let cases: &[(&str, &str)] = &[
             ("domain: d\ndescriptors:\n  - key: a\n    valu: x\n", "t.yaml: line 4, column 5: descriptors[0]: unknown field \"valu\", expected one of \"key\""),
-            ("descriptors: []\n", "t.yaml: the domain must be given"),
+            ("descriptors: []\n", "t.yaml: domain: the domain must be given"),
             ("domain: d\ndescriptors:\n  - value: x\n", "t.yaml: descriptor 1 under \"d\": the descriptor has no key"),
             ("domain: d\ndescriptors:\n  - {key: a, value: x}\n  - {key: a, value: x}\n", "descriptor \"d.a_x\": duplicate descriptor"),
             ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {requests_per_unit: 1}\n", "needs a unit"),

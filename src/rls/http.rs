@@ -1,8 +1,9 @@
 //! The service's HTTP listener (`[rls] http_bind`): `/healthz`, `/readyz`,
-//! `/metrics` and, with `[admin] token` set, the operators' API
-//! (`POST /admin/{inspect,reset,ban,unban,override}`) on the service's
-//! identities, checked, read and written to the audit trail as the site's
-//! (see `admin_http.rs`). It runs on its own actix system thread, apart
+//! `/metrics` (with the bans and overrides in force) and, with `[admin]
+//! token` set, the operators' API on the service's identities
+//! (`POST /admin/{inspect,reset,ban,unban,override}`, `GET
+//! /admin/{bans,overrides,top,find,audit}`), checked, read and written to
+//! the audit trail as the site's (see `admin_http.rs`). It runs on its own actix system thread, apart
 //! from gRPC.
 
 use std::net::IpAddr;
@@ -17,8 +18,8 @@ use floodgate::logging::Escaped;
 use super::config::RlsConfig;
 use super::service::Rls;
 use crate::admin_http::{
-    action_of, audit, bearer, error, json, read_body, refuse_authentication, token_matches,
-    ActionBody,
+    action_of, audit, bearer, error, json, listing, read_body, refuse_authentication,
+    token_matches, ActionBody,
 };
 
 /// The running listener.
@@ -114,6 +115,17 @@ async fn metrics(state: web::Data<State>) -> HttpResponse {
     let rls = &state.rls;
     let mut body = rls.metrics.render(rls.limiter.error_count());
     body.push_str(&rls.calls.render());
+    // Bans and overrides in force, as the site shows them: read from
+    // Redis's operator records at each scrape (on a blocking thread); left
+    // out while Redis does not answer.
+    let limiter = Arc::clone(&rls.limiter);
+    let prefix = rls.prefix.clone();
+    let known = crate::listings::known_limits(&rls.matcher());
+    match web::block(move || limiter.listed_blocking(&prefix)).await {
+        Ok(Ok(listed)) => body.push_str(&crate::listings::gauges(&listed, &known)),
+        Ok(Err(e)) => log::debug!("metrics: bans and overrides not read: {e}"),
+        Err(e) => log::debug!("metrics: bans and overrides not read: {e}"),
+    }
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(body)
@@ -135,6 +147,24 @@ async fn admin(state: web::Data<State>, req: HttpRequest, payload: web::Payload)
         return refuse_authentication(&rls.limiter, &rls.prefix, &req, client).await;
     }
     let what = req.path().strip_prefix("/admin/").unwrap_or_default();
+    if ["bans", "overrides", "audit", "find", "top"].contains(&what) {
+        if req.method() != actix_web::http::Method::GET {
+            return error(StatusCode::METHOD_NOT_ALLOWED, "use GET");
+        }
+        let matcher = rls.matcher();
+        let known = crate::listings::known_limits(&matcher);
+        let searched = move |value: &str| crate::listings::searched_limits(&matcher, value);
+        let limiter = Arc::clone(&rls.limiter);
+        return listing(
+            limiter,
+            rls.prefix.clone(),
+            known,
+            searched,
+            what,
+            req.query_string(),
+        )
+        .await;
+    }
     if !["inspect", "reset", "ban", "unban", "override"].contains(&what) {
         return error(StatusCode::NOT_FOUND, "no such admin action");
     }
@@ -154,14 +184,12 @@ async fn admin(state: web::Data<State>, req: HttpRequest, payload: web::Payload)
         Err(e) => return error(StatusCode::BAD_REQUEST, &e),
     };
     let values: Vec<&str> = body.values.iter().map(String::as_str).collect();
-    let matcher = match rls.matcher.read() {
-        Ok(m) => Arc::clone(&m),
-        Err(p) => Arc::clone(&p.into_inner()),
-    };
+    let matcher = rls.matcher();
     let check = match super::operator::check_for(
         &matcher,
         &rls.prefix,
         rls.limiter.hash_tags(),
+        rls.settings.shadow,
         &body.rule,
         &values,
         &action,

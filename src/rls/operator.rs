@@ -10,10 +10,13 @@ use super::matcher::{state_key, Matcher};
 
 /// The check an operator's `action` on the identity `values` under the
 /// limit named `rule` runs with; one sentence when it cannot be done.
+/// `shadow`: `[rls] shadow`, under which no limit is enforced.
+#[allow(clippy::too_many_arguments)]
 pub fn check_for(
     matcher: &Matcher,
     prefix: &str,
     hash_tags: bool,
+    shadow: bool,
     rule: &str,
     values: &[&str],
     action: &Action,
@@ -59,10 +62,13 @@ pub fn check_for(
             }
         ));
     };
-    if limit.shadow && matches!(action, Action::Ban(_) | Action::Override { .. }) {
-        return Err(format!(
-            "rule {rule:?} is in shadow mode: a ban or override would never be enforced"
-        ));
+    if (limit.shadow || shadow) && matches!(action, Action::Ban(_) | Action::Override { .. }) {
+        let why = if limit.shadow {
+            format!("rule {rule:?} is in shadow mode")
+        } else {
+            "the service is in shadow mode ([rls] shadow = true)".to_string()
+        };
+        return Err(format!("{why}: a ban or override would never be enforced"));
     }
     if let Action::Override { limit: n, .. } = *action {
         let max = algorithm.max_quota();
@@ -72,7 +78,7 @@ pub fn check_for(
     }
     Ok(
         Check::new(state_key(hash_tags, prefix, &limit.name, values), algorithm)
-            .with_enforce(!limit.shadow)
+            .with_enforce(!(limit.shadow || shadow))
             .with_penalty(limit.penalty),
     )
 }

@@ -4,9 +4,11 @@
 //! answer follows envoyproxy/ratelimit's: statuses in order, each with the
 //! limit it matched, what is left and when it resets.
 
-use std::collections::{BTreeMap, HashSet};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::num::NonZeroU32;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use floodgate::limiter::Limiter;
@@ -26,30 +28,84 @@ use super::proto::{
 /// Most hits one call may ask for, per descriptor.
 pub const MAX_HITS: u64 = 1_000_000_000;
 
-/// Calls answered, by domain and code, for `/metrics`.
+/// How a call was answered, as `/metrics` counts it.
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    InvalidArgument,
+    Ok,
+    OverLimit,
+    Unavailable,
+}
+
+impl Answer {
+    /// Every answer, in the order of `CallCounts`'s counters.
+    const ALL: [Answer; 4] = [
+        Answer::InvalidArgument,
+        Answer::Ok,
+        Answer::OverLimit,
+        Answer::Unavailable,
+    ];
+
+    /// Its `code` label.
+    fn code(self) -> &'static str {
+        match self {
+            Answer::InvalidArgument => "INVALID_ARGUMENT",
+            Answer::Ok => "OK",
+            Answer::OverLimit => "OVER_LIMIT",
+            Answer::Unavailable => "UNAVAILABLE",
+        }
+    }
+}
+
+/// Calls answered, by domain and answer, for `/metrics`. Only the domains
+/// of the descriptor files are counted by name (the others under `""`), so
+/// the map stays as small as the files; a call counts with one atomic add
+/// under a shared lock.
 #[derive(Debug, Default)]
-pub struct CallCounts(Mutex<BTreeMap<(String, &'static str), u64>>);
+pub struct CallCounts(RwLock<HashMap<String, [AtomicU64; 4]>>);
 
 impl CallCounts {
-    fn count(&self, domain: &str, code: &'static str) {
-        let mut map = match self.0.lock() {
+    fn count(&self, domain: &str, answer: Answer) {
+        {
+            let map = match self.0.read() {
+                Ok(m) => m,
+                Err(p) => p.into_inner(),
+            };
+            if let Some(counts) = map.get(domain) {
+                counts[answer as usize].fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+        let mut map = match self.0.write() {
             Ok(m) => m,
             Err(p) => p.into_inner(),
         };
-        *map.entry((label(domain), code)).or_default() += 1;
+        map.entry(domain.to_string()).or_default()[answer as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// `floodgate_rls_calls_total{domain,code}` in Prometheus text.
     pub fn render(&self) -> String {
-        let map = match self.0.lock() {
-            Ok(m) => m,
-            Err(p) => p.into_inner(),
-        };
+        // Two domains may read alike once made printable: one series each.
+        let mut series: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
+        {
+            let map = match self.0.read() {
+                Ok(m) => m,
+                Err(p) => p.into_inner(),
+            };
+            for (domain, counts) in map.iter() {
+                for answer in Answer::ALL {
+                    let n = counts[answer as usize].load(Ordering::Relaxed);
+                    if n > 0 {
+                        *series.entry((label(domain), answer.code())).or_default() += n;
+                    }
+                }
+            }
+        }
         let mut out = String::from(
             "# HELP floodgate_rls_calls_total ShouldRateLimit calls by domain and answer.\n\
              # TYPE floodgate_rls_calls_total counter\n",
         );
-        for ((domain, code), n) in map.iter() {
+        for ((domain, code), n) in series.iter() {
             out.push_str(&format!(
                 "floodgate_rls_calls_total{{domain=\"{domain}\",code=\"{code}\"}} {n}\n"
             ));
@@ -60,13 +116,25 @@ impl CallCounts {
 
 /// A label value Prometheus can read: no quote, backslash or line break.
 pub fn label(text: &str) -> String {
-    text.chars()
-        .map(|c| match c {
-            '"' | '\\' => '_',
-            c if c.is_control() => '_',
-            c => c,
-        })
-        .collect()
+    text.chars().map(printable).collect()
+}
+
+fn printable(c: char) -> char {
+    match c {
+        '"' | '\\' => '_',
+        c if c.is_control() => '_',
+        c => c,
+    }
+}
+
+/// [`label`] of a text already owned: kept as it is when nothing in it
+/// needs replacing (the common case, with no copy).
+fn into_label(text: String) -> String {
+    if text.chars().all(|c| printable(c) == c) {
+        text
+    } else {
+        label(&text)
+    }
 }
 
 /// The service: the limiter, the compiled descriptor files (swapped on
@@ -87,9 +155,10 @@ pub struct Rls {
     pub prefix: String,
 }
 
-/// One limit as it applies to one descriptor of a call.
-struct Applied {
-    name: String,
+/// One limit as it applies to one descriptor of a call (its names borrowed
+/// from the descriptor files in force, or from the call).
+struct Applied<'a> {
+    name: Cow<'a, str>,
     metric: String,
     key: String,
     requests_per_unit: u32,
@@ -98,12 +167,23 @@ struct Applied {
     algorithm: Option<Algorithm>,
     unlimited: bool,
     shadow: bool,
-    replaces: Vec<String>,
+    replaces: &'a [String],
+    /// The hits this descriptor asks for; on the first of several
+    /// descriptors that count on one key, the hits of them all.
     hits: u32,
     penalty: Option<Penalty>,
+    /// The first descriptor of the call that counts on the same key, by
+    /// the same limit: this one is decided with it, as one check of their
+    /// summed hits (two checks on one key would each see the count before
+    /// the call, and together take more than the limit holds), and
+    /// answered as it is.
+    twin: Option<usize>,
+    /// The window in force: the limit's, or an operator's override's once
+    /// Redis (or the denial cache) answered under one.
+    in_force_ms: AtomicU64,
 }
 
-impl Applied {
+impl Applied<'_> {
     /// Whether no amount of waiting lets this limit take the hits
     /// (`requests_per_unit: 0`, or more hits than the limit holds).
     fn never(&self) -> bool {
@@ -112,9 +192,34 @@ impl Applied {
 
     fn current(&self) -> RateLimit {
         RateLimit {
-            name: self.name.clone(),
+            name: self.name.to_string(),
             requests_per_unit: self.requests_per_unit,
             unit: self.unit as i32,
+        }
+    }
+}
+
+/// Marks every descriptor that counts on the key of an earlier one, by the
+/// same limit (same key, algorithm and kind), as its twin, and adds its
+/// hits to the earlier one's.
+fn join_twins(applied: &mut [Option<Applied<'_>>]) {
+    for i in 1..applied.len() {
+        let Some(a) = &applied[i] else { continue };
+        let first = applied[..i].iter().position(|b| {
+            b.as_ref().is_some_and(|b| {
+                b.twin.is_none()
+                    && b.key == a.key
+                    && b.algorithm == a.algorithm
+                    && (b.unlimited, b.shadow) == (a.unlimited, a.shadow)
+            })
+        });
+        let Some(j) = first else { continue };
+        let hits = a.hits;
+        if let Some(b) = &mut applied[j] {
+            b.hits = b.hits.saturating_add(hits);
+        }
+        if let Some(a) = &mut applied[i] {
+            a.twin = Some(j);
         }
     }
 }
@@ -166,7 +271,7 @@ fn invalid(req: &RateLimitRequest) -> Option<String> {
 }
 
 /// An answer given without Redis's word.
-fn bare_status(a: &Applied, code: Code) -> DescriptorStatus {
+fn bare_status(a: &Applied<'_>, code: Code) -> DescriptorStatus {
     DescriptorStatus {
         code: code as i32,
         current_limit: Some(a.current()),
@@ -185,12 +290,24 @@ fn no_limit() -> DescriptorStatus {
 }
 
 impl Rls {
-    /// The limits a call's descriptors get, one slot per descriptor.
-    fn apply(&self, req: &RateLimitRequest) -> Vec<Option<Applied>> {
-        let matcher = match self.matcher.read() {
+    /// The descriptor files in force now.
+    pub fn matcher(&self) -> Arc<Matcher> {
+        match self.matcher.read() {
             Ok(m) => Arc::clone(&m),
             Err(p) => Arc::clone(&p.into_inner()),
-        };
+        }
+    }
+
+    /// The limits a call's descriptors get, one slot per descriptor.
+    fn apply<'a>(
+        &self,
+        matcher: &'a Matcher,
+        req: &'a RateLimitRequest,
+    ) -> Vec<Option<Applied<'a>>> {
+        if !matcher.has_domain(&req.domain) {
+            // An unknown domain: no limit, not even a descriptor's own.
+            return req.descriptors.iter().map(|_| None).collect();
+        }
         let hash_tags = self.limiter.hash_tags();
         let request_hits = req.hits_addend.max(1);
         let mut applied: Vec<Option<Applied>> = req
@@ -208,11 +325,11 @@ impl Rls {
                 });
                 if let Some((rpu, unit, window)) = own {
                     // The descriptor's own limit replaces the configured one.
-                    let (name, metric, values) = match &matched {
-                        Some(m) => (m.limit.name.clone(), m.metric.clone(), m.values.clone()),
+                    let (name, metric, values) = match matched {
+                        Some(m) => (Cow::Borrowed(m.limit.name.as_str()), m.metric, m.values),
                         None => {
                             let k = descriptor_key(&req.domain, d);
-                            (k.clone(), k, Vec::new())
+                            (Cow::Owned(k.clone()), k, Vec::new())
                         }
                     };
                     let algorithm = NonZeroU32::new(rpu.min(MAX_HITS as u32)).and_then(|n| {
@@ -221,48 +338,56 @@ impl Rls {
                     return Some(Applied {
                         key: state_key(hash_tags, &self.prefix, &name, &values),
                         name,
-                        metric: label(&metric),
+                        metric: into_label(metric),
                         requests_per_unit: rpu,
                         unit,
                         window,
                         algorithm,
                         unlimited: false,
-                        shadow: false,
-                        replaces: Vec::new(),
+                        shadow: self.settings.shadow,
+                        replaces: &[],
                         hits,
                         penalty: None,
+                        twin: None,
+                        in_force_ms: AtomicU64::new(window.as_millis() as u64),
                     });
                 }
                 let m = matched?;
                 let l = m.limit;
                 Some(Applied {
                     key: state_key(hash_tags, &self.prefix, &l.name, &m.values),
-                    name: l.name.clone(),
-                    metric: label(&m.metric),
+                    name: Cow::Borrowed(l.name.as_str()),
+                    metric: into_label(m.metric),
                     requests_per_unit: l.requests_per_unit,
                     unit: l.unit,
                     window: l.window,
                     algorithm: l.algorithm,
                     unlimited: l.unlimited,
                     shadow: l.shadow || self.settings.shadow,
-                    replaces: l.replaces.clone(),
+                    replaces: &l.replaces,
                     hits,
                     penalty: l.penalty,
+                    twin: None,
+                    in_force_ms: AtomicU64::new(l.window.as_millis() as u64),
                 })
             })
             .collect();
-        let replaced: HashSet<String> = applied
+        let replaced: HashSet<&str> = applied
             .iter()
             .flatten()
-            .flat_map(|a| a.replaces.iter().cloned())
+            .flat_map(|a| a.replaces.iter().map(String::as_str))
             .collect();
         if !replaced.is_empty() {
             for slot in &mut applied {
-                if slot.as_ref().is_some_and(|a| replaced.contains(&a.name)) {
+                if slot
+                    .as_ref()
+                    .is_some_and(|a| replaced.contains(a.name.as_ref()))
+                {
                     *slot = None;
                 }
             }
         }
+        join_twins(&mut applied);
         applied
     }
 
@@ -270,16 +395,16 @@ impl Rls {
     pub async fn answer(&self, req: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
         let started = Instant::now();
         if let Some(why) = invalid(&req) {
-            self.calls.count("", "INVALID_ARGUMENT");
+            self.calls.count("", Answer::InvalidArgument);
             return Err(tonic::Status::invalid_argument(why));
         }
-        let known = self
-            .matcher
-            .read()
-            .map(|m| m.has_domain(&req.domain))
-            .unwrap_or(false);
-        let domain = if known { req.domain.as_str() } else { "" };
-        let applied = self.apply(&req);
+        let matcher = self.matcher();
+        let domain = if matcher.has_domain(&req.domain) {
+            req.domain.as_str()
+        } else {
+            ""
+        };
+        let applied = self.apply(&matcher, &req);
         let result = self.decide(&applied, started).await;
         let took = started.elapsed();
         self.metrics.observe(took);
@@ -302,16 +427,16 @@ impl Rls {
         }
         match result {
             Ok(response) => {
-                let code = if response.overall_code == Code::OverLimit as i32 {
-                    "OVER_LIMIT"
+                let answer = if response.overall_code == Code::OverLimit as i32 {
+                    Answer::OverLimit
                 } else {
-                    "OK"
+                    Answer::Ok
                 };
-                self.calls.count(domain, code);
+                self.calls.count(domain, answer);
                 Ok(response)
             }
             Err(status) => {
-                self.calls.count(domain, "UNAVAILABLE");
+                self.calls.count(domain, Answer::Unavailable);
                 Err(status)
             }
         }
@@ -319,7 +444,7 @@ impl Rls {
 
     async fn decide(
         &self,
-        applied: &[Option<Applied>],
+        applied: &[Option<Applied<'_>>],
         started: Instant,
     ) -> Result<RateLimitResponse, tonic::Status> {
         // The limits that take Redis work: every matched one but
@@ -327,7 +452,8 @@ impl Rls {
         let mut checks = Vec::new();
         let mut of_check = Vec::new();
         for (i, a) in applied.iter().enumerate() {
-            if let Some(a) = a {
+            // (A twin is decided with the first of its key.)
+            if let Some(a) = a.as_ref().filter(|a| a.twin.is_none()) {
                 if let (Some(algorithm), false) = (a.algorithm, a.unlimited || a.never()) {
                     // (Not `never()`: the hits fit in the limit's quota.)
                     let check = Check::new(a.key.clone(), algorithm)
@@ -343,11 +469,12 @@ impl Rls {
         let enforced_zero = applied
             .iter()
             .flatten()
-            .any(|a| !a.unlimited && a.never() && !a.shadow);
+            .any(|a| a.twin.is_none() && !a.unlimited && a.never() && !a.shadow);
         let mut statuses: Vec<DescriptorStatus> = applied
             .iter()
             .map(|a| match a {
-                None => no_limit(),
+                // A twin's answer is its first's, copied by `response`.
+                None | Some(Applied { twin: Some(_), .. }) => no_limit(),
                 Some(a) if a.unlimited => DescriptorStatus {
                     code: Code::Ok as i32,
                     current_limit: None,
@@ -402,6 +529,8 @@ impl Rls {
                 self.metrics.decision(&a.metric, kind);
                 let mut s = bare_status(a, Code::OverLimit);
                 if let Some(q) = denial.quota {
+                    a.in_force_ms
+                        .store(q.window.as_millis() as u64, Ordering::Relaxed);
                     s.current_limit = Some(RateLimit {
                         requests_per_unit: q.limit,
                         unit: unit_of(q.window) as i32,
@@ -444,7 +573,7 @@ impl Rls {
     /// `on_redis_error`: Redis did not decide.
     fn without_redis(
         &self,
-        applied: &[Option<Applied>],
+        applied: &[Option<Applied<'_>>],
         mut statuses: Vec<DescriptorStatus>,
         of_check: &[usize],
         checks: &[Check],
@@ -487,7 +616,7 @@ impl Rls {
                 Ok(self.response(applied, statuses))
             }
             OnError::Local => {
-                let (decision, _) = self.limiter.local().decide_stamped(checks);
+                let decision = self.limiter.decide_here(checks);
                 self.count_and_answer(applied, &mut statuses, of_check, checks, &decision, true);
                 Ok(self.response(applied, statuses))
             }
@@ -498,7 +627,7 @@ impl Rls {
     /// decided by this process alone) and writes its status.
     fn count_and_answer(
         &self,
-        applied: &[Option<Applied>],
+        applied: &[Option<Applied<'_>>],
         statuses: &mut [DescriptorStatus],
         of_check: &[usize],
         checks: &[Check],
@@ -526,9 +655,13 @@ impl Rls {
 
     /// One descriptor's status from its outcome; `charged`: the call was
     /// allowed (so its allowed outcomes were recorded).
-    fn status(&self, a: &Applied, o: &Outcome, charged: bool) -> DescriptorStatus {
+    fn status(&self, a: &Applied<'_>, o: &Outcome, charged: bool) -> DescriptorStatus {
         let (limit, unit) = match o.quota {
-            Some(q) => (q.limit, unit_of(q.window)),
+            Some(q) => {
+                a.in_force_ms
+                    .store(q.window.as_millis() as u64, Ordering::Relaxed);
+                (q.limit, unit_of(q.window))
+            }
             None => (a.requests_per_unit, a.unit),
         };
         let over = !o.allowed && !a.shadow;
@@ -543,7 +676,7 @@ impl Rls {
         DescriptorStatus {
             code: if over { Code::OverLimit } else { Code::Ok } as i32,
             current_limit: Some(RateLimit {
-                name: a.name.clone(),
+                name: a.name.to_string(),
                 requests_per_unit: limit,
                 unit: unit as i32,
             }),
@@ -555,9 +688,14 @@ impl Rls {
     /// The answer: overall code, statuses, and the RateLimit fields.
     fn response(
         &self,
-        applied: &[Option<Applied>],
-        statuses: Vec<DescriptorStatus>,
+        applied: &[Option<Applied<'_>>],
+        mut statuses: Vec<DescriptorStatus>,
     ) -> RateLimitResponse {
+        for (i, a) in applied.iter().enumerate() {
+            if let Some(j) = a.as_ref().and_then(|a| a.twin) {
+                statuses[i] = statuses[j].clone();
+            }
+        }
         let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
         let overall = if over { Code::OverLimit } else { Code::Ok };
         let headers = fields(self.settings.headers, applied, &statuses, over);
@@ -584,7 +722,7 @@ fn secs_up(d: &super::proto::Duration) -> u64 {
 /// `Retry-After` when the call is over.
 fn fields(
     dialect: HeaderDialect,
-    applied: &[Option<Applied>],
+    applied: &[Option<Applied<'_>>],
     statuses: &[DescriptorStatus],
     over: bool,
 ) -> Vec<HeaderValue> {
@@ -593,11 +731,12 @@ fn fields(
         let (Some(a), Some(limit)) = (a, &s.current_limit) else {
             continue;
         };
+        if a.shadow || a.twin.is_some() {
+            // A shadow limit never shows; a twin shows once, as its first.
+            continue;
+        }
         let reset = s.duration_until_reset.as_ref().map_or(0, secs_up);
-        let window = unit_length(Unit::try_from(limit.unit).unwrap_or(Unit::Unknown))
-            .unwrap_or(a.window)
-            .as_secs()
-            .max(1);
+        let window = a.in_force_ms.load(Ordering::Relaxed).div_ceil(1000).max(1);
         rows.push((
             &a.name,
             limit.requests_per_unit,

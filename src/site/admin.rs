@@ -14,7 +14,6 @@
 //! never cached; one log line per action.
 
 use std::net::IpAddr;
-use std::time::Duration;
 
 use actix_web::http::{header, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -200,87 +199,12 @@ fn rules_json(site: &Site) -> serde_json::Value {
     serde_json::Value::Array(rules)
 }
 
-/// `GET /admin/bans|overrides[?rule=R]`, `GET /admin/audit[?since=D]`: a
-/// JSON array, as the command line lists them.
+/// `GET /admin/bans|overrides|top|find|audit` over the site's rules.
 async fn listing(site: &Site, what: &str, query: &str) -> HttpResponse {
-    let mut rule = None;
-    let mut since = None;
-    let mut found = None;
-    for (name, value) in form_urlencoded::parse(query.as_bytes()) {
-        match (what, name.as_ref()) {
-            ("bans" | "overrides" | "top", "rule") if rule.is_none() => {
-                rule = Some(value.into_owned())
-            }
-            ("top", "since") if since.is_none() => since = Some(value.into_owned()),
-            ("find", "value") if found.is_none() => found = Some(value.into_owned()),
-            ("audit", "since") if since.is_none() => since = Some(value.into_owned()),
-            _ => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    &format!("{what} takes no parameter {name:?} (or takes it once)"),
-                )
-            }
-        }
-    }
-    let known = listings::known(&site.filter.rules());
-    if let Some(rule) = &rule {
-        if let Err(e) = listings::known_rule(&known, rule) {
-            return error(StatusCode::BAD_REQUEST, &e);
-        }
-    }
-    if what == "top" && rule.is_none() {
-        return error(StatusCode::BAD_REQUEST, "top needs ?rule=R");
-    }
-    let looked = if what == "top" {
-        listings::top_since(since.as_deref()).map(|d| (0, d))
-    } else {
-        listings::since(since.as_deref()).map(|s| (s, Duration::ZERO))
-    };
-    let (since, top_since) = match looked {
-        Ok(s) => s,
-        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
-    };
-    if what == "find" && found.is_none() {
-        return error(StatusCode::BAD_REQUEST, "find needs ?value=V");
-    }
+    let rules = site.filter.rules();
+    let known = listings::known(&rules);
+    let searched = move |value: &str| listings::searched_rules(&rules, value);
     let limiter = Arc::clone(site.filter.limiter());
     let prefix = site.config.filter.redis.key_prefix.clone();
-    let rules = site.filter.rules();
-    let what = what.to_string();
-    let found = web::block(move || match what.as_str() {
-        "find" => listings::find(
-            &limiter,
-            &prefix,
-            &rules,
-            found.as_deref().unwrap_or_default(),
-        ),
-        "top" => listings::top(
-            &limiter,
-            &prefix,
-            rule.as_deref().unwrap_or_default(),
-            top_since,
-        ),
-        "audit" => limiter
-            .audit_trail_blocking(&prefix, since, listings::AUDIT_MOST)
-            .map(|entries| listings::audit_objects(&entries)),
-        other => {
-            let listing = if other == "bans" {
-                listings::Listing::Bans
-            } else {
-                listings::Listing::Overrides
-            };
-            limiter
-                .listed_blocking(&prefix)
-                .map(|listed| listings::objects(listing, &listed, &known, rule.as_deref()))
-        }
-    })
-    .await;
-    match found {
-        Ok(Ok(objects)) => json(
-            StatusCode::OK,
-            serde_json::Value::Array(objects).to_string(),
-        ),
-        Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
-    }
+    crate::admin_http::listing(limiter, prefix, known, searched, what, query).await
 }

@@ -917,7 +917,7 @@ async fn cluster_give_back_forgets_the_remembered_denial_of_its_key() {
     // The team's one unit is taken; a denial of the user's key is
     // remembered (as one made while another request held its unit).
     assert!(limiter.decide(vec![check(team)]).await.unwrap().allowed);
-    let cache = limiter.deny_cache().unwrap();
+    let cache = floodgate::__private::deny_cache(&limiter).unwrap();
     let now = std::time::Instant::now();
     cache.remember(user, 1, Duration::from_secs(60), None, now, now);
     assert!(cache.denied(user, 1, std::time::Instant::now()).is_some());

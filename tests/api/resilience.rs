@@ -440,7 +440,7 @@ on_redis_error = "local"
 async fn a_flood_of_new_keys_stays_within_the_local_bound_and_a_hot_key_keeps_its_limit() {
     let redis = RedisServer::start();
     let limiter = crate::helpers::pinned::pinned_limiter(&redis);
-    let local = limiter.local();
+    let local = floodgate::__private::local(&limiter);
     let hot = check("floodgate:local:ip:192.0.2.1", sliding(100, 3_600_000), 1);
     let mut allowed = 0;
     // Far more keys than the bound holds, each asked for once; the hot

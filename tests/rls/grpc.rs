@@ -337,8 +337,8 @@ async fn hits_and_a_descriptors_own_limit() {
         seen.push(codes(&r)[0]);
     }
     assert_eq!(seen, [("OK", 1), ("OK", 0), ("OVER_LIMIT", 0)]);
-    // Even for a descriptor that matches no configured limit.
-    let mut loose = call("nowhere", &[&[("k", &w)]], 1);
+    // Even for a descriptor of the domain that matches no configured limit.
+    let mut loose = call("another", &[&[("k", &w)]], 1);
     loose.descriptors[0].limit = Some(RateLimitOverride {
         requests_per_unit: 1,
         unit: Unit::Minute as i32,
@@ -347,6 +347,80 @@ async fn hits_and_a_descriptors_own_limit() {
     assert_eq!(codes(&r), [("OK", 0)]);
     let r = c.should_rate_limit(loose).await.unwrap();
     assert_eq!(codes(&r), [("OVER_LIMIT", 0)]);
+    // An unknown domain has no limit, not even a descriptor's own.
+    let mut nowhere = call("nowhere", &[&[("k", &w)]], 1);
+    nowhere.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 0,
+        unit: Unit::Second as i32,
+    });
+    let r = c.should_rate_limit(nowhere).await.unwrap();
+    assert_eq!(codes(&r), [("OK", 0)]);
+    assert!(r.statuses[0].current_limit.is_none(), "{r:?}");
+}
+
+/// Two descriptors of one call that count on the same key (the same
+/// limit, the same values) are decided as one check of their summed hits:
+/// apart, each would see the count before the call, and together they
+/// would take more than the limit holds.
+#[tokio::test]
+async fn descriptors_on_one_key_never_take_more_than_the_limit() {
+    let redis = RedisServer::start();
+    let three = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 3}\n";
+    let svc = Service::start(&redis, &[("a.yaml", three)], "", "");
+    let mut c = svc.client().await;
+    let v = unique();
+    let twice = |hits| call("a", &[&[("k", &v)], &[("k", &v)]], hits);
+    // 2 + 2 hits on a limit of 3: over, and nothing taken.
+    let r = c.should_rate_limit(twice(2)).await.unwrap();
+    assert_eq!(codes(&r), [("OVER_LIMIT", 0), ("OVER_LIMIT", 0)]);
+    assert_eq!(redis.units(&format!("floodgate:a.k:rls:{v}")), 0);
+    // 1 + 1: both OK, 1 left, and the log holds 2.
+    let r = c.should_rate_limit(twice(1)).await.unwrap();
+    assert_eq!(codes(&r), [("OK", 1), ("OK", 1)]);
+    assert_eq!(redis.units(&format!("floodgate:a.k:rls:{v}")), 2);
+    // 1 + 1 more do not fit in the 1 left.
+    let r = c.should_rate_limit(twice(1)).await.unwrap();
+    assert_eq!(r.overall_code, 2);
+    let r = c
+        .should_rate_limit(call("a", &[&[("k", &v)]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r), [("OK", 0)]);
+    assert_eq!(redis.units(&format!("floodgate:a.k:rls:{v}")), 3);
+    // Four descriptors of one hit each on a fresh value: over.
+    let w = unique();
+    let four = call(
+        "a",
+        &[&[("k", &w)], &[("k", &w)], &[("k", &w)], &[("k", &w)]],
+        1,
+    );
+    let r = c.should_rate_limit(four).await.unwrap();
+    assert_eq!(r.overall_code, 2);
+    assert_eq!(redis.units(&format!("floodgate:a.k:rls:{w}")), 0);
+}
+
+/// `[rls] shadow = true`: every answer OK, a descriptor's own limit too.
+#[tokio::test]
+async fn shadow_covers_a_descriptors_own_limit() {
+    let redis = RedisServer::start();
+    let svc = Service::start(&redis, &[("another.yaml", ANOTHER)], "shadow = true", "");
+    let mut c = svc.client().await;
+    let v = unique();
+    let mut own = call("another", &[&[("key2", &v)]], 1);
+    own.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: Unit::Minute as i32,
+    });
+    for _ in 0..3 {
+        let r = c.should_rate_limit(own.clone()).await.unwrap();
+        assert_eq!(r.overall_code, 1, "{r:?}");
+    }
+    own.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 0,
+        unit: Unit::Second as i32,
+    });
+    let r = c.should_rate_limit(own).await.unwrap();
+    assert_eq!(r.overall_code, 1, "{r:?}");
 }
 
 #[tokio::test]
@@ -381,6 +455,29 @@ async fn response_headers_in_the_chosen_dialect() {
         r.response_headers_to_add
             .iter()
             .any(|h| h.key == "retry-after"),
+        "{r:?}"
+    );
+
+    // The policy's window is the limit's own (90 s, no unit's length),
+    // and a shadow limit never shows.
+    let odd = "domain: odd\ndescriptors:\n  - key: win\n    rate_limit: {requests_per_unit: 4, window: 90s}\n  - key: sh\n    shadow_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+    let svc = Service::start(&redis, &[("odd.yaml", odd)], "headers = \"ietf\"", "");
+    let mut c = svc.client().await;
+    let r = c
+        .should_rate_limit(call("odd", &[&[("win", &v)], &[("sh", &v)]], 1))
+        .await
+        .unwrap();
+    let policy: Vec<&str> = r
+        .response_headers_to_add
+        .iter()
+        .filter(|h| h.key == "ratelimit-policy")
+        .map(|h| h.value.as_str())
+        .collect();
+    assert_eq!(policy, ["\"odd.win\";q=4;w=90"], "{r:?}");
+    assert!(
+        !r.response_headers_to_add
+            .iter()
+            .any(|h| h.value.contains("odd.sh")),
         "{r:?}"
     );
 }

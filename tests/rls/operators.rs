@@ -83,6 +83,40 @@ fn check_config_lists_rule_names_and_refuses_bad_files() {
         err.contains(": [server]: floodgate rls does not use [server]"),
         "{err}"
     );
+
+    // A file without a domain, and one that is not a mapping: FILE: WHERE: WHAT,
+    // in the file's words.
+    let config = write_config(&dir, &redis, 1, 2, "", "");
+    std::fs::write(dir.join("descriptors/zz.yaml"), "descriptors: []\n").unwrap();
+    let (code, _, err) = floodgate(&["check-config", config.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(
+        err.trim()
+            .ends_with("zz.yaml: domain: the domain must be given and not empty"),
+        "{err}"
+    );
+    std::fs::write(dir.join("descriptors/zz.yaml"), "- just\n- a list\n").unwrap();
+    let (code, _, err) = floodgate(&["check-config", config.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("a mapping with a domain"), "{err}");
+    assert!(!err.contains("Raw"), "{err}");
+    std::fs::remove_file(dir.join("descriptors/zz.yaml")).unwrap();
+
+    // Under [rls] shadow = true no limit is enforced: a ban or override
+    // would never be, and is refused.
+    let config = write_config(&dir, &redis, 1, 2, "shadow = true", "");
+    let (code, _, err) = floodgate(&[
+        "ban",
+        "--config",
+        config.to_str().unwrap(),
+        "per-user",
+        "acme",
+        "u",
+        "--for",
+        "1m",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("shadow mode"), "{err}");
 }
 
 #[tokio::test]
@@ -126,6 +160,33 @@ async fn ban_inspect_override_reset_by_rule_name_and_values() {
     assert_eq!(codes(&r), [("OVER_LIMIT", 0)]);
     let wait = r.statuses[0].duration_until_reset.unwrap().seconds;
     assert!((500..=600).contains(&wait), "{wait}");
+    // The ban is listed by the admin API and counted in /metrics, as the
+    // site's are.
+    let get = |path: &str| {
+        http_request(
+            svc.http,
+            &format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sesame-sesame-sesame\r\nConnection: close\r\n\r\n"),
+        )
+    };
+    let (status, text) = get("/admin/bans?rule=per-user");
+    assert_eq!(status, 200, "{text}");
+    let bans: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(bans[0]["rule"], "per-user", "{text}");
+    assert_eq!(bans[0]["id"], format!("acme|{user}"), "{text}");
+    let (status, text) = get(&format!("/admin/find?value={user}"));
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        text.contains(&format!("floodgate:per-user:rls:acme|{user}")),
+        "{text}"
+    );
+    let (status, text) = get("/admin/bans?rule=nobody");
+    assert_eq!(status, 400, "{text}");
+    let (status, text) = get("/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        text.contains("floodgate_bans_active{rule=\"per-user\"} 1"),
+        "{text}"
+    );
 
     let (code, _, err) = floodgate(&["unban", "--config", config, "per-user", "acme", &user]);
     assert_eq!(code, 0, "{err}");

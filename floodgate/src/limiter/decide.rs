@@ -194,18 +194,23 @@ impl Limiter {
         }
     }
 
-    /// The denial cache, when `deny_cache` is on. For the tests: not part
-    /// of the API.
-    #[doc(hidden)]
-    pub fn deny_cache(&self) -> Option<&DenyCache> {
+    /// The denial cache, when `deny_cache` is on.
+    pub(crate) fn deny_cache(&self) -> Option<&DenyCache> {
         self.shared.deny_cache.as_ref()
     }
 
-    /// The in-process limiter for `on_redis_error = "local"`. For the
-    /// tests: not part of the API.
-    #[doc(hidden)]
-    pub fn local(&self) -> &LocalLimiter {
+    /// The in-process limiter for `on_redis_error = "local"`.
+    pub(crate) fn local(&self) -> &LocalLimiter {
         &self.local
+    }
+
+    /// Decides `checks` with this process's own counts, as the filter does
+    /// under `on_redis_error = "local"` when Redis cannot decide: the same
+    /// limits, each counted here alone, all charged or none; a ban this
+    /// process has learnt from Redis still denies until it ends. Never
+    /// waits. For a door of your own that falls back the same way.
+    pub fn decide_here(&self, checks: &[Check]) -> Decision {
+        self.local.decide(checks)
     }
 
     /// Forgets what the process remembers about keys (cached denials and

@@ -38,7 +38,6 @@ use crate::rule::InvalidPolicy;
 pub use self::decide::Limiter;
 /// For the tests (through [`Limiter::deny_cache`]): not part of the API.
 #[doc(hidden)]
-pub use self::deny_cache::DenyCache;
 pub use self::deny_cache::Remembered;
 pub use self::error::LimiterError;
 pub use self::operator::{
