@@ -1350,3 +1350,77 @@ async fn a_bypass_passes_every_rule_and_handlers_read_the_lookups_identity() {
     let res = test::call_service(&app, get("/api", None)).await;
     assert_eq!(test::read_body(res).await, "-/0");
 }
+
+#[actix_web::test]
+async fn checks_of_one_call_on_one_key_never_take_more_than_its_limit() {
+    // Two checks on one key in one call are decided as one check of their
+    // summed cost: apart, each would see the count before the call, and
+    // together they would take more than the limit holds.
+    use common::pinned::{bucket, check, sliding};
+    use floodgate_limiter::limiter::{LimiterError, LimiterOptions};
+    let redis = RedisServer::start();
+    let mut config =
+        floodgate_limiter::config::Config::parse("", std::path::Path::new("test.toml")).unwrap();
+    config.redis.url = redis.url();
+    config.redis.timeout = Duration::from_secs(5);
+    let limiter =
+        floodgate_limiter::limiter::Limiter::new(&config.redis, LimiterOptions::default()).unwrap();
+    let key = "twice:k";
+    let other = "twice:other";
+    let three = sliding(3, 60_000);
+    let twice = |cost| {
+        vec![
+            check(key, three, cost),
+            check(other, sliding(10, 60_000), 1),
+            check(key, three, cost),
+        ]
+    };
+    // 2 + 2 on a limit of 3 can never fit: refused as a cost above the
+    // limit is, and nothing taken.
+    let e = limiter.decide(twice(2)).await.unwrap_err();
+    assert!(matches!(e, LimiterError::Check(_)), "{e:?}");
+    assert_eq!(redis.units(key), 0);
+    // 1 + 1: allowed, one outcome per check, the same for both on the key.
+    let d = limiter.decide(twice(1)).await.unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.outcomes.len(), 3);
+    assert_eq!(d.outcomes[0].remaining, 1);
+    assert_eq!(d.outcomes[0], d.outcomes[2]);
+    assert_eq!(d.outcomes[1].remaining, 9);
+    assert_eq!(redis.units(key), 2);
+    // The peek says what the decision would: 2 do not fit in the 1 left.
+    let peeked = limiter.peek(twice(1)).await.unwrap();
+    assert_eq!(peeked.len(), 3);
+    assert!(!peeked[0].allowed && !peeked[2].allowed && peeked[1].allowed);
+    // 1 + 1 more: denied, and nothing taken from either key.
+    let d = limiter.decide(twice(1)).await.unwrap();
+    assert!(!d.allowed);
+    assert_eq!(redis.units(key), 2);
+    assert_eq!(redis.units(other), 1);
+    // One check on the key still fits.
+    assert!(
+        limiter
+            .decide(vec![check(key, three, 1)])
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert_eq!(redis.units(key), 3);
+    // Two different questions of one key cannot be joined: refused.
+    let mixed = vec![check(key, three, 1), check(key, bucket(1.0, 3), 1)];
+    assert!(matches!(
+        limiter.decide(mixed).await,
+        Err(LimiterError::Check(_))
+    ));
+    // The local fallback joins them the same way.
+    let here = "twice:here";
+    let d = limiter
+        .decide_here(&[check(here, three, 2), check(here, three, 1)])
+        .unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.outcomes[0].remaining, 0);
+    let d = limiter
+        .decide_here(&[check(here, three, 1), check(here, three, 1)])
+        .unwrap();
+    assert!(!d.allowed);
+}

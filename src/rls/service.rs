@@ -616,7 +616,11 @@ impl Rls {
                 Ok(self.response(applied, statuses))
             }
             OnError::Local => {
-                let decision = self.limiter.decide_here(checks);
+                // (A call's checks name distinct keys: its twins are joined.)
+                let decision = self
+                    .limiter
+                    .decide_here(checks)
+                    .map_err(|e| tonic::Status::internal(e.to_string()))?;
                 self.count_and_answer(applied, &mut statuses, of_check, checks, &decision, true);
                 Ok(self.response(applied, statuses))
             }

@@ -23,6 +23,7 @@ use super::deny_cache::{DenyCache, Remembered};
 #[cfg(feature = "cluster")]
 use super::dispatch::cluster::health::MasterHealths;
 use super::dispatch::single::Single;
+use super::join::Joined;
 use super::local::LocalLimiter;
 use super::program::Program;
 use super::shared::{Job, Shared};
@@ -209,8 +210,9 @@ impl Limiter {
     /// limits, each counted here alone, all charged or none; a ban this
     /// process has learnt from Redis still denies until it ends. Never
     /// waits. For a door of your own that falls back the same way.
-    pub fn decide_here(&self, checks: &[Check]) -> Decision {
-        self.local.decide(checks)
+    pub fn decide_here(&self, checks: &[Check]) -> Result<Decision, LimiterError> {
+        let (checks, joined) = Joined::new(checks.to_vec())?;
+        Ok(joined.decision(self.local.decide(&checks)))
     }
 
     /// Forgets what the process remembers about keys (cached denials and
@@ -240,6 +242,12 @@ impl Limiter {
     /// Decides the checks of one request, atomically: either every check is
     /// recorded (the request is allowed by every enforce check) or none is.
     /// Answers within `redis.timeout` (plus scheduling) whatever Redis does.
+    ///
+    /// Checks on the same key are decided as one check of their summed
+    /// cost (each gets its outcome), so together they never take more than
+    /// the limit holds; they must ask the same question of it (algorithm,
+    /// mode, penalty) and their costs must fit in its quota together, else
+    /// [`LimiterError::Check`].
     pub async fn decide(&self, checks: Vec<Check>) -> Result<Decision, LimiterError> {
         self.submit(checks, None).await
     }
@@ -266,6 +274,17 @@ impl Limiter {
                 allowed: true,
             });
         }
+        let (checks, joined) = Joined::new(checks)?;
+        self.submit_joined(checks, now_ms)
+            .await
+            .map(|d| joined.decision(d))
+    }
+
+    async fn submit_joined(
+        &self,
+        checks: Vec<Check>,
+        now_ms: Option<u64>,
+    ) -> Result<Decision, LimiterError> {
         if self.cluster {
             // A cluster's breakers are per master, and only the
             // dispatchers know which master a key is on.

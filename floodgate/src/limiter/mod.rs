@@ -17,6 +17,7 @@ pub(crate) mod deny_cache;
 pub(crate) mod dispatch;
 mod error;
 pub(crate) mod give_back;
+mod join;
 mod lane;
 pub(crate) mod local;
 pub(crate) mod operator;
@@ -36,8 +37,6 @@ use std::time::Duration;
 use crate::rule::InvalidPolicy;
 
 pub use self::decide::Limiter;
-/// For the tests (through [`Limiter::deny_cache`]): not part of the API.
-#[doc(hidden)]
 pub use self::deny_cache::Remembered;
 pub use self::error::LimiterError;
 pub use self::operator::{

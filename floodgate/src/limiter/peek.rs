@@ -65,6 +65,7 @@ impl Limiter {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
+        let (checks, joined) = super::join::Joined::new(checks)?;
         let pool = self.pool().clone();
         let timeout = self.timeout();
         let one_per_call = self.hash_tags();
@@ -72,7 +73,7 @@ impl Limiter {
             peek_blocking(&pool, timeout, one_per_call, &checks, now_ms)
         });
         match tokio::time::timeout(timeout, work).await {
-            Ok(Ok(result)) => result,
+            Ok(Ok(result)) => result.map(|outcomes| joined.spread(outcomes)),
             Ok(Err(e)) => Err(LimiterError::Other(format!("the peek did not finish: {e}"))),
             Err(_) => Err(LimiterError::Timeout),
         }
