@@ -1,6 +1,9 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, unnameable_types)]
+// What only `__private` reaches (feature `__internals`: the crate's own tests
+// and the repository's Envoy service) is unused without it.
+#![cfg_attr(not(feature = "__internals"), allow(dead_code, unreachable_pub))]
 
 mod head;
 mod units;
@@ -33,10 +36,65 @@ pub use crate::rule::key::{Key, KeyFn};
 /// written in.
 pub use http;
 
-/// Items the benchmarks and tests reach; not part of the supported API.
+/// Items the tests, the benchmarks and the repository's Envoy service
+/// reach (feature `__internals`); not part of the API.
+#[cfg(feature = "__internals")]
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::limiter::deny_cache::DenyCache;
+    use std::time::{Duration, Instant};
+
+    use crate::limiter::{Check, Decision, Limiter, LimiterError};
+    use crate::metrics::Metrics;
+
+    pub use crate::limiter::deny_cache::{DenyCache, Remembered};
+    pub use crate::metrics::kind::DecisionKind;
+
+    /// Counts one rule's outcome for one request.
+    pub fn decision(metrics: &Metrics, rule: &str, outcome: DecisionKind) {
+        metrics.decision(rule, outcome);
+    }
+
+    /// Counts one request denied from the denial cache under `rule`.
+    pub fn deny_cache_hit(metrics: &Metrics, rule: &str) {
+        metrics.deny_cache_hit(rule);
+    }
+
+    /// Counts one ban started under `rule` by `source`.
+    pub fn ban(metrics: &Metrics, rule: &str, source: &str) {
+        metrics.ban(rule, source);
+    }
+
+    /// Records how long one decision took.
+    pub fn observe(metrics: &Metrics, took: Duration) {
+        metrics.observe(took);
+    }
+
+    /// The longest denial the cache remembers for one of `checks` that
+    /// `eligible` lets it answer, with its index.
+    pub fn remembered_denial(
+        limiter: &Limiter,
+        checks: &[Check],
+        eligible: impl Fn(usize) -> bool,
+        now: Instant,
+    ) -> Option<(usize, Remembered)> {
+        limiter.remembered_denial(checks, eligible, now)
+    }
+
+    /// Remembers the denials Redis answered for `checks`.
+    pub fn remember_denials(
+        limiter: &Limiter,
+        checks: &[Check],
+        decision: &Decision,
+        eligible: impl Fn(usize) -> bool,
+        asked: Instant,
+    ) {
+        limiter.remember_denials(checks, decision, eligible, asked);
+    }
+
+    /// Decides `checks` with this process's own counts (the local fallback).
+    pub fn decide_here(limiter: &Limiter, checks: &[Check]) -> Result<Decision, LimiterError> {
+        limiter.decide_here(checks)
+    }
     pub use crate::limiter::dispatch::single::{decide_batch, decide_batch_with_deadlines};
     pub use crate::limiter::local::LocalLimiter;
 

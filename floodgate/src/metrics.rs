@@ -10,39 +10,45 @@ use std::time::Duration;
 
 use crate::limiter::Limiter;
 
-/// What happened to a request under one rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum DecisionKind {
-    /// Under the limit.
-    Allowed,
-    /// Over the limit and denied.
-    Denied,
-    /// Over the limit, shadow mode: let through.
-    ShadowDenied,
-    /// Redis failed; `on_redis_error = "allow"` let it through.
-    ErrorAllowed,
-    /// Redis failed; `on_redis_error = "deny"` answered 503.
-    ErrorDenied,
-    /// Redis failed; `on_redis_error = "local"`: this process allowed it.
-    LocalAllowed,
-    /// Redis failed; `on_redis_error = "local"`: this process denied it.
-    LocalDenied,
-    /// The identity is banned under the rule (by an operator or a penalty).
-    Banned,
-}
+pub(crate) use self::kind::DecisionKind;
 
-impl DecisionKind {
-    /// The `decision` label.
-    pub fn label(self) -> &'static str {
-        match self {
-            DecisionKind::Allowed => "allowed",
-            DecisionKind::Denied => "denied",
-            DecisionKind::ShadowDenied => "shadow_denied",
-            DecisionKind::ErrorAllowed => "error_allowed",
-            DecisionKind::ErrorDenied => "error_denied",
-            DecisionKind::LocalAllowed => "local_allowed",
-            DecisionKind::LocalDenied => "local_denied",
-            DecisionKind::Banned => "banned",
+/// The kinds of decision counted (a module of its own: the kind is
+/// public only to `__private`, for the metric writers there).
+pub(crate) mod kind {
+    /// What happened to a request under one rule.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+    pub enum DecisionKind {
+        /// Under the limit.
+        Allowed,
+        /// Over the limit and denied.
+        Denied,
+        /// Over the limit, shadow mode: let through.
+        ShadowDenied,
+        /// Redis failed; `on_redis_error = "allow"` let it through.
+        ErrorAllowed,
+        /// Redis failed; `on_redis_error = "deny"` answered 503.
+        ErrorDenied,
+        /// Redis failed; `on_redis_error = "local"`: this process allowed it.
+        LocalAllowed,
+        /// Redis failed; `on_redis_error = "local"`: this process denied it.
+        LocalDenied,
+        /// The identity is banned under the rule (by an operator or a penalty).
+        Banned,
+    }
+
+    impl DecisionKind {
+        /// The `decision` label.
+        pub fn label(self) -> &'static str {
+            match self {
+                DecisionKind::Allowed => "allowed",
+                DecisionKind::Denied => "denied",
+                DecisionKind::ShadowDenied => "shadow_denied",
+                DecisionKind::ErrorAllowed => "error_allowed",
+                DecisionKind::ErrorDenied => "error_denied",
+                DecisionKind::LocalAllowed => "local_allowed",
+                DecisionKind::LocalDenied => "local_denied",
+                DecisionKind::Banned => "banned",
+            }
         }
     }
 }
@@ -119,18 +125,18 @@ impl Metrics {
     }
 
     /// Counts one rule's outcome for one request.
-    pub fn decision(&self, rule: &str, outcome: DecisionKind) {
+    pub(crate) fn decision(&self, rule: &str, outcome: DecisionKind) {
         self.add(rule, outcome as usize);
     }
 
     /// Counts one request denied from the denial cache under `rule`.
-    pub fn deny_cache_hit(&self, rule: &str) {
+    pub(crate) fn deny_cache_hit(&self, rule: &str) {
         self.add(rule, CACHE_HITS);
     }
 
     /// Counts one ban started under `rule` by `source` (`operator` or
     /// `penalty`).
-    pub fn ban(&self, rule: &str, source: &str) {
+    pub(crate) fn ban(&self, rule: &str, source: &str) {
         if let Some((slot, _)) = BANS.iter().find(|(_, s)| *s == source) {
             self.add(rule, *slot);
         }
@@ -155,7 +161,7 @@ impl Metrics {
     }
 
     /// Records how long one decision took.
-    pub fn observe(&self, took: Duration) {
+    pub(crate) fn observe(&self, took: Duration) {
         // One add in the first bucket that holds it; render sums them up.
         let secs = took.as_secs_f64();
         if let Some(i) = BUCKETS.iter().position(|bound| secs <= *bound) {

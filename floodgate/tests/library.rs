@@ -1414,13 +1414,17 @@ async fn checks_of_one_call_on_one_key_never_take_more_than_its_limit() {
     ));
     // The local fallback joins them the same way.
     let here = "twice:here";
-    let d = limiter
-        .decide_here(&[check(here, three, 2), check(here, three, 1)])
-        .unwrap();
+    let d = floodgate_limiter::__private::decide_here(
+        &limiter,
+        &[check(here, three, 2), check(here, three, 1)],
+    )
+    .unwrap();
     assert!(d.allowed);
     assert_eq!(d.outcomes[0].remaining, 0);
-    let d = limiter
-        .decide_here(&[check(here, three, 1), check(here, three, 1)])
-        .unwrap();
+    let d = floodgate_limiter::__private::decide_here(
+        &limiter,
+        &[check(here, three, 1), check(here, three, 1)],
+    )
+    .unwrap();
     assert!(!d.allowed);
 }

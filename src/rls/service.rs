@@ -13,7 +13,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use floodgate::limiter::Limiter;
 use floodgate::limiter::{Check, Decision, LimiterError, Outcome};
-use floodgate::metrics::{DecisionKind, Metrics};
+// The library's internals its filter uses too (feature `__internals`): the
+// metric writers, the denial cache and the local fallback.
+use floodgate::__private::{self as inside, DecisionKind};
+use floodgate::metrics::Metrics;
 use floodgate::rule::HeaderDialect;
 use floodgate::rule::{Algorithm, Penalty};
 
@@ -407,7 +410,7 @@ impl Rls {
         let applied = self.apply(&matcher, &req);
         let result = self.decide(&applied, started).await;
         let took = started.elapsed();
-        self.metrics.observe(took);
+        inside::observe(&self.metrics, took);
         if log::log_enabled!(log::Level::Debug) {
             let answer = match &result {
                 Ok(r) if r.overall_code == Code::OverLimit as i32 => "OVER_LIMIT".to_string(),
@@ -489,7 +492,7 @@ impl Rls {
                     } else {
                         DecisionKind::Denied
                     };
-                    self.metrics.decision(&a.metric, kind);
+                    inside::decision(&self.metrics, &a.metric, kind);
                     DescriptorStatus {
                         code: code as i32,
                         current_limit: Some(a.current()),
@@ -518,15 +521,17 @@ impl Rls {
         }
         // A remembered denial answers without Redis (and counts for `top`).
         let enforced = |n: usize| checks[n].enforce();
-        if let Some((n, denial)) = self.limiter.remembered_denial(&checks, enforced, started) {
+        if let Some((n, denial)) =
+            inside::remembered_denial(&self.limiter, &checks, enforced, started)
+        {
             if let Some(a) = &applied[of_check[n]] {
-                self.metrics.deny_cache_hit(&a.metric);
+                inside::deny_cache_hit(&self.metrics, &a.metric);
                 let kind = if denial.banned {
                     DecisionKind::Banned
                 } else {
                     DecisionKind::Denied
                 };
-                self.metrics.decision(&a.metric, kind);
+                inside::decision(&self.metrics, &a.metric, kind);
                 let mut s = bare_status(a, Code::OverLimit);
                 if let Some(q) = denial.quota {
                     a.in_force_ms
@@ -561,8 +566,7 @@ impl Rls {
         }
         match self.limiter.decide(checks.clone()).await {
             Ok(decision) => {
-                self.limiter
-                    .remember_denials(&checks, &decision, enforced, started);
+                inside::remember_denials(&self.limiter, &checks, &decision, enforced, started);
                 self.count_and_answer(applied, &mut statuses, &of_check, &checks, &decision, false);
                 Ok(self.response(applied, statuses))
             }
@@ -584,7 +588,7 @@ impl Rls {
         let each = |kind: DecisionKind| {
             for &i in of_check {
                 if let Some(a) = &applied[i] {
-                    self.metrics.decision(&a.metric, kind);
+                    inside::decision(&self.metrics, &a.metric, kind);
                 }
             }
         };
@@ -617,9 +621,7 @@ impl Rls {
             }
             OnError::Local => {
                 // (A call's checks name distinct keys: its twins are joined.)
-                let decision = self
-                    .limiter
-                    .decide_here(checks)
+                let decision = inside::decide_here(&self.limiter, checks)
                     .map_err(|e| tonic::Status::internal(e.to_string()))?;
                 self.count_and_answer(applied, &mut statuses, of_check, checks, &decision, true);
                 Ok(self.response(applied, statuses))
@@ -648,10 +650,10 @@ impl Rls {
                 (false, _, true, true) => DecisionKind::LocalDenied,
                 (false, _, false, _) => DecisionKind::ShadowDenied,
             };
-            self.metrics.decision(&a.metric, kind);
+            inside::decision(&self.metrics, &a.metric, kind);
             // (Bans are counted where Redis decided, as the site counts them.)
             if o.ban_started && !local {
-                self.metrics.ban(&a.metric, "penalty");
+                inside::ban(&self.metrics, &a.metric, "penalty");
             }
             statuses[i] = self.status(a, o, decision.allowed);
         }

@@ -543,7 +543,7 @@ pub(super) async fn give_back(
 fn with_quota(rule: &Rule, limit: u32) -> Option<crate::rule::Algorithm> {
     let quota = std::num::NonZeroU32::new(limit)
         .filter(|q| q.get() <= rule.algorithm.max_quota() && q.get() >= rule.cost)?;
-    Some(rule.algorithm.with_quota(quota))
+    rule.algorithm.with_quota(quota)
 }
 
 pub(super) fn count_allowed(metrics: &Metrics, matched: &[&Rule], decision: &Decision) {

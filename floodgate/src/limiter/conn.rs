@@ -51,7 +51,7 @@ impl Conn {
     #[cfg(feature = "cluster")]
     pub(crate) fn single(conn: redis::Connection) -> Conn {
         Conn {
-            inner: RedisConn::Single(conn),
+            inner: RedisConn(super::topology::Link::Single(conn)),
             answered: Instant::now(),
             spoiled: false,
             master: None,

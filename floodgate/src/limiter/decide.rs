@@ -149,7 +149,7 @@ impl Limiter {
     /// answer, the remembered denial that frees last, with its index, and
     /// tallied for [`Limiter::top_blocking`]; `None`: Redis must decide (or
     /// the cache is off). Nothing is asked of Redis.
-    pub fn remembered_denial(
+    pub(crate) fn remembered_denial(
         &self,
         checks: &[Check],
         eligible: impl Fn(usize) -> bool,
@@ -170,7 +170,7 @@ impl Limiter {
     /// lets the cache answer), asked at `asked`: a ban until it ends, a
     /// denial until the request would fit, but not the denials of a check
     /// with a penalty (each of them counts in Redis towards a ban).
-    pub fn remember_denials(
+    pub(crate) fn remember_denials(
         &self,
         checks: &[Check],
         decision: &Decision,
@@ -209,8 +209,8 @@ impl Limiter {
     /// under `on_redis_error = "local"` when Redis cannot decide: the same
     /// limits, each counted here alone, all charged or none; a ban this
     /// process has learnt from Redis still denies until it ends. Never
-    /// waits. For a door of your own that falls back the same way.
-    pub fn decide_here(&self, checks: &[Check]) -> Result<Decision, LimiterError> {
+    /// waits. Checks on one key are joined as [`Limiter::decide`] joins them.
+    pub(crate) fn decide_here(&self, checks: &[Check]) -> Result<Decision, LimiterError> {
         let (checks, joined) = Joined::new(checks.to_vec())?;
         Ok(joined.decision(self.local.decide(&checks)))
     }
@@ -254,6 +254,7 @@ impl Limiter {
 
     /// As [`Limiter::decide`], with the clock pinned to `now_ms` (ms since the
     /// epoch) instead of Redis `TIME`: for property tests of the algorithms.
+    #[cfg(feature = "__internals")]
     #[doc(hidden)]
     pub async fn decide_at(
         &self,

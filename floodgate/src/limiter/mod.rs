@@ -37,7 +37,6 @@ use std::time::Duration;
 use crate::rule::InvalidPolicy;
 
 pub use self::decide::Limiter;
-pub use self::deny_cache::Remembered;
 pub use self::error::LimiterError;
 pub use self::operator::{
     split_state_key, Action, AuditEntry, Inspection, Listed, ListedOverride, OverrideState,

@@ -47,7 +47,8 @@ impl Limiter {
     }
 
     /// As [`Limiter::peek`], with the clock pinned to `now_ms` (ms since the
-    /// epoch) instead of Redis `TIME`, as [`Limiter::decide_at`] pins it.
+    /// epoch) instead of Redis `TIME`, as `Limiter::decide_at` pins it.
+    #[cfg(feature = "__internals")]
     #[doc(hidden)]
     pub async fn peek_at(
         &self,

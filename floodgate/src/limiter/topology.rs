@@ -17,8 +17,13 @@ mod sentinel;
 #[cfg(feature = "sentinel")]
 use self::sentinel::Sentinels;
 
-/// A connection to Redis: to one server, or to a whole cluster.
-pub enum RedisConn {
+/// A connection to Redis: to one server, or to a whole cluster. Commands
+/// go through [`redis::ConnectionLike`] (`redis::cmd(..).query(conn)`); on
+/// a cluster each goes to the master of its key's slot.
+pub struct RedisConn(pub(crate) Link);
+
+/// What a [`RedisConn`] holds.
+pub(crate) enum Link {
     /// One server (a single node, or the master the Sentinels named).
     Single(redis::Connection),
     /// A cluster: every command goes to the master of its key's slot, and
@@ -31,9 +36,9 @@ pub enum RedisConn {
 macro_rules! on_either {
     ($conn:expr, $c:ident => $body:expr) => {
         match $conn {
-            RedisConn::Single($c) => $body,
+            RedisConn(Link::Single($c)) => $body,
             #[cfg(feature = "cluster")]
-            RedisConn::Cluster($c) => $body,
+            RedisConn(Link::Cluster($c)) => $body,
         }
     };
 }
@@ -46,16 +51,16 @@ impl RedisConn {
     }
 
     /// Reads one reply (one server only).
-    pub fn recv_response(&mut self) -> RedisResult<Value> {
+    pub(crate) fn recv_response(&mut self) -> RedisResult<Value> {
         self.single()?.recv_response()
     }
 
     /// The one server's connection; an error on a cluster.
     fn single(&mut self) -> RedisResult<&mut redis::Connection> {
         match self {
-            RedisConn::Single(c) => Ok(c),
+            RedisConn(Link::Single(c)) => Ok(c),
             #[cfg(feature = "cluster")]
-            RedisConn::Cluster(_) => Err(redis::RedisError::from((
+            RedisConn(Link::Cluster(_)) => Err(redis::RedisError::from((
                 redis::ErrorKind::Client,
                 "raw commands are not sent on a cluster connection",
             ))),
@@ -63,12 +68,12 @@ impl RedisConn {
     }
 
     /// Bounds every read.
-    pub fn set_read_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
+    pub(crate) fn set_read_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
         on_either!(self, c => c.set_read_timeout(dur))
     }
 
     /// Bounds every write.
-    pub fn set_write_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
+    pub(crate) fn set_write_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
         on_either!(self, c => c.set_write_timeout(dur))
     }
 }
@@ -166,18 +171,19 @@ impl Source {
     ) -> RedisResult<(RedisConn, Option<Master>)> {
         let (conn, master) = match self {
             Source::Url(client) => (
-                RedisConn::Single(client.get_connection_with_timeout(within)?),
+                RedisConn(Link::Single(client.get_connection_with_timeout(within)?)),
                 None,
             ),
             #[cfg(feature = "sentinel")]
             Source::Sentinel(sentinels) => {
                 let (conn, master) = sentinels.open(within)?;
-                (RedisConn::Single(conn), master)
+                (RedisConn(Link::Single(conn)), master)
             }
             #[cfg(feature = "cluster")]
-            Source::Cluster(client) => {
-                (RedisConn::Cluster(Box::new(client.get_connection()?)), None)
-            }
+            Source::Cluster(client) => (
+                RedisConn(Link::Cluster(Box::new(client.get_connection()?))),
+                None,
+            ),
         };
         conn.set_read_timeout(Some(timeout))?;
         conn.set_write_timeout(Some(timeout))?;

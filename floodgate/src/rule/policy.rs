@@ -248,15 +248,17 @@ impl Algorithm {
     }
 
     /// The same algorithm with `quota` as its limit (a token bucket's rate
-    /// scales with its burst).
-    pub fn with_quota(&self, quota: NonZeroU32) -> Algorithm {
+    /// scales with its burst), checked as its constructor checks it: `None`
+    /// when that algorithm could not be built.
+    pub(crate) fn with_quota(&self, quota: NonZeroU32) -> Option<Algorithm> {
         match (*self, self.limit_window()) {
-            (Algorithm::TokenBucket { rate, burst }, _) => Algorithm::TokenBucket {
-                rate: rate * f64::from(quota.get()) / f64::from(burst.get()),
-                burst: quota,
-            },
-            (a, Some((_, window))) => Algorithm::with_window(a.name(), quota, window).unwrap_or(a),
-            (a, None) => a,
+            (Algorithm::TokenBucket { rate, burst }, _) => Algorithm::token_bucket(
+                rate * f64::from(quota.get()) / f64::from(burst.get()),
+                quota.get(),
+            )
+            .ok(),
+            (a, Some((_, window))) => Algorithm::windowed(a.name(), quota.get(), window).ok(),
+            (_, None) => None,
         }
     }
 

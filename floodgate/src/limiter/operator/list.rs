@@ -13,7 +13,7 @@ use redis::{ConnectionLike, Value};
 use super::record_key;
 use super::Limiter;
 use crate::limiter::conn::Pool;
-use crate::limiter::topology::RedisConn;
+use crate::limiter::topology::{Link, RedisConn};
 use crate::limiter::LimiterError;
 
 /// The newest entries the audit trail keeps.
@@ -147,9 +147,9 @@ fn scan_keys(
 /// Cluster.
 fn keys_matching(conn: &mut RedisConn, pattern: &str) -> redis::RedisResult<Vec<String>> {
     match conn {
-        RedisConn::Single(c) => scan_keys(|cmd| cmd.query::<Value>(c), pattern),
+        RedisConn(Link::Single(c)) => scan_keys(|cmd| cmd.query::<Value>(c), pattern),
         #[cfg(feature = "cluster")]
-        RedisConn::Cluster(c) => {
+        RedisConn(Link::Cluster(c)) => {
             use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
             let slots = c.route_command(
                 redis::cmd("CLUSTER").arg("SLOTS"),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::{channel, claim, Action};
 use crate::limiter::local::Bans;
 use crate::limiter::shared::Shared;
-use crate::limiter::topology::{Master, RedisConn, Source};
+use crate::limiter::topology::{Link, Master, RedisConn, Source};
 use crate::limiter::RedisConfig;
 use crate::logging::Escaped;
 
@@ -148,9 +148,9 @@ impl Listener {
             return Ok((conn, None));
         }
         match self.source.open(self.timeout, self.timeout)? {
-            (RedisConn::Single(conn), master) => Ok((conn, master)),
+            (RedisConn(Link::Single(conn)), master) => Ok((conn, master)),
             #[cfg(feature = "cluster")]
-            (RedisConn::Cluster(_), _) => Err(redis::RedisError::from((
+            (RedisConn(Link::Cluster(_)), _) => Err(redis::RedisError::from((
                 redis::ErrorKind::Client,
                 "a cluster connection cannot subscribe",
             ))),
