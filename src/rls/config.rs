@@ -1,6 +1,8 @@
 //! `[rls]`: where the service listens, where its descriptor files are, and
 //! what it does without Redis. The file's `[redis]`, `[limiter]`, `[admin]`
-//! and `[defaults]` are read by the library as for the site; `[server]` and
+//! and `[defaults]` are read by the library as for the site (what `[rls]`
+//! does not set of `algorithm`, `on_redis_error`, shadow mode and `headers`
+//! comes from `[defaults]`, as a site's rules inherit it); `[server]` and
 //! `[[rule]]` are refused (they would not apply).
 
 use std::path::{Path, PathBuf};
@@ -76,6 +78,9 @@ pub struct RawApp {
     rls: RawRls,
     server: Option<toml::Value>,
     rule: Option<toml::Value>,
+    /// `[defaults]` (checked by the library): what `[rls]` inherits where
+    /// it says nothing, as the site's rules inherit it.
+    defaults: Option<toml::Table>,
 }
 
 impl AppConfig for Settings {
@@ -103,6 +108,15 @@ impl AppConfig for Settings {
             ));
         }
         let r = raw.rls;
+        // What `[defaults]` says, for what `[rls]` leaves unsaid: its
+        // algorithm, on_redis_error, mode (shadow) and headers mean for
+        // every limit what they mean for every rule of the site.
+        let inherited = |key: &str| raw.defaults.as_ref().and_then(|d| d.get(key)).cloned();
+        let algorithm_default = inherited("algorithm").and_then(|v| v.as_str().map(String::from));
+        let on_error_default =
+            inherited("on_redis_error").and_then(|v| v.try_into::<OnError>().ok());
+        let shadow_default = inherited("mode").map(|v| v.as_str() == Some("shadow"));
+        let headers_default = inherited("headers").and_then(|v| v.try_into::<HeaderDialect>().ok());
         let bind = check_bind(r.bind.as_deref().unwrap_or("127.0.0.1:8081"))
             .map_err(|w| err("[rls] bind", w))?;
         let http_bind = check_bind(r.http_bind.as_deref().unwrap_or("127.0.0.1:8082"))
@@ -114,7 +128,10 @@ impl AppConfig for Settings {
                 "must name a file or folder".into(),
             ));
         }
-        let algorithm = r.algorithm.unwrap_or_else(|| "sliding_window".into());
+        let algorithm = r
+            .algorithm
+            .or(algorithm_default)
+            .unwrap_or_else(|| "sliding_window".into());
         if !Algorithm::NAMES.contains(&algorithm.as_str()) {
             return Err(err(
                 "[rls] algorithm",
@@ -129,9 +146,12 @@ impl AppConfig for Settings {
             http_bind,
             descriptors: PathBuf::from(descriptors),
             algorithm,
-            on_redis_error: r.on_redis_error.unwrap_or(OnError::Error),
-            shadow: r.shadow.unwrap_or(false),
-            headers: r.headers.unwrap_or(HeaderDialect::None),
+            on_redis_error: r
+                .on_redis_error
+                .or(on_error_default)
+                .unwrap_or(OnError::Error),
+            shadow: r.shadow.or(shadow_default).unwrap_or(false),
+            headers: r.headers.or(headers_default).unwrap_or(HeaderDialect::None),
         })
     }
 }

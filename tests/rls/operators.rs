@@ -117,6 +117,43 @@ fn check_config_lists_rule_names_and_refuses_bad_files() {
     ]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("shadow mode"), "{err}");
+
+    // [defaults] means for every limit what it means for every rule of the
+    // site, where [rls] says nothing: the algorithm, and shadow mode.
+    let config = write_config(
+        &dir,
+        &redis,
+        1,
+        2,
+        "",
+        "\n[defaults]\nalgorithm = \"gcra\"\nmode = \"shadow\"\n",
+    );
+    let (code, out, err) = floodgate(&["check-config", config.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().all(|l| l.contains(" gcra ")), "{out}");
+    let (code, _, err) = floodgate(&[
+        "ban",
+        "--config",
+        config.to_str().unwrap(),
+        "per-user",
+        "acme",
+        "u",
+        "--for",
+        "1m",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("shadow mode"), "{err}");
+    let config = write_config(
+        &dir,
+        &redis,
+        1,
+        2,
+        "algorithm = \"fixed_window\"",
+        "\n[defaults]\nalgorithm = \"gcra\"\n",
+    );
+    let (code, out, err) = floodgate(&["check-config", config.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().all(|l| l.contains(" fixed_window ")), "{out}");
 }
 
 #[tokio::test]
