@@ -104,19 +104,21 @@ fn check_config_lists_rule_names_and_refuses_bad_files() {
 
     // Under [rls] shadow = true no limit is enforced: a ban or override
     // would never be, and is refused.
-    let config = write_config(&dir, &redis, 1, 2, "shadow = true", "");
-    let (code, _, err) = floodgate(&[
-        "ban",
-        "--config",
-        config.to_str().unwrap(),
-        "per-user",
-        "acme",
-        "u",
-        "--for",
-        "1m",
-    ]);
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("shadow mode"), "{err}");
+    let ban_is_refused = |config: &std::path::Path| {
+        let (code, _, err) = floodgate(&[
+            "ban",
+            "--config",
+            config.to_str().unwrap(),
+            "per-user",
+            "acme",
+            "u",
+            "--for",
+            "1m",
+        ]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("shadow mode"), "{err}");
+    };
+    ban_is_refused(&write_config(&dir, &redis, 1, 2, "shadow = true", ""));
 
     // [defaults] means for every limit what it means for every rule of the
     // site, where [rls] says nothing: the algorithm, and shadow mode.
@@ -131,18 +133,7 @@ fn check_config_lists_rule_names_and_refuses_bad_files() {
     let (code, out, err) = floodgate(&["check-config", config.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     assert!(out.lines().all(|l| l.contains(" gcra ")), "{out}");
-    let (code, _, err) = floodgate(&[
-        "ban",
-        "--config",
-        config.to_str().unwrap(),
-        "per-user",
-        "acme",
-        "u",
-        "--for",
-        "1m",
-    ]);
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("shadow mode"), "{err}");
+    ban_is_refused(&config);
     let config = write_config(
         &dir,
         &redis,
