@@ -298,31 +298,16 @@ pub async fn listing(
         return error(StatusCode::BAD_REQUEST, "find needs ?value=V");
     }
     let what = what.to_string();
-    let found = web::block(move || match what.as_str() {
-        "find" => listings::find_in(
-            &limiter,
-            &prefix,
-            &searched(found.as_deref().unwrap_or_default()),
-        ),
-        "top" => listings::top(
-            &limiter,
-            &prefix,
-            rule.as_deref().unwrap_or_default(),
+    let found = web::block(move || {
+        let searched = found.as_deref().map(searched).unwrap_or_default();
+        let asked = listings::Asked {
+            what: &what,
+            rule: rule.as_deref(),
+            searched: &searched,
+            since,
             top_since,
-        ),
-        "audit" => limiter
-            .audit_trail_blocking(&prefix, since, listings::AUDIT_MOST)
-            .map(|entries| listings::audit_objects(&entries)),
-        other => {
-            let listing = if other == "bans" {
-                listings::Listing::Bans
-            } else {
-                listings::Listing::Overrides
-            };
-            limiter
-                .listed_blocking(&prefix)
-                .map(|listed| listings::objects(listing, &listed, &known, rule.as_deref()))
-        }
+        };
+        listings::list(&limiter, &prefix, &known, &asked)
     })
     .await;
     match found {

@@ -119,16 +119,52 @@ pub fn gauges(listed: &[Listed], rules: &[Known]) -> String {
     text
 }
 
-/// `floodgate find VALUE`: every rule's identities whose ID holds `value`
-/// (written as a request carries it) as one of its parts, as the rule's
-/// view of each (`inspect` objects), rules in their order. Blocking.
-pub fn find(
+/// A listing asked for, its parameters checked: `what` it is (`bans`,
+/// `overrides`, `top`, `find` or `audit`), as the command line and the
+/// admin API take it.
+pub struct Asked<'a> {
+    /// Which listing.
+    pub what: &'a str,
+    /// `bans`, `overrides`: this rule's alone; `top`: the rule.
+    pub rule: Option<&'a str>,
+    /// `find`: what each rule is searched for.
+    pub searched: &'a [Searched],
+    /// `audit`: the entries since then (seconds since the epoch).
+    pub since: u64,
+    /// `top`: the denials within this long.
+    pub top_since: Duration,
+}
+
+/// The objects a listing shows (one per line on the command line, a JSON
+/// array from the admin API), over the rules `known`. Blocking.
+pub fn list(
     limiter: &Limiter,
     prefix: &str,
-    rules: &[floodgate::rule::Rule],
-    value: &str,
+    known: &[Known],
+    asked: &Asked<'_>,
 ) -> Result<Vec<Value>, LimiterError> {
-    find_in(limiter, prefix, &searched_rules(rules, value))
+    match asked.what {
+        "top" => top(
+            limiter,
+            prefix,
+            asked.rule.unwrap_or_default(),
+            asked.top_since,
+        ),
+        "find" => find_in(limiter, prefix, asked.searched),
+        "audit" => limiter
+            .audit_trail_blocking(prefix, asked.since, AUDIT_MOST)
+            .map(|entries| audit_objects(&entries)),
+        other => {
+            let listing = if other == "bans" {
+                Listing::Bans
+            } else {
+                Listing::Overrides
+            };
+            limiter
+                .listed_blocking(prefix)
+                .map(|listed| objects(listing, &listed, known, asked.rule))
+        }
+    }
 }
 
 /// What `find` looks for in each of a site's rules: `value` as the rule's

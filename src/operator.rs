@@ -283,36 +283,21 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
         Ok(l) => l,
         Err(code) => return code,
     };
-    let objects = match command {
-        "top" => listings::top(
-            &limiter,
-            &redis.key_prefix,
-            rule.unwrap_or_default(),
-            top_since,
-        ),
-        "find" if !rls_limits.is_empty() => {
-            listings::find_in(&limiter, &redis.key_prefix, &rls_limits)
+    // `find`'s one value: what each rule (or limit) is searched for.
+    let searched = match (command, rule) {
+        ("find", Some(value)) if rls_limits.is_empty() => {
+            listings::searched_rules(&site_rules, value)
         }
-        "find" => listings::find(
-            &limiter,
-            &redis.key_prefix,
-            &site_rules,
-            rule.unwrap_or_default(),
-        ),
-        "audit" => limiter
-            .audit_trail_blocking(&redis.key_prefix, since, listings::AUDIT_MOST)
-            .map(|entries| listings::audit_objects(&entries)),
-        _ => {
-            let what = if command == "bans" {
-                listings::Listing::Bans
-            } else {
-                listings::Listing::Overrides
-            };
-            limiter
-                .listed_blocking(&redis.key_prefix)
-                .map(|listed| listings::objects(what, &listed, &rules, rule))
-        }
+        _ => rls_limits,
     };
+    let asked = listings::Asked {
+        what: command,
+        rule: rule.filter(|_| command != "find"),
+        searched: &searched,
+        since,
+        top_since,
+    };
+    let objects = listings::list(&limiter, &redis.key_prefix, &rules, &asked);
     match objects {
         Ok(objects) => {
             for o in objects {

@@ -166,6 +166,8 @@ struct Applied<'a> {
     key: String,
     requests_per_unit: u32,
     unit: Unit,
+    /// The window in force: the limit's, or an operator's override's once
+    /// Redis (or the denial cache) answered under one.
     window: Duration,
     algorithm: Option<Algorithm>,
     unlimited: bool,
@@ -181,9 +183,6 @@ struct Applied<'a> {
     /// the call, and together take more than the limit holds), and
     /// answered as it is.
     twin: Option<usize>,
-    /// The window in force: the limit's, or an operator's override's once
-    /// Redis (or the denial cache) answered under one.
-    in_force_ms: AtomicU64,
 }
 
 impl Applied<'_> {
@@ -352,7 +351,6 @@ impl Rls {
                         hits,
                         penalty: None,
                         twin: None,
-                        in_force_ms: AtomicU64::new(window.as_millis() as u64),
                     });
                 }
                 let m = matched?;
@@ -371,7 +369,6 @@ impl Rls {
                     hits,
                     penalty: l.penalty,
                     twin: None,
-                    in_force_ms: AtomicU64::new(l.window.as_millis() as u64),
                 })
             })
             .collect();
@@ -407,8 +404,8 @@ impl Rls {
         } else {
             ""
         };
-        let applied = self.apply(&matcher, &req);
-        let result = self.decide(&applied, started).await;
+        let mut applied = self.apply(&matcher, &req);
+        let result = self.decide(&mut applied, started).await;
         let took = started.elapsed();
         inside::observe(&self.metrics, took);
         if log::log_enabled!(log::Level::Debug) {
@@ -447,7 +444,7 @@ impl Rls {
 
     async fn decide(
         &self,
-        applied: &[Option<Applied<'_>>],
+        applied: &mut [Option<Applied<'_>>],
         started: Instant,
     ) -> Result<RateLimitResponse, tonic::Status> {
         // The limits that take Redis work: every matched one but
@@ -511,7 +508,7 @@ impl Rls {
         if enforced_zero {
             let now = self.limiter.peek(checks.clone()).await;
             for (n, &i) in of_check.iter().enumerate() {
-                let Some(a) = &applied[i] else { continue };
+                let Some(a) = &mut applied[i] else { continue };
                 statuses[i] = match now.as_ref().ok().and_then(|o| o.get(n)) {
                     Some(o) => self.status(a, o, false),
                     None => bare_status(a, Code::Ok),
@@ -524,7 +521,7 @@ impl Rls {
         if let Some((n, denial)) =
             inside::remembered_denial(&self.limiter, &checks, enforced, started)
         {
-            if let Some(a) = &applied[of_check[n]] {
+            if let Some(a) = &mut applied[of_check[n]] {
                 inside::deny_cache_hit(&self.metrics, &a.metric);
                 let kind = if denial.banned {
                     DecisionKind::Banned
@@ -534,8 +531,7 @@ impl Rls {
                 inside::decision(&self.metrics, &a.metric, kind);
                 let mut s = bare_status(a, Code::OverLimit);
                 if let Some(q) = denial.quota {
-                    a.in_force_ms
-                        .store(q.window.as_millis() as u64, Ordering::Relaxed);
+                    a.window = q.window;
                     s.current_limit = Some(RateLimit {
                         requests_per_unit: q.limit,
                         unit: unit_of(q.window) as i32,
@@ -553,7 +549,7 @@ impl Rls {
                     .peek(others.iter().map(|&m| checks[m].clone()).collect())
                     .await;
                 for (k, &m) in others.iter().enumerate() {
-                    let Some(a) = &applied[of_check[m]] else {
+                    let Some(a) = &mut applied[of_check[m]] else {
                         continue;
                     };
                     statuses[of_check[m]] = match peeked.as_ref().ok().and_then(|o| o.get(k)) {
@@ -577,7 +573,7 @@ impl Rls {
     /// `on_redis_error`: Redis did not decide.
     fn without_redis(
         &self,
-        applied: &[Option<Applied<'_>>],
+        applied: &mut [Option<Applied<'_>>],
         mut statuses: Vec<DescriptorStatus>,
         of_check: &[usize],
         checks: &[Check],
@@ -633,7 +629,7 @@ impl Rls {
     /// decided by this process alone) and writes its status.
     fn count_and_answer(
         &self,
-        applied: &[Option<Applied<'_>>],
+        applied: &mut [Option<Applied<'_>>],
         statuses: &mut [DescriptorStatus],
         of_check: &[usize],
         checks: &[Check],
@@ -641,7 +637,7 @@ impl Rls {
         local: bool,
     ) {
         for ((&i, o), c) in of_check.iter().zip(&decision.outcomes).zip(checks) {
-            let Some(a) = &applied[i] else { continue };
+            let Some(a) = &mut applied[i] else { continue };
             let kind = match (o.allowed, o.banned, c.enforce(), local) {
                 (true, _, _, false) => DecisionKind::Allowed,
                 (true, _, _, true) => DecisionKind::LocalAllowed,
@@ -661,11 +657,10 @@ impl Rls {
 
     /// One descriptor's status from its outcome; `charged`: the call was
     /// allowed (so its allowed outcomes were recorded).
-    fn status(&self, a: &Applied<'_>, o: &Outcome, charged: bool) -> DescriptorStatus {
+    fn status(&self, a: &mut Applied<'_>, o: &Outcome, charged: bool) -> DescriptorStatus {
         let (limit, unit) = match o.quota {
             Some(q) => {
-                a.in_force_ms
-                    .store(q.window.as_millis() as u64, Ordering::Relaxed);
+                a.window = q.window;
                 (q.limit, unit_of(q.window))
             }
             None => (a.requests_per_unit, a.unit),
@@ -742,7 +737,7 @@ fn fields(
             continue;
         }
         let reset = s.duration_until_reset.as_ref().map_or(0, secs_up);
-        let window = a.in_force_ms.load(Ordering::Relaxed).div_ceil(1000).max(1);
+        let window = (a.window.as_millis().div_ceil(1000) as u64).max(1);
         rows.push((
             &a.name,
             limit.requests_per_unit,
