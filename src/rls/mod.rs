@@ -13,6 +13,7 @@ pub mod matcher;
 pub mod operator;
 pub mod proto;
 pub mod service;
+mod workers;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -24,7 +25,6 @@ use floodgate::metrics::Metrics;
 
 pub use self::config::{is_rls_file, RlsConfig};
 use self::matcher::Matcher;
-use self::proto::RateLimitServer;
 use self::service::{CallCounts, Rls};
 
 /// How often the descriptor files are looked at for changes.
@@ -140,7 +140,10 @@ pub fn serve(path: &Path) -> Result<(), ServeError> {
         settings: config.rls.clone(),
         prefix: config.filter.redis.key_prefix.clone(),
     });
+    // This runtime accepts the gRPC connections and runs the watchers; the
+    // calls are served on threads of their own (`workers.rs`).
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .thread_name("floodgate-rls")
         .build()
@@ -167,30 +170,12 @@ pub fn serve(path: &Path) -> Result<(), ServeError> {
         tokio::spawn(watch_health(Arc::clone(&rls), reporter));
         tokio::spawn(watch_files(Arc::clone(&rls), seen));
         tokio::spawn(reload_on_sighup(Arc::clone(&rls)));
-        let incoming = tonic::transport::server::TcpIncoming::from(listener);
-        let stopping = Arc::new(tokio::sync::Notify::new());
-        let told = Arc::clone(&stopping);
-        let serve = tonic::transport::Server::builder()
-            .add_service(health)
-            .add_service(RateLimitServer::new(Arc::clone(&rls)))
-            .serve_with_incoming_shutdown(incoming, async move {
-                stop_signal().await;
-                log::info!("rls: stopping: no new calls; finishing the calls in flight");
-                told.notify_one();
-            });
         // A stop waits for the calls in flight, which end within the Redis
-        // timeout; a client that keeps its idle connection open (Envoy
-        // does) does not hold the process past that.
+        // timeout.
         let grace = config.filter.redis.timeout + Duration::from_secs(1);
-        let result = tokio::select! {
-            r = serve => r,
-            () = async {
-                stopping.notified().await;
-                tokio::time::sleep(grace).await;
-            } => Ok(()),
-        };
+        let result = workers::serve(listener, &rls, health, grace, stop_signal()).await;
         http.stop().await;
-        result.map_err(|e| ServeError::Other(format!("grpc: {e}")))
+        result
     })
 }
 
