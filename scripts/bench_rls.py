@@ -10,9 +10,11 @@ same Redis, all three up front. Drives them with benches/rls_load.rs, a
 tonic gRPC load generator keeping 64 ShouldRateLimit calls in flight,
 through the cases: (a) a descriptor that matches no limit (the floor: the
 gRPC cost alone), (b) one limit, (c) two limits in one call, (d) one limit
-over 1000 distinct values. Every round runs every server's every case,
-interleaved, in one order and reversed in the next round, so a machine
-getting busier or quieter weighs on all of them alike. Every server and
+over 1000 distinct values. In every round each server runs its cases one
+after another (its floor and its limits seconds apart), servers and cases
+in one order and reversed in the next round, so a machine getting busier or
+quieter weighs on all of them alike; a ratio is the median over the rounds
+of the ratios within each round. Every server and
 round sends descriptor values of its own (the Limitador peer's keys carry
 no prefix of the instance, so its two modes would otherwise count on the
 same keys). After the rounds: each peer's exactness, then floodgate's (e)
@@ -137,23 +139,38 @@ def exactness(tool, endpoint, tag):
 
 
 def rounds(tool, url, servers):
-    """Cases (a) to (d) against every server, ROUNDS times: every round runs
-    every (server, case) pair, case by case and within a case server by
-    server, every other round in reverse order. `servers` is a list of
-    (name, endpoint, pid, tag); the tag and the round make the descriptor
-    values, so no two servers or rounds count on the same key."""
-    pairs = [(server, case) for case, _ in CASES for server in servers]
+    """Cases (a) to (d) against every server, ROUNDS times. Within a round
+    each server runs its cases one after another, so that its floor and its
+    limits are measured seconds apart; every other round reverses both the
+    servers and the cases, so a machine getting busier or quieter weighs on
+    all of them alike. `servers` is a list of (name, endpoint, pid, tag);
+    the tag and the round make the descriptor values, so no two servers or
+    rounds count on the same key. Returns each server's medians per case,
+    with `of_floor` (the median over the rounds of the case against the
+    server's own floor in that round) and `of_first_floor` (against the
+    first server's floor in that round)."""
     runs = {name: {c: [] for c, _ in CASES} for name, _, _, _ in servers}
     for rnd in range(ROUNDS):
-        order = pairs if rnd % 2 == 0 else list(reversed(pairs))
-        for (name, endpoint, pid, tag), case in order:
-            r = measure(tool, endpoint, case, url, pid, f"{tag}r{rnd}")
-            say(f"{name} round {rnd + 1}: {case}: {r['calls_per_s']:.0f} calls/s, p99 {r['p99_us']} us")
-            runs[name][case].append(r)
-    return {name: {c: {k: statistics.median(r[k] for r in runs[name][c])
-                       for k in ("calls_per_s", "p50_us", "p99_us", "redis_us", "server_us")}
-                   for c, _ in CASES}
-            for name in runs}
+        order = servers if rnd % 2 == 0 else list(reversed(servers))
+        cases = CASES if rnd % 2 == 0 else list(reversed(CASES))
+        for name, endpoint, pid, tag in order:
+            for case, _ in cases:
+                r = measure(tool, endpoint, case, url, pid, f"{tag}r{rnd}")
+                say(f"{name} round {rnd + 1}: {case}: {r['calls_per_s']:.0f} calls/s, p99 {r['p99_us']} us")
+                runs[name][case].append(r)
+    first = servers[0][0]
+    out = {}
+    for name in runs:
+        out[name] = {}
+        for c, _ in CASES:
+            m = {k: statistics.median(r[k] for r in runs[name][c])
+                 for k in ("calls_per_s", "p50_us", "p99_us", "redis_us", "server_us")}
+            for key, floor_of in (("of_floor", name), ("of_first_floor", first)):
+                m[key] = statistics.median(
+                    r["calls_per_s"] / max(f["calls_per_s"], 1)
+                    for r, f in zip(runs[name][c], runs[floor_of]["none"]))
+            out[name][c] = m
+    return out
 
 
 def limitador_version():
@@ -211,7 +228,7 @@ def measure(tool, endpoint, case, url, pid, tag):
     return result
 
 
-def peer_lines(peer, floor):
+def peer_lines(peer):
     """The second table: the same load against Limitador, beside floodgate's floor."""
     if peer is None:
         return ["Not measured in this run: the same load against Limitador on the same Redis "
@@ -229,15 +246,14 @@ def peer_lines(peer, floor):
         "descriptor entry put in one map of key to value as Limitador's own server does), on the "
         "same Redis (flushed once, before the rounds; every server and round with descriptor values "
         "of its own, so no two count on the same key); the same load generator, cases and measures "
-        "as above, measured in the same rounds as floodgate, interleaved: every round runs every "
-        "server's every case, case by case, in one order and reversed in the next. *of its floor*: "
-        "against the same mode's case (a); *of floodgate's floor*: against floodgate's case (a) "
-        "above.",
+        "as above, measured in the same rounds as floodgate: in every round each server runs its "
+        "cases one after another, servers and cases in one order and reversed in the next. *of its "
+        "floor*: against the same mode's case (a) of the same round; *of floodgate's floor*: against "
+        "floodgate's case (a) of the same round; each the median over the rounds.",
         "",
     ]
     for mode, title in PEER_MODES:
         med, exact = peer[mode]
-        own = med["none"]["calls_per_s"] or 1
         lines += [
             f"`--mode {mode}`, {title}:",
             "",
@@ -247,8 +263,8 @@ def peer_lines(peer, floor):
         for case, case_title in CASES:
             m = med[case]
             lines.append(
-                f"| {case_title} | {m['calls_per_s']:.0f} | {m['calls_per_s'] / own:.2f} | "
-                f"{m['calls_per_s'] / floor:.2f} | {m['p50_us']:.0f} us | {m['p99_us']:.0f} us | "
+                f"| {case_title} | {m['calls_per_s']:.0f} | {m['of_floor']:.2f} | "
+                f"{m['of_first_floor']:.2f} | {m['p50_us']:.0f} us | {m['p99_us']:.0f} us | "
                 f"{m['server_us']:.1f} us | {m['redis_us']:.1f} us |")
         lines += [
             "",
@@ -330,14 +346,15 @@ def main():
             if proc.returncode != 0:
                 say(f"the Limitador peer ({mode}) exited with {proc.returncode} on SIGTERM")
 
-    floor = med["none"]["calls_per_s"] or 1
     lines = [
         BEGIN,
         "",
         f"### Envoy's rate-limit service (`floodgate rls`)",
         "",
         f"{INFLIGHT} `ShouldRateLimit` calls in flight from benches/rls_load.rs (tonic, 4 HTTP/2 connections), "
-        f"{ROUNDS} rounds of {SECONDS:g} s after {WARMUP:g} s of warm-up, medians; the default algorithm "
+        f"{ROUNDS} rounds of {SECONDS:g} s after {WARMUP:g} s of warm-up, medians; *of the floor*: the "
+        "median over the rounds of the case against case (a) of the same round (a server's cases run one "
+        "after another in each round, in one order and reversed in the next); the default algorithm "
         "(sliding window), limits high enough never to deny. CPU per call: the service process's and "
         "Redis's, over the whole run.",
         "",
@@ -346,7 +363,7 @@ def main():
     ]
     for case, title in CASES:
         m = med[case]
-        lines.append(f"| {title} | {m['calls_per_s']:.0f} | {m['calls_per_s'] / floor:.2f} | "
+        lines.append(f"| {title} | {m['calls_per_s']:.0f} | {m['of_floor']:.2f} | "
                      f"{m['p50_us']:.0f} us | {m['p99_us']:.0f} us | {m['server_us']:.1f} us | {m['redis_us']:.1f} us |")
     lines += [
         "",
@@ -359,7 +376,7 @@ def main():
         f"{exact['ok']} OK, {exact['over']} OVER_LIMIT, {exact['errors']} errors.",
         "",
     ]
-    lines += peer_lines(peer, floor)
+    lines += peer_lines(peer)
     lines += [
         "",
         END,
