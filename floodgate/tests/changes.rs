@@ -281,6 +281,63 @@ async fn two_windows_for_one_key_in_one_batch_decide_as_separate_calls() {
     });
 }
 
+#[actix_web::test]
+async fn repeats_on_one_key_at_one_moment_decide_as_separate_calls() {
+    // A call keeps what it read of a key, and its admissions' writes (one
+    // entry for the requests admitted at one moment), for the next request
+    // on that key; a read under other numbers in between (a descriptor's
+    // own limit, a reload) or a denial must leave the next request decided
+    // as a call of its own would decide it.
+    let redis = RedisServer::start();
+    same_in_one_batch_and_alone(&redis, &|key| {
+        let job = |t: u64, algorithm, cost| (Some(T0 + t), vec![check(key, algorithm, cost)]);
+        vec![
+            job(0, sliding(10, 60_000), 3),
+            job(40_000, sliding(10, 60_000), 1),
+            job(40_000, sliding(10, 60_000), 1),
+            // Only the two units at 40 s are in a 30 s window: denied there.
+            job(40_000, sliding(2, 30_000), 2),
+            // Counted in the 60 s window again: 5 + 1.
+            job(40_000, sliding(10, 60_000), 1),
+            job(40_000, sliding(10, 60_000), 2),
+            job(40_000, sliding(10, 60_000), 2),
+            // At the limit: denied, then a unit that fits still does not.
+            job(40_000, sliding(10, 60_000), 1),
+            job(40_000, sliding(10, 60_000), 1),
+            job(40_001, sliding(10, 60_000), 1),
+        ]
+    });
+}
+
+#[actix_web::test]
+async fn repeats_of_two_rules_at_one_moment_decide_as_separate_calls() {
+    // The same for requests that two rules check, all or nothing: the
+    // second rule runs out first, and its denial charges neither.
+    let redis = RedisServer::start();
+    same_in_one_batch_and_alone(&redis, &|key| {
+        let other = format!("{key}:header");
+        let job = |t: u64, cost: u32| {
+            (
+                Some(T0 + t),
+                vec![
+                    check(key, sliding(10, 60_000), cost),
+                    check(&other, sliding(5, 60_000), cost),
+                ],
+            )
+        };
+        vec![
+            job(0, 1),
+            job(0, 1),
+            job(0, 2),
+            // 4 of 5 taken on the second: 2 more do not fit, 1 does.
+            job(0, 2),
+            job(0, 1),
+            job(0, 1),
+            job(1, 1),
+        ]
+    });
+}
+
 // ---------------------------------------------------------------------------
 // A clock that steps back
 // ---------------------------------------------------------------------------
