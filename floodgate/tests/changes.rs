@@ -221,6 +221,11 @@ fn dump(conn: &mut redis::Connection, key: &str) -> (String, i64) {
 
 type Jobs = Vec<(Option<u64>, Vec<Check>)>;
 
+/// A job of one check on `key`, `t` ms after T0.
+fn job(key: &str, t: u64, algorithm: Algorithm, cost: u32) -> (Option<u64>, Vec<Check>) {
+    (Some(T0 + t), vec![check(key, algorithm, cost)])
+}
+
 /// Runs `jobs` as one batch on `a` and one job per batch on `b` (the same
 /// key under two names) and expects the same decisions and the same state.
 fn same_in_one_batch_and_alone(redis: &RedisServer, jobs: &dyn Fn(&str) -> Jobs) {
@@ -248,16 +253,15 @@ async fn an_algorithm_change_within_one_batch_decides_as_separate_calls() {
     // Requests built from the old rule (sliding window) and the new one
     // (fixed window, then token bucket) land in one batch, on one key.
     same_in_one_batch_and_alone(&redis, &|key| {
-        let job = |algorithm, cost| (Some(T0), vec![check(key, algorithm, cost)]);
         vec![
-            job(sliding(5, 60_000), 1),
-            job(sliding(5, 60_000), 1),
-            job(fixed(5, 30_000), 2),
-            job(sliding(5, 60_000), 1),
-            job(fixed(5, 30_000), 1),
-            job(bucket(1.0, 4), 1),
-            job(sliding(5, 60_000), 2),
-            job(sliding(5, 60_000), 1),
+            job(key, 0, sliding(5, 60_000), 1),
+            job(key, 0, sliding(5, 60_000), 1),
+            job(key, 0, fixed(5, 30_000), 2),
+            job(key, 0, sliding(5, 60_000), 1),
+            job(key, 0, fixed(5, 30_000), 1),
+            job(key, 0, bucket(1.0, 4), 1),
+            job(key, 0, sliding(5, 60_000), 2),
+            job(key, 0, sliding(5, 60_000), 1),
         ]
     });
 }
@@ -266,17 +270,16 @@ async fn an_algorithm_change_within_one_batch_decides_as_separate_calls() {
 async fn two_windows_for_one_key_in_one_batch_decide_as_separate_calls() {
     let redis = RedisServer::start();
     same_in_one_batch_and_alone(&redis, &|key| {
-        let job = |t: u64, algorithm, cost| (Some(T0 + t), vec![check(key, algorithm, cost)]);
         vec![
-            job(0, sliding(4, 60_000), 1),
-            job(0, sliding(4, 60_000), 1),
-            job(500, sliding(4, 60_000), 1),
+            job(key, 0, sliding(4, 60_000), 1),
+            job(key, 0, sliding(4, 60_000), 1),
+            job(key, 500, sliding(4, 60_000), 1),
             // The new rule: limit 3 in 20 s (the entries at 0 have left it).
-            job(20_200, sliding(3, 20_000), 1),
-            job(20_200, sliding(3, 20_000), 1),
+            job(key, 20_200, sliding(3, 20_000), 1),
+            job(key, 20_200, sliding(3, 20_000), 1),
             // The old rule again, in flight, then the new one last.
-            job(20_200, sliding(4, 60_000), 1),
-            job(20_200, sliding(3, 20_000), 1),
+            job(key, 20_200, sliding(4, 60_000), 1),
+            job(key, 20_200, sliding(3, 20_000), 1),
         ]
     });
 }
@@ -290,21 +293,20 @@ async fn repeats_on_one_key_at_one_moment_decide_as_separate_calls() {
     // as a call of its own would decide it.
     let redis = RedisServer::start();
     same_in_one_batch_and_alone(&redis, &|key| {
-        let job = |t: u64, algorithm, cost| (Some(T0 + t), vec![check(key, algorithm, cost)]);
         vec![
-            job(0, sliding(10, 60_000), 3),
-            job(40_000, sliding(10, 60_000), 1),
-            job(40_000, sliding(10, 60_000), 1),
+            job(key, 0, sliding(10, 60_000), 3),
+            job(key, 40_000, sliding(10, 60_000), 1),
+            job(key, 40_000, sliding(10, 60_000), 1),
             // Only the two units at 40 s are in a 30 s window: denied there.
-            job(40_000, sliding(2, 30_000), 2),
+            job(key, 40_000, sliding(2, 30_000), 2),
             // Counted in the 60 s window again: 5 + 1.
-            job(40_000, sliding(10, 60_000), 1),
-            job(40_000, sliding(10, 60_000), 2),
-            job(40_000, sliding(10, 60_000), 2),
-            // At the limit: denied, then a unit that fits still does not.
-            job(40_000, sliding(10, 60_000), 1),
-            job(40_000, sliding(10, 60_000), 1),
-            job(40_001, sliding(10, 60_000), 1),
+            job(key, 40_000, sliding(10, 60_000), 1),
+            job(key, 40_000, sliding(10, 60_000), 2),
+            job(key, 40_000, sliding(10, 60_000), 2),
+            // At the limit: one more unit is denied, then and a moment later.
+            job(key, 40_000, sliding(10, 60_000), 1),
+            job(key, 40_000, sliding(10, 60_000), 1),
+            job(key, 40_001, sliding(10, 60_000), 1),
         ]
     });
 }

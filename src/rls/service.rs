@@ -300,13 +300,15 @@ impl Rls {
         }
     }
 
-    /// The limits a call's descriptors get, one slot per descriptor.
+    /// The limits a call's descriptors get, one slot per descriptor;
+    /// `known`: the call's domain is in the descriptor files.
     fn apply<'a>(
         &self,
         matcher: &'a Matcher,
         req: &'a RateLimitRequest,
+        known: bool,
     ) -> Vec<Option<Applied<'a>>> {
-        if !matcher.has_domain(&req.domain) {
+        if !known {
             // An unknown domain: no limit, not even a descriptor's own.
             return req.descriptors.iter().map(|_| None).collect();
         }
@@ -399,12 +401,9 @@ impl Rls {
             return Err(tonic::Status::invalid_argument(why));
         }
         let matcher = self.matcher();
-        let domain = if matcher.has_domain(&req.domain) {
-            req.domain.as_str()
-        } else {
-            ""
-        };
-        let mut applied = self.apply(&matcher, &req);
+        let known = matcher.has_domain(&req.domain);
+        let domain = if known { req.domain.as_str() } else { "" };
+        let mut applied = self.apply(&matcher, &req, known);
         let result = self.decide(&mut applied, started).await;
         let took = started.elapsed();
         inside::observe(&self.metrics, took);
