@@ -75,16 +75,19 @@ pub(super) async fn serve(
         };
         // The next thread still serving takes it; a thread that is gone
         // ended with an error, reported below once every other has ended.
-        let mut conn = Some(conn);
+        let (mut conn, mut dealt) = (conn, false);
         for _ in 0..threads {
             let to = next % threads;
             next += 1;
-            match conn.take().map(|c| deal[to].send(c)) {
-                Some(Err(tokio::sync::mpsc::error::SendError(c))) => conn = Some(c),
-                _ => break,
+            match deal[to].send(conn) {
+                Ok(()) => {
+                    dealt = true;
+                    break;
+                }
+                Err(tokio::sync::mpsc::error::SendError(back)) => conn = back,
             }
         }
-        if conn.is_some() {
+        if !dealt {
             log::error!("rls: no gRPC thread is serving any more");
             break;
         }
