@@ -2,7 +2,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, unnameable_types)]
 // What only `__private` reaches (feature `__internals`: the crate's own tests
-// and the repository's Envoy service) is unused without it.
+// and the repository's tests and benchmarks) is unused without it.
 #![cfg_attr(not(feature = "__internals"), allow(dead_code, unreachable_pub))]
 
 mod head;
@@ -10,6 +10,7 @@ mod units;
 
 pub mod config;
 mod filter;
+pub mod gate;
 pub mod limiter;
 pub mod logging;
 pub mod metrics;
@@ -36,60 +37,14 @@ pub use crate::rule::key::{Key, KeyFn};
 /// written in.
 pub use http;
 
-/// Items the tests, the benchmarks and the repository's Envoy service
-/// reach (feature `__internals`); not part of the API.
+/// Items the tests and the benchmarks reach (feature `__internals`); not
+/// part of the API.
 #[cfg(feature = "__internals")]
 #[doc(hidden)]
 pub mod __private {
-    use std::time::{Duration, Instant};
-
     use crate::limiter::{Check, Decision, Limiter, LimiterError};
-    use crate::metrics::Metrics;
 
     pub use crate::limiter::deny_cache::{DenyCache, Remembered};
-    pub use crate::metrics::kind::DecisionKind;
-
-    /// Counts one rule's outcome for one request.
-    pub fn decision(metrics: &Metrics, rule: &str, outcome: DecisionKind) {
-        metrics.decision(rule, outcome);
-    }
-
-    /// Counts one request denied from the denial cache under `rule`.
-    pub fn deny_cache_hit(metrics: &Metrics, rule: &str) {
-        metrics.deny_cache_hit(rule);
-    }
-
-    /// Counts one ban started under `rule` by `source`.
-    pub fn ban(metrics: &Metrics, rule: &str, source: &str) {
-        metrics.ban(rule, source);
-    }
-
-    /// Records how long one decision took.
-    pub fn observe(metrics: &Metrics, took: Duration) {
-        metrics.observe(took);
-    }
-
-    /// The longest denial the cache remembers for one of `checks` that
-    /// `eligible` lets it answer, with its index.
-    pub fn remembered_denial(
-        limiter: &Limiter,
-        checks: &[Check],
-        eligible: impl Fn(usize) -> bool,
-        now: Instant,
-    ) -> Option<(usize, Remembered)> {
-        limiter.remembered_denial(checks, eligible, now)
-    }
-
-    /// Remembers the denials Redis answered for `checks`.
-    pub fn remember_denials(
-        limiter: &Limiter,
-        checks: &[Check],
-        decision: &Decision,
-        eligible: impl Fn(usize) -> bool,
-        asked: Instant,
-    ) {
-        limiter.remember_denials(checks, decision, eligible, asked);
-    }
 
     /// Decides `checks` with this process's own counts (the local fallback).
     pub fn decide_here(limiter: &Limiter, checks: &[Check]) -> Result<Decision, LimiterError> {

@@ -10,45 +10,39 @@ use std::time::Duration;
 
 use crate::limiter::Limiter;
 
-pub(crate) use self::kind::DecisionKind;
+/// What happened to a request under one rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum DecisionKind {
+    /// Under the limit.
+    Allowed,
+    /// Over the limit and denied.
+    Denied,
+    /// Over the limit, shadow mode: let through.
+    ShadowDenied,
+    /// Redis failed; `on_redis_error = "allow"` let it through.
+    ErrorAllowed,
+    /// Redis failed; `on_redis_error = "deny"` answered 503.
+    ErrorDenied,
+    /// Redis failed; `on_redis_error = "local"`: this process allowed it.
+    LocalAllowed,
+    /// Redis failed; `on_redis_error = "local"`: this process denied it.
+    LocalDenied,
+    /// The identity is banned under the rule (by an operator or a penalty).
+    Banned,
+}
 
-/// The kinds of decision counted (a module of its own: the kind is
-/// public only to `__private`, for the metric writers there).
-pub(crate) mod kind {
-    /// What happened to a request under one rule.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-    pub enum DecisionKind {
-        /// Under the limit.
-        Allowed,
-        /// Over the limit and denied.
-        Denied,
-        /// Over the limit, shadow mode: let through.
-        ShadowDenied,
-        /// Redis failed; `on_redis_error = "allow"` let it through.
-        ErrorAllowed,
-        /// Redis failed; `on_redis_error = "deny"` answered 503.
-        ErrorDenied,
-        /// Redis failed; `on_redis_error = "local"`: this process allowed it.
-        LocalAllowed,
-        /// Redis failed; `on_redis_error = "local"`: this process denied it.
-        LocalDenied,
-        /// The identity is banned under the rule (by an operator or a penalty).
-        Banned,
-    }
-
-    impl DecisionKind {
-        /// The `decision` label.
-        pub fn label(self) -> &'static str {
-            match self {
-                DecisionKind::Allowed => "allowed",
-                DecisionKind::Denied => "denied",
-                DecisionKind::ShadowDenied => "shadow_denied",
-                DecisionKind::ErrorAllowed => "error_allowed",
-                DecisionKind::ErrorDenied => "error_denied",
-                DecisionKind::LocalAllowed => "local_allowed",
-                DecisionKind::LocalDenied => "local_denied",
-                DecisionKind::Banned => "banned",
-            }
+impl DecisionKind {
+    /// The `decision` label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            DecisionKind::Allowed => "allowed",
+            DecisionKind::Denied => "denied",
+            DecisionKind::ShadowDenied => "shadow_denied",
+            DecisionKind::ErrorAllowed => "error_allowed",
+            DecisionKind::ErrorDenied => "error_denied",
+            DecisionKind::LocalAllowed => "local_allowed",
+            DecisionKind::LocalDenied => "local_denied",
+            DecisionKind::Banned => "banned",
         }
     }
 }

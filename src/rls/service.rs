@@ -11,14 +11,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use floodgate::gate::{self, Fallback, Named, Remembered, Verdict};
 use floodgate::limiter::Limiter;
 use floodgate::limiter::{Check, Decision, LimiterError, Outcome};
-// The library's internals its filter uses too (feature `__internals`): the
-// metric writers, the denial cache and the local fallback.
-use floodgate::__private::{self as inside, DecisionKind};
 use floodgate::metrics::Metrics;
 use floodgate::rule::HeaderDialect;
-use floodgate::rule::{Algorithm, Penalty};
+use floodgate::rule::{Algorithm, OnRedisError, Penalty};
 
 use super::config::{OnError, Settings};
 use super::descriptors::{algorithm_for, unit_length, unit_of};
@@ -404,9 +402,8 @@ impl Rls {
         let known = matcher.has_domain(&req.domain);
         let domain = if known { req.domain.as_str() } else { "" };
         let mut applied = self.apply(&matcher, &req, known);
-        let result = self.decide(&mut applied, started).await;
+        let result = self.decide(&mut applied).await;
         let took = started.elapsed();
-        inside::observe(&self.metrics, took);
         if log::log_enabled!(log::Level::Debug) {
             let answer = match &result {
                 Ok(r) if r.overall_code == Code::OverLimit as i32 => "OVER_LIMIT".to_string(),
@@ -444,7 +441,6 @@ impl Rls {
     async fn decide(
         &self,
         applied: &mut [Option<Applied<'_>>],
-        started: Instant,
     ) -> Result<RateLimitResponse, tonic::Status> {
         // The limits that take Redis work: every matched one but
         // `unlimited` and `requests_per_unit: 0`.
@@ -483,12 +479,7 @@ impl Rls {
                 Some(a) if a.never() => {
                     // requests_per_unit 0, or more hits than the limit: over.
                     let code = if a.shadow { Code::Ok } else { Code::OverLimit };
-                    let kind = if a.shadow {
-                        DecisionKind::ShadowDenied
-                    } else {
-                        DecisionKind::Denied
-                    };
-                    inside::decision(&self.metrics, &a.metric, kind);
+                    gate::count_refused(&self.metrics, &a.metric, !a.shadow);
                     DescriptorStatus {
                         code: code as i32,
                         current_limit: Some(a.current()),
@@ -515,141 +506,136 @@ impl Rls {
             }
             return Ok(self.response(applied, statuses));
         }
-        // A remembered denial answers without Redis (and counts for `top`).
-        let enforced = |n: usize| checks[n].enforce();
-        if let Some((n, denial)) =
-            inside::remembered_denial(&self.limiter, &checks, enforced, started)
-        {
-            if let Some(a) = &mut applied[of_check[n]] {
-                inside::deny_cache_hit(&self.metrics, &a.metric);
-                let kind = if denial.banned {
-                    DecisionKind::Banned
-                } else {
-                    DecisionKind::Denied
-                };
-                inside::decision(&self.metrics, &a.metric, kind);
-                let mut s = bare_status(a, Code::OverLimit);
-                if let Some(q) = denial.quota {
-                    a.window = q.window;
-                    s.current_limit = Some(RateLimit {
-                        requests_per_unit: q.limit,
-                        unit: unit_of(q.window) as i32,
-                        ..a.current()
-                    });
-                }
-                s.duration_until_reset = Some(denial.wait.into());
-                statuses[of_check[n]] = s;
-            }
-            // The others show what they hold now (nothing is charged).
-            let others: Vec<usize> = (0..checks.len()).filter(|&m| m != n).collect();
-            if !others.is_empty() {
-                let peeked = self
-                    .limiter
-                    .peek(others.iter().map(|&m| checks[m].clone()).collect())
-                    .await;
-                for (k, &m) in others.iter().enumerate() {
-                    let Some(a) = &mut applied[of_check[m]] else {
-                        continue;
-                    };
-                    statuses[of_check[m]] = match peeked.as_ref().ok().and_then(|o| o.get(k)) {
-                        Some(o) => self.status(a, o, false),
-                        None => bare_status(a, Code::Ok),
-                    };
-                }
-            }
-            return Ok(self.response(applied, statuses));
-        }
-        match self.limiter.decide(checks.clone()).await {
-            Ok(decision) => {
-                inside::remember_denials(&self.limiter, &checks, &decision, enforced, started);
-                self.count_and_answer(applied, &mut statuses, &of_check, &checks, &decision, false);
-                Ok(self.response(applied, statuses))
-            }
-            Err(e) => self.without_redis(applied, statuses, &of_check, &checks, e),
-        }
-    }
-
-    /// `on_redis_error`: Redis did not decide.
-    fn without_redis(
-        &self,
-        applied: &mut [Option<Applied<'_>>],
-        mut statuses: Vec<DescriptorStatus>,
-        of_check: &[usize],
-        checks: &[Check],
-        error: LimiterError,
-    ) -> Result<RateLimitResponse, tonic::Status> {
-        floodgate::logging::flush();
-        log::debug!("rls: redis did not decide: {error}");
-        let each = |kind: DecisionKind| {
-            for &i in of_check {
-                if let Some(a) = &applied[i] {
-                    inside::decision(&self.metrics, &a.metric, kind);
-                }
-            }
+        // The limits' names in the metrics, and what Redis trouble does.
+        let on_error = match self.settings.on_redis_error {
+            OnError::Error | OnError::Deny => OnRedisError::Deny,
+            OnError::Allow => OnRedisError::Allow,
+            OnError::Local => OnRedisError::Local,
         };
-        match self.settings.on_redis_error {
-            OnError::Error => {
-                each(DecisionKind::ErrorDenied);
-                Err(tonic::Status::unavailable(format!(
-                    "redis did not decide: {error}"
-                )))
-            }
-            OnError::Allow => {
-                each(DecisionKind::ErrorAllowed);
-                for &i in of_check {
-                    if let Some(a) = &applied[i] {
-                        statuses[i] = bare_status(a, Code::Ok);
-                    }
-                }
+        let limits: Vec<Named<'_>> = of_check
+            .iter()
+            .map(|&i| {
+                let metric = applied[i].as_ref().map_or("", |a| a.metric.as_str());
+                Named::new(metric, on_error)
+            })
+            .collect();
+        let verdict = gate::decide(&self.limiter, &self.metrics, &limits, &checks).await;
+        drop(limits);
+        match verdict {
+            Verdict::Redis(decision) => {
+                self.answer_each(applied, &mut statuses, &of_check, &decision);
                 Ok(self.response(applied, statuses))
             }
-            OnError::Deny => {
-                each(DecisionKind::ErrorDenied);
-                for &i in of_check {
-                    if let Some(a) = &applied[i] {
-                        let code = if a.shadow { Code::Ok } else { Code::OverLimit };
-                        statuses[i] = bare_status(a, code);
-                        statuses[i].duration_until_reset = Some(Duration::from_secs(1).into());
-                    }
-                }
+            // A remembered denial answers without Redis (and counts for `top`).
+            Verdict::Remembered(denial) => {
+                self.remembered(applied, &mut statuses, &of_check, &checks, denial)
+                    .await;
                 Ok(self.response(applied, statuses))
             }
-            OnError::Local => {
-                // (A call's checks name distinct keys: its twins are joined.)
-                let decision = inside::decide_here(&self.limiter, checks)
-                    .map_err(|e| tonic::Status::internal(e.to_string()))?;
-                self.count_and_answer(applied, &mut statuses, of_check, checks, &decision, true);
+            Verdict::Unavailable(error) => self.without_redis(applied, statuses, &of_check, &error),
+            Verdict::Fallback(Fallback {
+                error,
+                local,
+                decision,
+                ..
+            }) => {
+                floodgate::logging::flush();
+                log::debug!("rls: redis did not decide: {error}");
+                if local.is_empty() {
+                    // `allow`, or only shadow limits: nothing denies.
+                    for &i in &of_check {
+                        if let Some(a) = &applied[i] {
+                            statuses[i] = bare_status(a, Code::Ok);
+                        }
+                    }
+                } else {
+                    // `local`: every limit was decided here, in order.
+                    self.answer_each(applied, &mut statuses, &of_check, &decision);
+                }
                 Ok(self.response(applied, statuses))
             }
         }
     }
 
-    /// Counts each decided descriptor's outcome in the metrics (`local`:
-    /// decided by this process alone) and writes its status.
-    fn count_and_answer(
+    /// A remembered denial of check `denial.index`: its status says so, and
+    /// the others show what they hold now (nothing is charged).
+    async fn remembered(
         &self,
         applied: &mut [Option<Applied<'_>>],
         statuses: &mut [DescriptorStatus],
         of_check: &[usize],
         checks: &[Check],
-        decision: &Decision,
-        local: bool,
+        denial: Remembered,
     ) {
-        for ((&i, o), c) in of_check.iter().zip(&decision.outcomes).zip(checks) {
-            let Some(a) = &mut applied[i] else { continue };
-            let kind = match (o.allowed, o.banned, c.enforce(), local) {
-                (true, _, _, false) => DecisionKind::Allowed,
-                (true, _, _, true) => DecisionKind::LocalAllowed,
-                (false, true, true, _) => DecisionKind::Banned,
-                (false, _, true, false) => DecisionKind::Denied,
-                (false, _, true, true) => DecisionKind::LocalDenied,
-                (false, _, false, _) => DecisionKind::ShadowDenied,
-            };
-            inside::decision(&self.metrics, &a.metric, kind);
-            // (Bans are counted where Redis decided, as the site counts them.)
-            if o.ban_started && !local {
-                inside::ban(&self.metrics, &a.metric, "penalty");
+        let n = denial.index;
+        if let Some(a) = &mut applied[of_check[n]] {
+            let mut s = bare_status(a, Code::OverLimit);
+            if let Some(q) = denial.quota {
+                a.window = q.window;
+                s.current_limit = Some(RateLimit {
+                    requests_per_unit: q.limit,
+                    unit: unit_of(q.window) as i32,
+                    ..a.current()
+                });
             }
+            s.duration_until_reset = Some(denial.wait.into());
+            statuses[of_check[n]] = s;
+        }
+        let others: Vec<usize> = (0..checks.len()).filter(|&m| m != n).collect();
+        if others.is_empty() {
+            return;
+        }
+        let peeked = self
+            .limiter
+            .peek(others.iter().map(|&m| checks[m].clone()).collect())
+            .await;
+        for (k, &m) in others.iter().enumerate() {
+            let Some(a) = &mut applied[of_check[m]] else {
+                continue;
+            };
+            statuses[of_check[m]] = match peeked.as_ref().ok().and_then(|o| o.get(k)) {
+                Some(o) => self.status(a, o, false),
+                None => bare_status(a, Code::Ok),
+            };
+        }
+    }
+
+    /// `on_redis_error` `error` or `deny`: Redis did not decide, and an
+    /// enforcing limit was matched.
+    fn without_redis(
+        &self,
+        applied: &mut [Option<Applied<'_>>],
+        mut statuses: Vec<DescriptorStatus>,
+        of_check: &[usize],
+        error: &LimiterError,
+    ) -> Result<RateLimitResponse, tonic::Status> {
+        floodgate::logging::flush();
+        log::debug!("rls: redis did not decide: {error}");
+        if self.settings.on_redis_error == OnError::Error {
+            return Err(tonic::Status::unavailable(format!(
+                "redis did not decide: {error}"
+            )));
+        }
+        for &i in of_check {
+            if let Some(a) = &applied[i] {
+                let code = if a.shadow { Code::Ok } else { Code::OverLimit };
+                statuses[i] = bare_status(a, code);
+                statuses[i].duration_until_reset = Some(Duration::from_secs(1).into());
+            }
+        }
+        Ok(self.response(applied, statuses))
+    }
+
+    /// Writes each decided descriptor's status (the gate counted them).
+    fn answer_each(
+        &self,
+        applied: &mut [Option<Applied<'_>>],
+        statuses: &mut [DescriptorStatus],
+        of_check: &[usize],
+        decision: &Decision,
+    ) {
+        for (&i, o) in of_check.iter().zip(&decision.outcomes) {
+            let Some(a) = &mut applied[i] else { continue };
             statuses[i] = self.status(a, o, decision.allowed);
         }
     }

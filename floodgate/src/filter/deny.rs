@@ -4,12 +4,10 @@
 
 use http::StatusCode;
 
-use super::decision::summary;
 use super::head::Head;
 use super::{values, Denial, Filter};
 use crate::limiter::{Decision, LimiterError, Outcome};
 use crate::logging::{self, Escaped};
-use crate::metrics::DecisionKind as Counted;
 use crate::net::HeaderLines;
 use crate::rule::{Deny, Mode, Rule};
 
@@ -24,6 +22,16 @@ pub(super) fn denying<'r>(
         .filter(|(r, o)| r.mode == Mode::Enforce && !o.allowed)
         .max_by_key(|(_, o)| o.wait)
         .map(|(r, o)| (*r, *o))
+}
+
+/// Each rule's name and whether it was over, for the log.
+pub(super) fn summary(rules: &[&Rule], outcomes: &[Outcome]) -> String {
+    rules
+        .iter()
+        .zip(outcomes)
+        .map(|(r, o)| format!("{}={}", r.name, if o.allowed { "ok" } else { "over" }))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// A request over its limits, or that no one could decide, as every door
@@ -79,8 +87,9 @@ impl Denied<'_> {
     }
 }
 
-/// Counts and logs a denial of `method` `path` (decoded), as every door does.
-pub(super) fn noted(filter: &Filter, method: &str, path: &str, denied: &Denied<'_>) {
+/// Logs a denial of `method` `path` (decoded), as every door does (the
+/// gate counted it).
+pub(super) fn noted(method: &str, path: &str, denied: &Denied<'_>) {
     // The path as the log shows it: a decoded newline cannot forge a line.
     let shown = Escaped(path);
     match denied {
@@ -92,20 +101,6 @@ pub(super) fn noted(filter: &Filter, method: &str, path: &str, denied: &Denied<'
             by,
         } => match by {
             DecidedBy::Redis => {
-                let metrics = &filter.state.metrics;
-                for (r, o) in rules.iter().zip(outcomes) {
-                    if r.mode == Mode::Enforce && !o.allowed {
-                        let counted = if o.banned {
-                            Counted::Banned
-                        } else {
-                            Counted::Denied
-                        };
-                        metrics.decision(&r.name, counted);
-                    }
-                    if o.ban_started {
-                        metrics.ban(&r.name, "penalty");
-                    }
-                }
                 log::debug!(
                     "{method} {shown}: denied by {} for {retry}s ({})",
                     rule.name,

@@ -19,7 +19,6 @@
 mod actix;
 mod builder;
 mod code_limit;
-mod decision;
 mod deny;
 mod error;
 mod fields;

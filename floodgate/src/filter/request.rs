@@ -7,13 +7,12 @@
 
 use std::time::Instant;
 
-use super::decision::{self, summary, Verdict};
-use super::deny::{denying, noted, DecidedBy, Denied, Input, Refused};
+use super::deny::{denying, noted, summary, DecidedBy, Denied, Input, Refused};
 use super::head::Head;
 use super::{json, usage, values, Filter, Usage, MAX_HEADER_BYTES};
+use crate::gate::{self, Fallback, Named, Remembered, Verdict};
 use crate::limiter::{Check, Decision, Outcome};
 use crate::logging::{self, Escaped};
-use crate::metrics::{DecisionKind as Counted, Metrics};
 use crate::net::{self, HeaderLines};
 use crate::rule::{self, Count, KeyKind, Mode, OnMissingKey, Rule};
 
@@ -304,19 +303,26 @@ pub(super) async fn decided<'r>(
         matched[*i] = r;
     }
     let checks = std::mem::take(checks);
-    let metrics = &filter.state.metrics;
     let started = Instant::now();
-    let verdict =
-        decision::decide(&filter.state.limiter, metrics, &matched, &checks, started).await;
-    metrics.observe(started.elapsed());
-    let settled = settle(filter, matched, checks, verdict, (method, path));
+    let limits = |i: usize| {
+        let r: &Rule = matched[i];
+        let named = Named::new(&r.name, r.on_redis_error);
+        // (`count = "failures"` gives units back: its denials are not certain.)
+        if r.count == Count::All {
+            named
+        } else {
+            named.gives_back()
+        }
+    };
+    let state = &filter.state;
+    let verdict = gate::decide_each(&state.limiter, &state.metrics, &checks, limits).await;
+    let settled = settle(matched, checks, verdict, (method, path));
     (settled, started)
 }
 
 /// What the verdict on `matched` (with their `checks`) comes to
-/// for the request `method` `path` (decoded), counted and logged.
+/// for the request `method` `path` (decoded), logged (the gate counted it).
 pub(super) fn settle<'r>(
-    filter: &Filter,
     matched: Vec<&'r Rule>,
     checks: Vec<Check>,
     verdict: Verdict,
@@ -324,7 +330,6 @@ pub(super) fn settle<'r>(
 ) -> Settled<'r> {
     let denied = match verdict {
         Verdict::Redis(decision) if decision.allowed => {
-            count_allowed(&filter.state.metrics, &matched, &decision);
             log::debug!(
                 "{method} {}: allowed ({})",
                 Escaped(path),
@@ -350,12 +355,12 @@ pub(super) fn settle<'r>(
             // Not reachable: a request is denied only by an enforce rule.
             None => return Settled::Admitted(Admitted::untouched()),
         },
-        Verdict::Cached {
-            rule,
+        Verdict::Remembered(Remembered {
+            index: rule,
             wait,
             quota,
             banned,
-        } => {
+        }) => {
             let remembered = Outcome {
                 allowed: false,
                 remaining: 0,
@@ -374,13 +379,13 @@ pub(super) fn settle<'r>(
             }
         }
         Verdict::Unavailable(e) => Denied::Unavailable(e),
-        Verdict::Fallback {
+        Verdict::Fallback(Fallback {
             error,
             local,
             checks,
             decision,
             at,
-        } => {
+        }) => {
             // Only the rules this process decided have outcomes.
             let rules: Vec<&Rule> = local.iter().map(|&i| matched[i]).collect();
             if decision.allowed {
@@ -410,7 +415,7 @@ pub(super) fn settle<'r>(
             }
         }
     };
-    noted(filter, method, path, &denied);
+    noted(method, path, &denied);
     Settled::Denied(denied)
 }
 
@@ -544,17 +549,6 @@ fn with_quota(rule: &Rule, limit: u32) -> Option<crate::rule::Algorithm> {
     let quota = std::num::NonZeroU32::new(limit)
         .filter(|q| q.get() <= rule.algorithm.max_quota() && q.get() >= rule.cost)?;
     rule.algorithm.with_quota(quota)
-}
-
-pub(super) fn count_allowed(metrics: &Metrics, matched: &[&Rule], decision: &Decision) {
-    for (r, o) in matched.iter().zip(&decision.outcomes) {
-        let outcome = match (o.allowed, r.mode) {
-            (true, _) => Counted::Allowed,
-            (false, Mode::Shadow) => Counted::ShadowDenied,
-            (false, Mode::Enforce) => Counted::Denied,
-        };
-        metrics.decision(&r.name, outcome);
-    }
 }
 
 /// Whether `req` is a CORS preflight: `OPTIONS` with
