@@ -51,6 +51,9 @@ ONLY = [c for c in os.environ.get("BENCH_CASES", "").split(",") if c]
 # With BENCH_CASES: another floodgate binary, run beside this tree's in
 # every round (alternating which goes first), and the ratio other/this.
 OTHER = os.environ.get("BENCH_OTHER_FLOODGATE")
+# With it: the other build's axum example too (else the axum cases run this
+# tree's in both places).
+OTHER_AXUM = os.environ.get("BENCH_OTHER_AXUM")
 
 # Limits that always allow at any rate this machine reaches (well under
 # 100000 requests per second), and one that always denies once used.
@@ -834,7 +837,8 @@ def main():
         order = cases if rnd % 2 == 0 else cases[::-1]
         for case in order:
             if ONLY and OTHER:
-                mine, theirs = (("", bins), ("other ", dict(bins, floodgate=OTHER)))
+                other = dict(bins, floodgate=OTHER, **({"axum": OTHER_AXUM} if OTHER_AXUM else {}))
+                mine, theirs = (("", bins), ("other ", other))
                 for name, b in ((mine, theirs) if rnd % 2 == 0 else (theirs, mine)):
                     r = run_case(case, redis, cluster, b, a.work)
                     runs.setdefault(name + case[0], []).append(r)

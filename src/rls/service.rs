@@ -520,7 +520,6 @@ impl Rls {
             })
             .collect();
         let verdict = gate::decide(&self.limiter, &self.metrics, &limits, &checks).await;
-        drop(limits);
         match verdict {
             Verdict::Redis(decision) => {
                 self.answer_each(applied, &mut statuses, &of_check, &decision);
