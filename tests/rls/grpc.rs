@@ -571,6 +571,44 @@ async fn health_metrics_and_redis_going_away() {
     }
 }
 
+/// Redis gone, the default `error`: a call that an enforcing limit matches
+/// gets UNAVAILABLE; one whose limits only watch is answered OK (a shadow
+/// limit never denies), counted as such.
+#[tokio::test]
+async fn without_redis_a_watching_limit_never_refuses() {
+    let file = "domain: w\ndescriptors:\n  - key: enforced\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  - key: watched\n    shadow_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let mut redis = RedisServer::start();
+    let svc = Service::start(&redis, &[("w.yaml", file)], "", "");
+    let mut c = svc.client().await;
+    redis.stop();
+    let e = c
+        .should_rate_limit(call("w", &[&[("enforced", "a")]], 1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable);
+    let r = c
+        .should_rate_limit(call("w", &[&[("watched", "a")]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r), [("OK", 0)]);
+    // Both together: the enforcing limit decides.
+    let e = c
+        .should_rate_limit(call("w", &[&[("enforced", "a")], &[("watched", "a")]], 1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable);
+    let m = svc.metrics();
+    for (rule, decision, n) in [
+        ("w.enforced", "error_denied", 2),
+        ("w.watched", "error_allowed", 1),
+        ("w.watched", "error_denied", 1),
+    ] {
+        let line =
+            format!("floodgate_decisions_total{{rule=\"{rule}\",decision=\"{decision}\"}} {n}");
+        assert!(m.contains(&line), "{line}\n{m}");
+    }
+}
+
 #[tokio::test]
 async fn without_redis_allow_deny_and_local() {
     for (policy, want) in [("allow", "OK"), ("deny", "OVER_LIMIT"), ("local", "local")] {
