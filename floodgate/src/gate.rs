@@ -68,7 +68,8 @@ impl<'a> Named<'a> {
     }
 }
 
-/// How [`decide`] decided a request.
+/// How [`decide`] decided a request. Not `non_exhaustive`: a front end
+/// matches every verdict, and a new one is a change it must make.
 #[derive(Debug)]
 pub enum Verdict {
     /// Redis decided (a denied request was charged nothing).
@@ -85,6 +86,7 @@ pub enum Verdict {
 
 /// A denial answered from the denial cache.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct Remembered {
     /// The denying limit (an index into the limits and checks given).
     pub index: usize,
@@ -119,7 +121,8 @@ pub struct Fallback {
 /// Redis's denials are counted for the enforcing limits that denied
 /// (`denied` or `banned`); an allowed request counts every limit
 /// (`allowed`, or `shadow_denied` for a limit that does not enforce and was
-/// over). A check whose limit is missing is decided with `allow`.
+/// over). A check without its `Named` (a `limits` shorter than `checks`) is
+/// counted under an empty name and decided with `allow`.
 pub async fn decide(
     limiter: &Limiter,
     metrics: &Metrics,
