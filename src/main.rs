@@ -10,6 +10,17 @@ use config::{format_duration, Config, ConfigError, DEFAULT_PATH};
 use floodgate::rule::HeaderDialect;
 use site::Application;
 
+/// `println!`, except that a reader gone away (`floodgate bans | head`)
+/// ends the command quietly, as it ends any Unix tool, instead of a panic.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout().lock(), $($arg)*).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+
 mod operator;
 
 const USAGE: &str = "usage: floodgate [serve [--config FILE]] | check-config [FILE] | rls [--config FILE]
@@ -45,11 +56,11 @@ fn main() -> ExitCode {
             operator::run_listing(command, rest, default_path())
         }
         ["-h" | "--help" | "help"] => {
-            println!("{USAGE}");
+            out!("{USAGE}");
             ExitCode::SUCCESS
         }
         ["-V" | "--version"] => {
-            println!("floodgate {}", env!("CARGO_PKG_VERSION"));
+            out!("floodgate {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
         _ => {
@@ -115,7 +126,7 @@ fn check_config(path: PathBuf) -> ExitCode {
                 format_duration(p.max)
             ));
         }
-        println!(
+        out!(
             "{}: {methods} {} key={} {} {limit} cost={} deny={} on_redis_error={} mode={}{extra}",
             r.name(),
             r.path_text().join(" "),
@@ -156,7 +167,7 @@ fn check_rls(path: &std::path::Path) -> ExitCode {
         if !l.replaces.is_empty() {
             extra.push_str(&format!(" replaces={}", l.replaces.join(",")));
         }
-        println!(
+        out!(
             "{}: domain={} path={} {what} unit={}{extra}",
             l.name,
             l.domain,

@@ -183,7 +183,7 @@ fn act(
 ) -> ExitCode {
     match limiter.operate_blocking(check, action) {
         Ok(seen) => {
-            println!("{}", seen.to_json(rule));
+            out!("{}", seen.to_json(rule));
             let user = listings::cli_user();
             if let Err(e) = listings::record(limiter, prefix, &action, rule, &seen.key, &user) {
                 eprintln!("floodgate {command}: done, but not written to the audit trail: {e}");
@@ -301,7 +301,7 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
     match objects {
         Ok(objects) => {
             for o in objects {
-                println!("{o}");
+                out!("{o}");
             }
             ExitCode::SUCCESS
         }

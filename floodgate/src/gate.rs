@@ -119,9 +119,9 @@ pub struct Fallback {
 /// outcomes in `metrics` (see the module's documentation).
 ///
 /// Redis's denials are counted for the enforcing limits that denied
-/// (`denied` or `banned`); an allowed request counts every limit
-/// (`allowed`, or `shadow_denied` for a limit that does not enforce and was
-/// over). A check without its `Named` (a `limits` shorter than `checks`) is
+/// (`denied` or `banned`), and `shadow_denied` for each limit that does not
+/// enforce and was over, whether the request was allowed or not; an allowed
+/// request counts its other limits `allowed`. A check without its `Named` (a `limits` shorter than `checks`) is
 /// counted under an empty name and decided with `allow`.
 pub async fn decide(
     limiter: &Limiter,
@@ -196,11 +196,13 @@ fn count_redis<'a>(
     for (i, (c, o)) in checks.iter().zip(&d.outcomes).enumerate() {
         let counted = match (d.allowed, o.allowed, c.enforce()) {
             (true, true, _) => Some(Counted::Allowed),
-            (true, false, false) => Some(Counted::ShadowDenied),
+            // A watching limit over its count would have refused the
+            // request, whether or not another limit did.
+            (_, false, false) => Some(Counted::ShadowDenied),
             (_, false, true) if o.banned => Some(Counted::Banned),
             (_, false, true) => Some(Counted::Denied),
             // A denied request's other limits took nothing.
-            (false, _, _) => None,
+            (false, true, _) => None,
         };
         if let Some(counted) = counted {
             metrics.decision(limit(i).name, counted);

@@ -37,6 +37,23 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 86_400);
 /// Largest token bucket `rate`, in tokens per second.
 pub const MAX_RATE: f64 = 1_000_000.0;
 
+/// Most connections in the pool (`[redis] pool_size`).
+pub(crate) const MAX_POOL_SIZE: u32 = 1024;
+
+/// Fewest connections the pool may have. The limiter's own connections
+/// (one per worker and per dispatcher thread) are outside it; the pool
+/// serves the site, `/readyz`, give-backs and `/limits`, and below 3 one
+/// call stalled until the timeout holds up the rest.
+pub(crate) fn min_pool_size() -> u32 {
+    3
+}
+
+/// Longest `[redis] timeout`.
+pub(crate) const MAX_REDIS_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Longest `[limiter] breaker`.
+pub(crate) const MAX_BREAKER: Duration = Duration::from_secs(600);
+
 /// Longest `error_page`.
 pub(crate) const MAX_ERROR_PAGE: usize = 256;
 

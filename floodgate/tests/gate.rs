@@ -106,15 +106,16 @@ async fn decides_counts_and_falls_back_as_the_doors_do() {
         other => panic!("{other:?}"),
     }
     assert_eq!(calls(&redis), before, "a remembered denial calls Redis");
-    // Counted as the filter counts: the allowed requests under every limit
-    // (the shadow limit's second over its 1 per hour), the denials under
-    // the limit that denied; a denied request's other limits took nothing.
+    // Counted as the filter counts: the allowed requests under every limit,
+    // the denials under the limit that denied, and the watching limit's
+    // overs (its second and third, over its 1 per hour, the third in a
+    // denied request); a denied request's other limits took nothing.
     assert_eq!(count(&metrics, "user", "allowed"), 2);
     assert_eq!(count(&metrics, "user", "denied"), 2);
     assert_eq!(count(&metrics, "tenant", "allowed"), 2);
     assert_eq!(count(&metrics, "tenant", "denied"), 0);
     assert_eq!(count(&metrics, "watch", "allowed"), 1);
-    assert_eq!(count(&metrics, "watch", "shadow_denied"), 1);
+    assert_eq!(count(&metrics, "watch", "shadow_denied"), 2);
     assert!(metrics
         .render(0)
         .contains("floodgate_deny_cache_hits_total{rule=\"user\"} 1"));

@@ -1428,3 +1428,35 @@ async fn checks_of_one_call_on_one_key_never_take_more_than_its_limit() {
     .unwrap();
     assert!(!d.allowed);
 }
+
+#[actix_web::test]
+async fn a_limiter_refuses_in_code_what_a_file_could_not_hold() {
+    // Public fields can be set to anything: the limiter refuses, as the
+    // file's checks do, what it could not work with (a pool of 0 would
+    // otherwise panic inside the pool).
+    use floodgate_limiter::limiter::{Limiter, LimiterError, LimiterOptions};
+    let base = floodgate_limiter::config::Config::parse("", std::path::Path::new("t.toml"))
+        .unwrap()
+        .redis;
+    let refused = |redis: &floodgate_limiter::config::RedisConfig, options| match Limiter::new(
+        redis, options,
+    ) {
+        Err(LimiterError::Other(why)) => why,
+        other => panic!("{other:?}"),
+    };
+    let mut r = base.clone();
+    r.pool_size = 0;
+    assert!(refused(&r, LimiterOptions::default())
+        .starts_with("[redis] pool_size: must be between 3 and 1024"));
+    let mut r = base.clone();
+    r.timeout = Duration::ZERO;
+    assert!(refused(&r, LimiterOptions::default()).starts_with("[redis] timeout"));
+    let mut r = base.clone();
+    r.key_prefix = "!x".into();
+    assert!(refused(&r, LimiterOptions::default()).contains("must not start with \"!\""));
+    let options = LimiterOptions {
+        breaker: Duration::from_secs(3600),
+        ..LimiterOptions::default()
+    };
+    assert!(refused(&base, options).starts_with("[limiter] breaker"));
+}

@@ -129,8 +129,9 @@ pub fn unit_of(window: Duration) -> Unit {
 }
 
 /// The algorithm for `requests_per_unit` (at least 1) per `window`: the
-/// one named, else `default`; when none is named and the limit is above the
-/// default's largest, the sliding counter (which takes up to 10^9).
+/// one named, else `default`; when none is named and the limit is above
+/// the default's largest (its burst, for the token bucket), the sliding
+/// counter (which takes up to 10^9).
 pub fn algorithm_for(
     named: Option<&str>,
     default: &str,
@@ -138,33 +139,33 @@ pub fn algorithm_for(
     window: Duration,
 ) -> Result<Algorithm, String> {
     let name = named.unwrap_or(default);
-    if name == "token_bucket" {
-        let max = Algorithm::max_limit("sliding_window").unwrap_or(100_000);
-        if requests.get() > max {
-            return Err(format!(
-                "requests_per_unit {requests} is above token_bucket's largest burst {max}"
-            ));
-        }
-        let rate = f64::from(requests.get()) / window.as_secs_f64();
-        return Algorithm::token_bucket(rate, requests.get()).map_err(|e| e.to_string());
-    }
-    let Some(max) = Algorithm::max_limit(name) else {
+    let bucket = name == "token_bucket";
+    let largest = if bucket {
+        Algorithm::max_limit("sliding_window")
+    } else {
+        Algorithm::max_limit(name)
+    };
+    let Some(max) = largest else {
         return Err(format!(
             "unknown algorithm {name:?}, expected one of {}",
             Algorithm::NAMES.join(", ")
         ));
     };
-    let name = if requests.get() > max {
+    if requests.get() > max {
         if named.is_some() {
+            let what = if bucket { "burst" } else { "limit" };
             return Err(format!(
-                "requests_per_unit {requests} is above {name}'s largest limit {max} \
+                "requests_per_unit {requests} is above {name}'s largest {what} {max} \
                  (gcra and sliding_counter take up to 1000000000)"
             ));
         }
-        "sliding_counter"
-    } else {
-        name
-    };
+        return Algorithm::windowed("sliding_counter", requests.get(), window)
+            .map_err(|e| e.to_string());
+    }
+    if bucket {
+        let rate = f64::from(requests.get()) / window.as_secs_f64();
+        return Algorithm::token_bucket(rate, requests.get()).map_err(|e| e.to_string());
+    }
     Algorithm::windowed(name, requests.get(), window).map_err(|e| e.to_string())
 }
 
@@ -365,7 +366,9 @@ fn check_rate_limit(
     for r in &rl.replaces {
         match r.name.as_deref() {
             None | Some("") => return Err("a replaces entry has an empty name".into()),
-            Some(n) if Some(n) == rl.name.as_deref() => {
+            // Its own name, given or the default path name: a limit that
+            // replaced itself would never apply.
+            Some(n) if n == name => {
                 return Err(format!("replaces names the limit's own name {n:?}"))
             }
             Some(n) => replaces.push(n.to_string()),
@@ -614,6 +617,7 @@ descriptors:
             ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, unit: second}\n", "unlimited rate_limit takes no unit"),
             ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {name: n, unit: second, requests_per_unit: 1, replaces: [{name: n}]}\n", "replaces names the limit's own name"),
             ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: ''}]}\n", "empty name"),
+            ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: d.a}]}\n", "replaces names the limit's own name \"d.a\""),
             ("domain: d\ndescriptors:\n  - key: a\n    value: b\n    share_threshold: true\n", "share_threshold needs a wildcard"),
             ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: leaky}\n", "unknown algorithm \"leaky\""),
             ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, window: 1m, requests_per_unit: 1}\n", "unit or window, not both"),
@@ -624,6 +628,26 @@ descriptors:
             let got = load_one(text).err().unwrap_or_default();
             assert!(got.contains(wanted), "{text:?}: {got:?} lacks {wanted:?}");
         }
+    }
+
+    #[test]
+    fn a_limit_above_the_default_algorithms_largest_gets_the_sliding_counter() {
+        let n = NonZeroU32::new(500_000).unwrap();
+        for default in ["token_bucket", "sliding_window", "fixed_window"] {
+            let a = algorithm_for(None, default, n, Duration::from_secs(1)).unwrap();
+            assert_eq!(a.name(), "sliding_counter", "{default}");
+        }
+        let named = algorithm_for(Some("token_bucket"), "gcra", n, Duration::from_secs(1));
+        assert!(named
+            .unwrap_err()
+            .contains("token_bucket's largest burst 100000"));
+        let small = algorithm_for(
+            None,
+            "token_bucket",
+            NonZeroU32::MIN,
+            Duration::from_secs(1),
+        );
+        assert_eq!(small.unwrap().name(), "token_bucket");
     }
 
     #[test]

@@ -394,13 +394,15 @@ impl Rls {
     /// Answers one call.
     pub async fn answer(&self, req: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
         let started = Instant::now();
-        if let Some(why) = invalid(&req) {
-            self.calls.count("", Answer::InvalidArgument);
-            return Err(tonic::Status::invalid_argument(why));
-        }
         let matcher = self.matcher();
+        // Counted under its domain when the files have it; any other name
+        // (a client's typo, or garbage) under "", so that the series stay few.
         let known = matcher.has_domain(&req.domain);
         let domain = if known { req.domain.as_str() } else { "" };
+        if let Some(why) = invalid(&req) {
+            self.calls.count(domain, Answer::InvalidArgument);
+            return Err(tonic::Status::invalid_argument(why));
+        }
         let mut applied = self.apply(&matcher, &req, known);
         let result = self.decide(&mut applied).await;
         let took = started.elapsed();

@@ -130,6 +130,14 @@ async fn bad_calls_are_refused_and_charge_nothing() {
         .await
         .unwrap();
     assert_eq!(codes(&r), [("OK", 19)]);
+    // Counted under the domain when the files have it.
+    let m = svc.metrics();
+    for (domain, n) in [("another", 4), ("", 1)] {
+        let line = format!(
+            "floodgate_rls_calls_total{{domain=\"{domain}\",code=\"INVALID_ARGUMENT\"}} {n}\n"
+        );
+        assert!(m.contains(&line), "{line} in {m}");
+    }
     // Garbage on the wire: a gRPC error, and the service still answers.
     let raw = tonic::transport::Endpoint::new(svc.endpoint())
         .unwrap()

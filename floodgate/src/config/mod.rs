@@ -79,22 +79,7 @@ pub(crate) use crate::units::parse_size;
 pub use crate::units::{format_duration, human_duration};
 pub use crate::units::{MAX_LARGE_LIMIT, MAX_LIMIT, MAX_RATE, MAX_WINDOW};
 
-/// Most connections in the pool (`[redis] pool_size`).
-pub(crate) const MAX_POOL_SIZE: u32 = 1024;
-
-/// Longest `[redis] timeout`.
-pub(crate) const MAX_REDIS_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Longest `[limiter] breaker`.
-pub(crate) const MAX_BREAKER: Duration = Duration::from_secs(600);
-
-/// Fewest connections the pool may have. The limiter's own connections
-/// (one per worker and per dispatcher thread) are outside it; the pool
-/// serves the site, `/readyz`, give-backs and `/limits`, and below 3 one
-/// call stalled until the timeout holds up the rest.
-pub(crate) fn min_pool_size() -> u32 {
-    3
-}
+pub(crate) use crate::units::{MAX_BREAKER, MAX_REDIS_TIMEOUT};
 
 /// A configuration that cannot be used, with where and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -294,50 +279,20 @@ impl Config {
         let sentinel_master = r.sentinel_master.unwrap_or_default();
         check_topology(&cluster, &sentinel, &sentinel_master)
             .map_err(|(place, what)| err(place, what))?;
-        let pool_size = r.pool_size.unwrap_or(16);
-        let min_pool = min_pool_size();
-        if !(min_pool..=MAX_POOL_SIZE).contains(&pool_size) {
-            return Err(err(
-                "[redis] pool_size",
-                format!(
-                    "must be between {min_pool} and {MAX_POOL_SIZE}, got {pool_size} (the pool \
-                     serves the site, /readyz, give-backs and /limits; with fewer, one stalled \
-                     call starves the others)"
-                ),
-            ));
-        }
         let timeout = duration_setting(r.timeout.as_deref().unwrap_or("250ms"), MAX_REDIS_TIMEOUT)
             .map_err(|w| err("[redis] timeout", w.text()))?;
-        let key_prefix = r.key_prefix.unwrap_or_else(|| "floodgate".into());
-        if key_prefix.is_empty()
-            || key_prefix.len() > 64
-            || key_prefix
-                .chars()
-                .any(|c| c.is_whitespace() || c.is_control())
-        {
-            return Err(err(
-                "[redis] key_prefix",
-                format!(
-                    "must be 1 to 64 bytes without spaces or control characters, got {key_prefix:?}"
-                ),
-            ));
-        }
-        if key_prefix.starts_with('!') {
-            // No state key may look like an operator record ('!' + key).
-            return Err(err(
-                "[redis] key_prefix",
-                format!("must not start with \"!\" (operator records do), got {key_prefix:?}"),
-            ));
-        }
         let redis = RedisConfig {
             url,
             cluster,
             sentinel,
             sentinel_master,
-            pool_size,
+            pool_size: r.pool_size.unwrap_or(16),
             timeout,
-            key_prefix,
+            key_prefix: r.key_prefix.unwrap_or_else(|| "floodgate".into()),
         };
+        if let Some((place, what)) = redis.refused() {
+            return Err(err(place, what));
+        }
 
         let l = raw.limiter;
         let limiter = LimiterOptions {
@@ -502,7 +457,7 @@ mod tests {
         assert!(config.redis.sentinel.is_empty());
         assert_eq!(config.redis.sentinel_master, "");
         assert_eq!(config.redis.pool_size, 16);
-        assert!(config.redis.pool_size >= min_pool_size());
+        assert!(config.redis.pool_size >= crate::units::min_pool_size());
     }
 
     #[test]

@@ -30,6 +30,7 @@ use super::shared::{Job, Shared};
 use super::topology::RedisConn;
 use super::DISPATCHERS;
 use super::{Check, Decision, Dispatch, LimiterError, LimiterOptions, RedisConfig};
+use crate::units::MAX_BREAKER;
 
 /// Messages (one job, or the jobs of one worker's tick) that may wait for a
 /// dispatcher before new ones are refused.
@@ -79,7 +80,21 @@ impl std::fmt::Debug for Limiter {
 
 impl Limiter {
     /// Builds the pool and starts the dispatcher threads.
+    ///
+    /// Refuses, as [`LimiterError::Other`], what a configuration file could
+    /// not hold either: a pool of fewer than 3 or more than 1024
+    /// connections, a timeout of 0 or over a minute, an unusable key
+    /// prefix, a breaker period of 0 or over 10 minutes.
     pub fn new(config: &RedisConfig, options: LimiterOptions) -> Result<Limiter, LimiterError> {
+        if let Some((place, what)) = config.refused() {
+            return Err(LimiterError::Other(format!("{place}: {what}")));
+        }
+        if options.breaker.is_zero() || options.breaker > MAX_BREAKER {
+            return Err(LimiterError::Other(format!(
+                "[limiter] breaker: must be greater than 0 and at most 10 minutes, got {:?}",
+                options.breaker
+            )));
+        }
         // One source for the pool and the dispatchers: in Sentinel mode they
         // share what the Sentinels said last.
         let manager = manager(config)?;

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::units::{amount_of_time, min_pool_size, MAX_POOL_SIZE, MAX_REDIS_TIMEOUT};
+
 /// Where Redis is and how the limiter talks to it (`[redis]` in the file).
 #[derive(Clone)]
 pub struct RedisConfig {
@@ -30,6 +32,57 @@ pub(crate) const NO_SENTINEL: &str =
     "this build of floodgate has no Redis Sentinel support (feature \"sentinel\")";
 
 impl RedisConfig {
+    /// What the file's checks refuse in it, as the `[redis]` key and why:
+    /// a pool too small or too large, a timeout of 0 or above a minute, a
+    /// key prefix that is empty, too long, has spaces or control
+    /// characters, or starts with `!`. [`Limiter::new`](super::Limiter::new)
+    /// refuses the same, so that a value built in code cannot do what a
+    /// file could not.
+    pub(crate) fn refused(&self) -> Option<(&'static str, String)> {
+        let (least, most) = (min_pool_size(), MAX_POOL_SIZE);
+        if !(least..=most).contains(&self.pool_size) {
+            return Some((
+                "[redis] pool_size",
+                format!(
+                    "must be between {least} and {most}, got {} (the pool serves the site, \
+                     /readyz, give-backs and /limits; with fewer, one stalled call starves the \
+                     others)",
+                    self.pool_size
+                ),
+            ));
+        }
+        if self.timeout.is_zero() || self.timeout > MAX_REDIS_TIMEOUT {
+            return Some((
+                "[redis] timeout",
+                format!(
+                    "must be greater than 0 and at most {}, got {:?}",
+                    amount_of_time(MAX_REDIS_TIMEOUT),
+                    self.timeout
+                ),
+            ));
+        }
+        let prefix = &self.key_prefix;
+        if prefix.is_empty()
+            || prefix.len() > 64
+            || prefix.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Some((
+                "[redis] key_prefix",
+                format!(
+                    "must be 1 to 64 bytes without spaces or control characters, got {prefix:?}"
+                ),
+            ));
+        }
+        if prefix.starts_with('!') {
+            // No state key may look like an operator record ('!' + key).
+            return Some((
+                "[redis] key_prefix",
+                format!("must not start with \"!\" (operator records do), got {prefix:?}"),
+            ));
+        }
+        None
+    }
+
     /// The first mode asked for that this build lacks (its Cargo feature
     /// is off): the `[redis]` key that asks, and why it is refused.
     pub(crate) fn missing_feature(&self) -> Option<(&'static str, &'static str)> {
