@@ -238,6 +238,18 @@ fn descriptor_key(domain: &str, d: &RateLimitDescriptor) -> String {
     key
 }
 
+/// `DOMAIN.KEY1.KEY2...`: a descriptor's path without its values, what
+/// a limit the call brings for a descriptor that matches no node is
+/// counted under in metrics.
+fn descriptor_keys(domain: &str, d: &RateLimitDescriptor) -> String {
+    let mut key = String::from(domain);
+    for e in &d.entries {
+        key.push('.');
+        key.push_str(&e.key);
+    }
+    key
+}
+
 /// Why a call is refused, or `None`.
 fn invalid(req: &RateLimitRequest) -> Option<String> {
     if req.domain.is_empty() {
@@ -329,10 +341,14 @@ impl Rls {
                     // The descriptor's own limit replaces the configured one.
                     let (name, metric, values) = match matched {
                         Some(m) => (Cow::Borrowed(m.limit.name.as_str()), m.metric, m.values),
-                        None => {
-                            let k = descriptor_key(&req.domain, d);
-                            (Cow::Owned(k.clone()), k, Vec::new())
-                        }
+                        // Counted per value in Redis, but in metrics under
+                        // its keys alone: values come from traffic, and
+                        // would make a series each.
+                        None => (
+                            Cow::Owned(descriptor_key(&req.domain, d)),
+                            descriptor_keys(&req.domain, d),
+                            Vec::new(),
+                        ),
                     };
                     let algorithm = NonZeroU32::new(rpu.min(MAX_HITS as u32)).and_then(|n| {
                         algorithm_for(None, &self.settings.algorithm, n, window).ok()

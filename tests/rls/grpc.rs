@@ -355,6 +355,15 @@ async fn hits_and_a_descriptors_own_limit() {
     assert_eq!(codes(&r), [("OK", 0)]);
     let r = c.should_rate_limit(loose).await.unwrap();
     assert_eq!(codes(&r), [("OVER_LIMIT", 0)]);
+    // Counted per value, but in metrics under the descriptor's keys alone.
+    let m = svc.metrics();
+    for line in [
+        "floodgate_decisions_total{rule=\"another.k\",decision=\"allowed\"} 1\n",
+        "floodgate_decisions_total{rule=\"another.k\",decision=\"denied\"} 1\n",
+    ] {
+        assert!(m.contains(line), "{line} in {m}");
+    }
+    assert!(!m.contains(&format!("another.k_{w}")), "{m}");
     // An unknown domain has no limit, not even a descriptor's own.
     let mut nowhere = call("nowhere", &[&[("k", &w)]], 1);
     nowhere.descriptors[0].limit = Some(RateLimitOverride {
