@@ -64,6 +64,12 @@ local peek = peek_check
 -- many there are, and those parsed so far, by the argument that names them.
 local spec_base, spec_count, spec_parsed
 
+-- Specs parsed by earlier calls, by their five arguments: most calls send
+-- the same few. Kept from call to call by the function library, and
+-- started afresh once it holds SPECS_MOST; never written into.
+local SPECS_MOST = 1024
+local specs_seen, specs_n = {}, 0
+
 -- The spec a check names (its argument, "1" for the first), parsed on
 -- first use: alg, p1, p2, cost, enforce, penalty; or fail(ERR_PARAMS).
 local function spec(name)
@@ -76,10 +82,20 @@ local function spec(name)
     fail(ERR_PARAMS)
   end
   local a = spec_base + 5 * (i - 1)
-  local alg, p1, p2, cost = params(a)
-  local enforce, pen = check_flags(ARGV[a + 4])
-  spec_parsed[name] = { alg, p1, p2, cost, enforce, pen }
-  return alg, p1, p2, cost, enforce, pen
+  local text = ARGV[a] .. ' ' .. ARGV[a + 1] .. ' ' .. ARGV[a + 2] .. ' ' .. ARGV[a + 3]
+    .. ' ' .. ARGV[a + 4]
+  c = specs_seen[text]
+  if not c then
+    local alg, p1, p2, cost = params(a)
+    local enforce, pen = check_flags(ARGV[a + 4])
+    c = { alg, p1, p2, cost, enforce, pen }
+    if specs_n >= SPECS_MOST then
+      specs_seen, specs_n = {}, 0
+    end
+    specs_seen[text], specs_n = c, specs_n + 1
+  end
+  spec_parsed[name] = c
+  return c[1], c[2], c[3], c[4], c[5], c[6]
 end
 
 -- The wait of a denial under an override that ends at `ends` (nil: never):
@@ -298,9 +314,12 @@ local function batch()
   local a = base + 2
   local k = 1
   for _ = 1, tonumber(ARGV[base + 1]) do
-    local now = tonumber(ARGV[a]) or clock
-    local deadline = tonumber(ARGV[a + 1])
-    local n = tonumber(ARGV[a + 2])
+    -- (The common values are compared, not converted: a conversion costs
+    -- more.)
+    local now_arg, deadline_arg, n_arg = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+    local now = now_arg == '' and clock or tonumber(now_arg) or clock
+    local deadline = deadline_arg ~= '' and tonumber(deadline_arg) or nil
+    local n = n_arg == '1' and 1 or tonumber(n_arg)
     local ok, e = true, nil
     local noted = #quotas
     if deadline and clock >= deadline then

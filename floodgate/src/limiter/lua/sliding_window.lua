@@ -59,17 +59,45 @@ define(1, 'list', nil, function()
   -- LINDEX inside it walks a packed node: two reads find them.
   local FIRST, MORE, READS = 2, 8, 4
 
+  -- Entries already parsed, by their text: a busy key's oldest entries
+  -- are read again by every call until they leave, and its newest was
+  -- written by the last one. Matching and converting a text costs more
+  -- than the rest of an admission. Kept from call to call by the function
+  -- library (a script sent by EVAL starts without it), and started afresh
+  -- once it holds PARSED_MOST texts.
+  local PARSED_MOST = 4096
+  local parsed, parsed_n = {}, 0
+  local function remember(v, t, c, w)
+    if parsed_n >= PARSED_MOST then
+      parsed, parsed_n = {}, 0
+    end
+    parsed[v], parsed_n = { t, c, w }, parsed_n + 1
+  end
+
   -- An entry as read: { T, C, W } (see KEY above), or fail(ERR_STATE).
+  -- A table of its own: callers may change it.
   local function parse(v)
+    local e = parsed[v]
+    if e then
+      return { e[1], e[2], e[3] }
+    end
     local t, c, w = string.match(v, '^(%d+):(%d+):(%d+)$')
     if not t then
       fail(ERR_STATE)
     end
-    return { tonumber(t), tonumber(c), tonumber(w) }
+    t, c, w = tonumber(t), tonumber(c), tonumber(w)
+    remember(v, t, c, w)
+    return { t, c, w }
   end
 
   local function text(e)
-    return string.format('%d:%d:%d', e[1], e[2], e[3])
+    local t, c, w = e[1], e[2], e[3]
+    local v = string.format('%d:%d:%d', t, c, w)
+    -- (Whole numbers, so that the text reads back as these very numbers.)
+    if not parsed[v] and t % 1 == 0 and c % 1 == 0 and w % 1 == 0 then
+      remember(v, t, c, w)
+    end
+    return v
   end
 
   -- Writes a call's decisions have not made yet (see commit): the stored
