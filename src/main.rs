@@ -11,12 +11,17 @@ use floodgate::rule::HeaderDialect;
 use site::Application;
 
 /// `println!`, except that a reader gone away (`floodgate bans | head`)
-/// ends the command quietly, as it ends any Unix tool, instead of a panic.
+/// ends the command quietly, as it ends any Unix tool, and any other
+/// failure to write (a full disk) ends it with status 1, instead of a panic.
 macro_rules! out {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        if writeln!(std::io::stdout().lock(), $($arg)*).is_err() {
-            std::process::exit(0);
+        if let Err(e) = writeln!(std::io::stdout().lock(), $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+            eprintln!("floodgate: cannot write the output: {e}");
+            std::process::exit(1);
         }
     }};
 }

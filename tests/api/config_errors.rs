@@ -664,3 +664,22 @@ fn check_config_names_what_changes_what_a_rule_counts() {
          on_redis_error=allow mode=enforce normalize=lowercase hash_key=true on_missing_key=reject\n"
     );
 }
+
+/// A listing whose output cannot be written (here `/dev/full`, as a disk
+/// that filled up) says so and exits 1; it never panics.
+#[test]
+fn an_output_that_cannot_be_written_is_an_error_not_a_panic() {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let output = floodgate()
+        .args(["check-config", "config/default.toml"])
+        .stdout(full)
+        .output()
+        .unwrap();
+    no_panic("config/default.toml", &output);
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot write the output"), "{stderr}");
+}
