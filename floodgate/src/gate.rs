@@ -121,8 +121,9 @@ pub struct Fallback {
 /// Redis's denials are counted for the enforcing limits that denied
 /// (`denied` or `banned`), and `shadow_denied` for each limit that does not
 /// enforce and was over, whether the request was allowed or not; an allowed
-/// request counts its other limits `allowed`. A check without its `Named` (a `limits` shorter than `checks`) is
-/// counted under an empty name and decided with `allow`.
+/// request counts its other limits `allowed`. A check without its `Named`
+/// (a `limits` shorter than `checks`) is counted under an empty name and
+/// decided with `allow`.
 pub async fn decide(
     limiter: &Limiter,
     metrics: &Metrics,
