@@ -197,6 +197,9 @@ pub fn format_duration(d: Duration) -> String {
     format!("{ms}ms")
 }
 
+/// Largest `max_form`: 64 MiB.
+pub(crate) const MAX_FORM: usize = 64 * 1024 * 1024;
+
 /// Parses a size: `"16KiB"`, `"1MiB"`, `"4096"`, `"64KB"`; 1 byte to 64MiB.
 pub(crate) fn parse_size(text: &str) -> Result<usize, String> {
     let bad = || format!("invalid size {text:?}: expected a number with B, KiB, MiB, KB or MB");
@@ -218,7 +221,7 @@ pub(crate) fn parse_size(text: &str) -> Result<usize, String> {
     // Only digits are left, so a failed parse is an overflow.
     let n: u64 = num.parse().map_err(|_| range())?;
     let size = n.checked_mul(mult).ok_or_else(range)?;
-    if size == 0 || size > 64 * 1024 * 1024 {
+    if size == 0 || size > MAX_FORM as u64 {
         return Err(range());
     }
     usize::try_from(size).map_err(|_| range())

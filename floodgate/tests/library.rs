@@ -1460,3 +1460,24 @@ async fn a_limiter_refuses_in_code_what_a_file_could_not_hold() {
     };
     assert!(refused(&base, options).starts_with("[limiter] breaker"));
 }
+
+#[actix_web::test]
+async fn a_builder_refuses_settings_a_file_could_not_hold() {
+    // Refused before anything starts: no Redis is needed.
+    let refused = |b: floodgate_limiter::FilterBuilder| match b.build() {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("built"),
+    };
+    let why = refused(Filter::builder().max_form(0));
+    assert_eq!(
+        why,
+        "unusable setting max_form: must be between 1 byte and 64MiB, got 0 bytes"
+    );
+    let why = refused(Filter::builder().max_form(usize::MAX));
+    assert!(why.starts_with("unusable setting max_form"), "{why}");
+    let why = refused(Filter::builder().pool_size(0));
+    assert!(
+        why.contains("[redis] pool_size: must be between 3 and 1024"),
+        "{why}"
+    );
+}

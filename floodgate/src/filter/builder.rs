@@ -14,6 +14,7 @@ use crate::limiter::{Limiter, LimiterOptions, RedisConfig};
 use crate::metrics::Metrics;
 use crate::net::{Cidr, ProxyHeader};
 use crate::rule::Rule;
+use crate::units::MAX_FORM;
 
 impl Filter {
     /// A filter with the rules and settings of a TOML file (the same file
@@ -187,7 +188,8 @@ impl FilterBuilder {
         self
     }
 
-    /// Largest form body read for `form:` keys; default 16 KiB.
+    /// Largest form body read for `form:` keys; default 16 KiB, at most 64
+    /// MiB (`build` refuses 0 or more).
     pub fn max_form(mut self, bytes: usize) -> Self {
         self.max_form = Some(bytes);
         self
@@ -435,6 +437,12 @@ impl FilterBuilder {
                 .map_err(SetupError::Limit)?;
             rules.push(rule);
         }
+        let max_form = self.max_form.unwrap_or(16 * 1024);
+        if max_form == 0 || max_form > MAX_FORM {
+            return Err(SetupError::Setting(format!(
+                "max_form: must be between 1 byte and 64MiB, got {max_form} bytes"
+            )));
+        }
         let limiter = Arc::new(Limiter::new(&redis, self.limiter_options)?);
         let metrics = self.metrics.unwrap_or_default();
         let denial_page = self.denial_page.unwrap_or_else(|| {
@@ -457,7 +465,7 @@ impl FilterBuilder {
             FilterOptions {
                 trusted_proxies: self.trusted_proxies,
                 proxy_header: self.proxy_header.unwrap_or_default(),
-                max_form: self.max_form.unwrap_or(16 * 1024),
+                max_form,
                 json_content_type_required: self.json_content_type_required.unwrap_or(true),
                 json_content_type: self.json_content_type,
                 key_prefix: redis.key_prefix,

@@ -13,6 +13,9 @@ pub enum SetupError {
     Limiter(LimiterError),
     /// A limit declared in code cannot be used (a limit of 0, say).
     Limit(String),
+    /// A setting made in code is out of the range the file allows (a
+    /// `max_form` of 0, say).
+    Setting(String),
 }
 
 impl std::fmt::Display for SetupError {
@@ -21,6 +24,7 @@ impl std::fmt::Display for SetupError {
             SetupError::Config(e) => write!(f, "{e}"),
             SetupError::Limiter(e) => write!(f, "cannot set up the limiter: {e}"),
             SetupError::Limit(e) => write!(f, "unusable limit {e}"),
+            SetupError::Setting(e) => write!(f, "unusable setting {e}"),
         }
     }
 }
@@ -30,7 +34,7 @@ impl std::error::Error for SetupError {
         match self {
             SetupError::Config(e) => Some(e),
             SetupError::Limiter(e) => Some(e),
-            SetupError::Limit(_) => None,
+            SetupError::Limit(_) | SetupError::Setting(_) => None,
         }
     }
 }
