@@ -84,14 +84,16 @@ impl Limiter {
     /// Refuses, as [`LimiterError::Other`], what a configuration file could
     /// not hold either: a pool of fewer than 3 or more than 1024
     /// connections, a timeout of 0 or over a minute, an unusable key
-    /// prefix, a breaker period of 0 or over 10 minutes.
+    /// prefix, a breaker period over 10 minutes. (A breaker period of 0,
+    /// which the file does not take, means no breaker: every decision
+    /// tries Redis.)
     pub fn new(config: &RedisConfig, options: LimiterOptions) -> Result<Limiter, LimiterError> {
         if let Some((place, what)) = config.refused() {
             return Err(LimiterError::Other(format!("{place}: {what}")));
         }
-        if options.breaker.is_zero() || options.breaker > MAX_BREAKER {
+        if options.breaker > MAX_BREAKER {
             return Err(LimiterError::Other(format!(
-                "[limiter] breaker: must be greater than 0 and at most 10 minutes, got {:?}",
+                "[limiter] breaker: must be at most 10 minutes, got {:?}",
                 options.breaker
             )));
         }

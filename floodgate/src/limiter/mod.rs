@@ -55,7 +55,8 @@ pub struct LimiterOptions {
     /// flood on a denied key without a Redis call.
     pub deny_cache: bool,
     /// After a call failed, how long no call is made (the error policy
-    /// applies at once) before one call probes Redis again.
+    /// applies at once) before one call probes Redis again: at most 10
+    /// minutes; 0, no breaker (every decision tries Redis).
     pub breaker: Duration,
     /// How decisions travel to Redis.
     pub dispatch: Dispatch,
