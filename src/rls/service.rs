@@ -224,28 +224,18 @@ fn join_twins(applied: &mut [Option<Applied<'_>>]) {
     }
 }
 
-/// `DOMAIN.KEY_VALUE.KEY...` of a request descriptor.
-fn descriptor_key(domain: &str, d: &RateLimitDescriptor) -> String {
+/// `DOMAIN.KEY_VALUE.KEY...` of a request descriptor, or with `values`
+/// false `DOMAIN.KEY1.KEY2...` (what a limit the call brings for a
+/// descriptor that matches no node is counted under in metrics).
+fn descriptor_key(domain: &str, d: &RateLimitDescriptor, values: bool) -> String {
     let mut key = String::from(domain);
     for e in &d.entries {
         key.push('.');
         key.push_str(&e.key);
-        if !e.value.is_empty() {
+        if values && !e.value.is_empty() {
             key.push('_');
             key.push_str(&e.value);
         }
-    }
-    key
-}
-
-/// `DOMAIN.KEY1.KEY2...`: a descriptor's path without its values, what
-/// a limit the call brings for a descriptor that matches no node is
-/// counted under in metrics.
-fn descriptor_keys(domain: &str, d: &RateLimitDescriptor) -> String {
-    let mut key = String::from(domain);
-    for e in &d.entries {
-        key.push('.');
-        key.push_str(&e.key);
     }
     key
 }
@@ -345,8 +335,8 @@ impl Rls {
                         // its keys alone: values come from traffic, and
                         // would make a series each.
                         None => (
-                            Cow::Owned(descriptor_key(&req.domain, d)),
-                            descriptor_keys(&req.domain, d),
+                            Cow::Owned(descriptor_key(&req.domain, d, true)),
+                            descriptor_key(&req.domain, d, false),
                             Vec::new(),
                         ),
                     };
@@ -863,7 +853,7 @@ mod tests {
                         let _ = state_key(false, "p", &hit.limit.name, &hit.values);
                         let _ = label(&hit.metric);
                     }
-                    let _ = descriptor_key(&req.domain, d);
+                    let _ = descriptor_key(&req.domain, d, true);
                 }
             }
         }

@@ -79,7 +79,7 @@ pub(crate) use crate::units::parse_size;
 pub use crate::units::{format_duration, human_duration};
 pub use crate::units::{MAX_LARGE_LIMIT, MAX_LIMIT, MAX_RATE, MAX_WINDOW};
 
-pub(crate) use crate::units::{MAX_BREAKER, MAX_REDIS_TIMEOUT};
+use crate::units::{MAX_BREAKER, MAX_REDIS_TIMEOUT};
 
 /// A configuration that cannot be used, with where and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
