@@ -346,11 +346,62 @@ pub fn record(
     limiter.audit_blocking(prefix, &AuditEntry::now(name, rule, id, by, &detail))
 }
 
-/// Who runs a command: `cli:` and the OS user.
+/// Who runs a command: `cli:` and the OS user, the name the system's
+/// user list gives the process's user id (`$USER` or `$LOGNAME` where the
+/// list has none, then `uid:N`).
 pub fn cli_user() -> String {
-    let user = ["USER", "LOGNAME"]
-        .iter()
-        .find_map(|v| std::env::var(v).ok().filter(|u| !u.is_empty()))
+    let uid = process_uid();
+    let named = uid.and_then(|uid| {
+        let users = std::fs::read_to_string("/etc/passwd").ok()?;
+        user_named(&users, uid)
+    });
+    let user = named
+        .or_else(|| {
+            ["USER", "LOGNAME"]
+                .iter()
+                .find_map(|v| std::env::var(v).ok().filter(|u| !u.is_empty()))
+        })
+        .or_else(|| uid.map(|uid| format!("uid:{uid}")))
         .unwrap_or_else(|| "unknown".to_string());
     format!("cli:{user}")
+}
+
+/// The user id this process runs as: the owner of its `/proc` entry.
+fn process_uid() -> Option<u32> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self").ok().map(|m| m.uid())
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+/// The name `/etc/passwd`'s text `users` gives user id `uid`.
+fn user_named(users: &str, uid: u32) -> Option<String> {
+    let uid = uid.to_string();
+    users.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        let _password = fields.next()?;
+        (fields.next()? == uid && !name.is_empty()).then(|| name.to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::user_named;
+
+    #[test]
+    fn the_user_list_names_a_user_id() {
+        let users = "root:x:0:0:root:/root:/bin/bash\n\
+                     daemon:x:1:1::/usr/sbin:/usr/sbin/nologin\n\
+                     ana:x:1000:1000:Ana:/home/ana:/bin/sh\n";
+        assert_eq!(user_named(users, 0).as_deref(), Some("root"));
+        assert_eq!(user_named(users, 1000).as_deref(), Some("ana"));
+        assert_eq!(user_named(users, 10), None);
+        assert_eq!(user_named("broken\n", 0), None);
+    }
 }

@@ -55,6 +55,7 @@ fn main() -> ExitCode {
         ["check-config"] => check_config(default_path()),
         ["check-config", file] => check_config(PathBuf::from(file)),
         [command @ ("inspect" | "reset" | "ban" | "unban" | "override"), rest @ ..] => {
+            init_audit_log();
             operator::run(command, rest, default_path())
         }
         [command @ ("bans" | "overrides" | "audit" | "find" | "top"), rest @ ..] => {
@@ -205,25 +206,10 @@ fn rls(path: PathBuf) -> ExitCode {
 /// that came from a request cannot start a line or reach the terminal), and
 /// the counts of repeated warnings written every period.
 fn init_logger() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .format(|buf, record| {
-            use std::fmt::Write as _;
-            use std::io::Write as _;
-            let mut message = String::new();
-            let _ = write!(
-                floodgate::logging::EscapingWriter(&mut message),
-                "{}",
-                record.args()
-            );
-            writeln!(
-                buf,
-                "[{} {:<5} {}] {message}",
-                buf.timestamp(),
-                record.level(),
-                record.target()
-            )
-        })
-        .init();
+    with_format(&mut env_logger::Builder::from_env(
+        env_logger::Env::default().default_filter_or("info"),
+    ))
+    .init();
     let ticker = std::thread::Builder::new()
         .name("floodgate-log".into())
         .spawn(|| loop {
@@ -233,6 +219,44 @@ fn init_logger() {
     if let Err(e) = ticker {
         log::warn!("cannot start the log's counting thread ({e}); held-back warnings are counted on the next line of their kind");
     }
+}
+
+/// The command's log lines, as `serve` and `rls` write them (one line each,
+/// control characters escaped).
+fn with_format(builder: &mut env_logger::Builder) -> &mut env_logger::Builder {
+    builder.format(|buf, record| {
+        use std::fmt::Write as _;
+        use std::io::Write as _;
+        let mut message = String::new();
+        let _ = write!(
+            floodgate::logging::EscapingWriter(&mut message),
+            "{}",
+            record.args()
+        );
+        writeln!(
+            buf,
+            "[{} {:<5} {}] {message}",
+            buf.timestamp(),
+            record.level(),
+            record.target()
+        )
+    })
+}
+
+/// The operator commands log each action they take at `info`, as the admin
+/// API's actions are logged: what was done, under which rule, to whom, by
+/// whom. Nothing else of the library logs here, so that a failure stays
+/// the one line the command prints.
+fn init_audit_log() {
+    with_format(
+        env_logger::Builder::new()
+            .filter_level(log::LevelFilter::Off)
+            .filter_module(
+                "floodgate_limiter::limiter::operator::list",
+                log::LevelFilter::Info,
+            ),
+    )
+    .init();
 }
 
 fn serve(path: PathBuf) -> ExitCode {

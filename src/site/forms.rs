@@ -146,7 +146,8 @@ impl FromRequest for Visitor {
 
 /// A POST form whose CSRF token belongs to the session cookie it came
 /// with. Without one the request is answered 403 with an opaque page, and
-/// the handler never runs.
+/// the handler never runs: a POST with no form at all (no body, or a body
+/// of another type) has no token either, so it gets the 403 too.
 pub struct CsrfPost {
     /// Who sent it.
     pub visitor: Visitor,
@@ -162,7 +163,18 @@ impl FromRequest for CsrfPost {
         let form = web::Form::<Fields>::from_request(req, payload);
         let req = req.clone();
         Box::pin(async move {
-            let fields = form.await?.into_inner();
+            let fields = match form.await {
+                Ok(form) => form.into_inner(),
+                Err(e)
+                    if matches!(
+                        e.as_error::<actix_web::error::UrlencodedError>(),
+                        Some(actix_web::error::UrlencodedError::ContentType)
+                    ) =>
+                {
+                    Fields::default()
+                }
+                Err(e) => return Err(e),
+            };
             let site = site_of(&req)?;
             let visitor = Visitor::of(&site, &req).await?;
             if !csrf_ok(&site, &visitor, &fields) {

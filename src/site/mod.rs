@@ -72,13 +72,13 @@ impl Site {
     /// name (`unknown`, `_hidden`, garbage) or only trusted hops, so that
     /// the walk stopped at a trusted proxy's own address, which says
     /// nothing about who is asking. A trusted proxy's own request (no
-    /// forwarding header) is from its address. Whatever answers only some
-    /// addresses (the outbox, the admin API) asks this.
+    /// forwarding header, the one `proxy_header` names: the other is
+    /// ignored, as everywhere) is from its address. Whatever answers only
+    /// some addresses (the outbox, the admin API) asks this.
     pub fn named_client(&self, req: &HttpRequest) -> Option<std::net::IpAddr> {
         let client = self.filter.client_addr(req).to_canonical();
-        let headers = req.headers();
-        let forwarded =
-            headers.contains_key("forwarded") || headers.contains_key("x-forwarded-for");
+        let header = self.config.filter.server.proxy_header.as_str();
+        let forwarded = req.headers().contains_key(header);
         (!forwarded || !self.filter.is_trusted_proxy(client)).then_some(client)
     }
 

@@ -728,6 +728,49 @@ async fn the_admin_api_needs_its_token_and_an_allowed_address_and_is_never_count
     );
 }
 
+/// Behind trusted proxies, the admin API asks only the forwarding header
+/// `proxy_header` names: the other one is ignored, as the rules ignore it,
+/// so a client's own `Forwarded` neither locks a proxy out nor gets in.
+#[actix_web::test]
+async fn the_admin_api_reads_only_the_configured_forwarding_header() {
+    let body = r#"{"rule":"check","values":["127.0.0.1"]}"#;
+    for (header, other) in [
+        ("x-forwarded-for", "forwarded"),
+        ("forwarded", "x-forwarded-for"),
+    ] {
+        let toml = format!(
+            "[server]\ntrusted_proxies = [\"127.0.0.1\"]\nproxy_header = \"{header}\"\n{TWO_RULES}"
+        );
+        let app = spawn_app_with(&toml, |_| {}).await;
+        let ask = |name: &'static str, value: &'static str| {
+            app.client
+                .post(app.url("/admin/inspect"))
+                .header("content-type", "application/json")
+                .header(name, value)
+                .bearer_auth(TOKEN)
+                .body(body)
+                .send()
+        };
+        assert_eq!(admin(&app, "inspect", Some(TOKEN), body).await.0, 200);
+        // The other header is not read: the proxy's own request.
+        let value = if other == "forwarded" {
+            "for=198.51.100.7"
+        } else {
+            "198.51.100.7"
+        };
+        let res = ask(other, value).await.unwrap();
+        assert_eq!(res.status().as_u16(), 200, "{header}: {other} is ignored");
+        // The configured header names a client outside `[admin] allow`.
+        let value = if header == "forwarded" {
+            "for=198.51.100.7"
+        } else {
+            "198.51.100.7"
+        };
+        let res = ask(header, value).await.unwrap();
+        assert_eq!(res.status().as_u16(), 403, "{header} names the client");
+    }
+}
+
 #[actix_web::test]
 async fn a_path_the_router_keeps_from_the_admin_api_is_guarded() {
     let toml = r#"
@@ -1443,8 +1486,23 @@ async fn bans_overrides_and_the_audit_trail_are_listed() {
     };
     assert!(lines(cli(&["bans"])).is_empty());
 
-    cli(&["ban", "check", "192.0.2.7", "--for", "10m"]).json();
-    cli(&["inspect", "check", "192.0.2.8"]).json();
+    let banned = cli(&["ban", "check", "192.0.2.7", "--for", "10m"]);
+    // The action is logged at info, on the command's stderr, as one line.
+    let logged: Vec<&str> = banned.stderr.lines().collect();
+    assert_eq!(logged.len(), 1, "{}", banned.stderr);
+    assert!(logged[0].contains(" INFO "), "{}", banned.stderr);
+    assert!(
+        logged[0].contains("ban under rule check of 192.0.2.7 by cli:"),
+        "{}",
+        banned.stderr
+    );
+    banned.json();
+    let inspected = cli(&["inspect", "check", "192.0.2.8"]);
+    assert_eq!(
+        inspected.stderr, "",
+        "inspect changes nothing, logs nothing"
+    );
+    inspected.json();
     cli(&[
         "override",
         "check",
@@ -1724,12 +1782,24 @@ async fn find_names_every_identity_holding_a_value() {
             ("sms".to_string(), sms)
         ]
     );
+    // A request without a phone is keyed by its address under `sms`.
+    let _: () = redis::cmd("RPUSH")
+        .arg("floodgate:sms:ip:198.51.100.9")
+        .arg("1:1:1")
+        .query(&mut conn)
+        .unwrap();
     assert_eq!(
         found("198.51.100.9"),
-        vec![(
-            "check".to_string(),
-            "floodgate:check:ip:198.51.100.9".to_string()
-        )]
+        vec![
+            (
+                "check".to_string(),
+                "floodgate:check:ip:198.51.100.9".to_string()
+            ),
+            (
+                "sms".to_string(),
+                "floodgate:sms:ip:198.51.100.9".to_string()
+            )
+        ]
     );
     assert!(found("nobody").is_empty());
     assert_eq!(floodgate(&config, &url, &["find"]).code, 2);

@@ -399,7 +399,22 @@ async fn every_post_needs_the_sessions_csrf_token() {
             .await
             .unwrap();
         assert_eq!(no_cookie.status(), 403, "{route} without a session");
+        // No form at all has no token either. (Once per route: a request
+        // without a phone is keyed by its address, which the next one
+        // would share.)
+        let res = app.client.post(app.url(route)).send().await.unwrap();
+        assert_eq!(res.status(), 403, "{route} with no body");
     }
+    // Nor has a body of another type (no rule guards `/logout`).
+    let res = app
+        .client
+        .post(app.url("/logout"))
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 403, "a JSON body");
 }
 
 #[actix_web::test]

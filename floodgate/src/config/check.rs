@@ -291,5 +291,9 @@ pub(super) fn check_topology(
 pub(super) fn check_redis_url(text: &str) -> Result<String, String> {
     redis::Client::open(text)
         .map(|_| text.to_string())
-        .map_err(|e| format!("{text:?} is not a Redis URL ({e})"))
+        .map_err(|e| {
+            // (Its password stays out of the message, which may be logged.)
+            let shown = crate::limiter::without_password(text);
+            format!("{shown:?} is not a Redis URL ({e})")
+        })
 }

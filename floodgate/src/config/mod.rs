@@ -382,6 +382,15 @@ mod tests {
         let raw: RawRedis = toml::from_str("url = \"redis://:pa55word@h/0\"\n").unwrap();
         let shown = format!("{raw:?}");
         assert!(!shown.contains("pa55word"), "{shown}");
+        // Nor does the message that refuses a URL.
+        let refused = Config::parse(
+            "[redis]\nurl = \"redis://me:pa55word@localhost:port/0\"\n",
+            Path::new("x.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(refused.contains("is not a Redis URL"), "{refused}");
+        assert!(!refused.contains("pa55word"), "{refused}");
     }
 
     #[test]
@@ -555,5 +564,30 @@ mod tests {
         );
         // The other normalizations need nothing optional.
         assert!(rules(&format!("{base}normalize = \"digits\"\n")).is_ok());
+    }
+
+    /// What an operator types names the key a request carrying it is
+    /// counted under: a path percent-encoded as it is sent, and, for
+    /// `find`, an address under a rule whose other kinds fall back to it.
+    #[test]
+    fn operators_values_name_what_requests_are_keyed_by() {
+        let config = Config::parse(
+            "[[rule]]\nname = \"p\"\npaths = [\"/p/*\"]\nkey = \"path\"\nlimit = 1\nwindow = \"1m\"\n\
+             [[rule]]\nname = \"h\"\npaths = [\"/h\"]\nkey = \"header:x-id\"\nlimit = 1\nwindow = \"1m\"\n",
+            Path::new("x.toml"),
+        )
+        .unwrap();
+        let (p, h) = (&config.rules[0], &config.rules[1]);
+        let key = crate::rule::identity_key(p, &["/p/%61%20b"], "fg", false).unwrap();
+        assert_eq!(key, "fg:p:path:/p/a b");
+        assert!(crate::rule::identity_key(p, &["/p/%ff"], "fg", false).is_err());
+        assert_eq!(crate::rule::id_parts_of(h, "203.0.113.7"), ["203.0.113.7"]);
+        let v6 = crate::rule::id_parts_of(h, "2001:db8::1");
+        assert_eq!(
+            v6.len(),
+            2,
+            "the header's text and the address's /64: {v6:?}"
+        );
+        assert!(crate::rule::id_parts_of(p, "/p/x").contains(&"/p/x".to_string()));
     }
 }

@@ -71,6 +71,19 @@ pub fn id_parts_of(rule: &Rule, value: &str) -> Vec<String> {
         .filter_map(|k| identity_value(k, rule.normalize, value).ok())
         .map(|v| v.replace('%', "%25").replace('|', "%7C"))
         .collect();
+    // A request without the value a kind reads (or with one that does not
+    // normalize) is keyed by its client address under the same rule: an
+    // address is looked for in those IDs too.
+    let falls_back = rule
+        .key
+        .kinds()
+        .iter()
+        .any(|k| !matches!(k, KeyKind::Ip | KeyKind::Global | KeyKind::Path));
+    if falls_back {
+        if let Ok(ip) = value.trim().parse::<IpAddr>() {
+            parts.push(crate::net::ip_id(ip));
+        }
+    }
     parts.sort();
     parts.dedup();
     parts
@@ -86,8 +99,13 @@ fn identity_value(kind: &KeyKind, how: Normalize, value: &str) -> Result<String,
             .map_err(|_| format!("{value:?} is not an IP address")),
         KeyKind::Global => Ok("all".to_string()),
         KeyKind::Path => {
+            // Written as a request carries it: percent-encoded, as the
+            // filter decodes it before keying.
             if value.starts_with('/') {
-                Ok(value.to_string())
+                percent_encoding::percent_decode_str(value)
+                    .decode_utf8()
+                    .map(|p| p.into_owned())
+                    .map_err(|_| format!("{value:?} is not a path (it decodes to no UTF-8 text)"))
             } else {
                 Err(format!(
                     "{value:?} is not a path (it must start with \"/\")"
