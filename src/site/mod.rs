@@ -72,13 +72,19 @@ impl Site {
     /// name (`unknown`, `_hidden`, garbage) or only trusted hops, so that
     /// the walk stopped at a trusted proxy's own address, which says
     /// nothing about who is asking. A trusted proxy's own request (no
-    /// forwarding header, the one `proxy_header` names: the other is
-    /// ignored, as everywhere) is from its address. Whatever answers only
-    /// some addresses (the outbox, the admin API) asks this.
+    /// forwarding header) is from its address. Whatever answers only some
+    /// addresses (the outbox, the admin API) asks this, and it fails
+    /// closed: a trusted peer's request carrying either forwarding header
+    /// names no client unless `proxy_header`'s names one beyond the trusted
+    /// hops. (The rules' keys read only `proxy_header`'s; here a request
+    /// that carries only the other one most likely comes through a proxy
+    /// that writes that one, and `proxy_header` is set wrong: it must not
+    /// pass for the proxy's own request from a loopback address.)
     pub fn named_client(&self, req: &HttpRequest) -> Option<std::net::IpAddr> {
         let client = self.filter.client_addr(req).to_canonical();
-        let header = self.config.filter.server.proxy_header.as_str();
-        let forwarded = req.headers().contains_key(header);
+        let headers = req.headers();
+        let forwarded =
+            headers.contains_key("forwarded") || headers.contains_key("x-forwarded-for");
         (!forwarded || !self.filter.is_trusted_proxy(client)).then_some(client)
     }
 
