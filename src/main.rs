@@ -291,8 +291,11 @@ fn serve(path: PathBuf) -> ExitCode {
         floodgate::limiter::without_password(&config.filter.redis.url)
     };
     let (bind, rules) = (config.server.bind.clone(), config.filter.rules.len());
+    let file = path.display().to_string();
     let result = actix_web::rt::System::new().block_on(async move {
-        let app = Application::build(config)?;
+        // (Whether the error stopped the start: a bind address that
+        // cannot be listened on is the file's to mend.)
+        let app = Application::build(config).map_err(|e| (true, e))?;
         log::info!(
             "floodgate serving {} on {} (port {}), redis {target}, {rules} rules",
             path.display(),
@@ -301,7 +304,7 @@ fn serve(path: PathBuf) -> ExitCode {
         );
         app.run_with_signals()
             .await
-            .map_err(|e| site::StartError::Bind(bind.clone(), e))
+            .map_err(|e| (false, site::StartError::Bind(bind.clone(), e)))
     });
     floodgate_site::log_kinds::flush();
     match result {
@@ -309,7 +312,12 @@ fn serve(path: PathBuf) -> ExitCode {
             log::info!("stopped");
             ExitCode::SUCCESS
         }
-        Err(e) => {
+        Err((true, site::StartError::Bind(addr, e))) => unusable(&ConfigError {
+            file,
+            place: "[server] bind".into(),
+            what: format!("cannot listen on {addr}: {e}"),
+        }),
+        Err((_, e)) => {
             eprintln!("floodgate: {e}");
             ExitCode::FAILURE
         }

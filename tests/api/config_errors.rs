@@ -683,3 +683,51 @@ fn an_output_that_cannot_be_written_is_an_error_not_a_panic() {
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("cannot write the output"), "{stderr}");
 }
+
+/// An address taken by another process: `serve` and `rls` refuse the file
+/// as any other unusable setting, naming it (exit 2, one line).
+#[test]
+fn a_bind_address_in_use_is_the_files_to_mend() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let dir = std::env::temp_dir().join(format!("floodgate-bind-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("descriptors")).unwrap();
+    std::fs::write(
+        dir.join("descriptors/d.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 1 }\n",
+    )
+    .unwrap();
+    let site = dir.join("site.toml");
+    std::fs::write(&site, format!("[server]\nbind = \"127.0.0.1:{port}\"\n")).unwrap();
+    let rls = dir.join("rls.toml");
+    std::fs::write(
+        &rls,
+        format!(
+            "[rls]\nbind = \"127.0.0.1:{port}\"\nhttp_bind = \"127.0.0.1:0\"\ndescriptors = {:?}\n",
+            dir.join("descriptors").display().to_string()
+        ),
+    )
+    .unwrap();
+    for (command, file, place) in [
+        ("serve", &site, "[server] bind"),
+        ("rls", &rls, "[rls] bind"),
+    ] {
+        let file = file.display().to_string();
+        let output = floodgate()
+            .args([command, "--config", &file])
+            .output()
+            .unwrap();
+        no_panic(&file, &output);
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert_eq!(output.status.code(), Some(2), "{command}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{command}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!(
+                "{file}: {place}: cannot listen on 127.0.0.1:{port}: "
+            )),
+            "{command}: {stderr}"
+        );
+    }
+    drop(taken);
+    let _ = std::fs::remove_dir_all(dir);
+}
