@@ -275,11 +275,17 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/err", web::get().to(pages::error_page))
         .route("/api/ping", web::get().to(api_ping))
         .route("/api/sms/send", web::post().to(api::send_code))
-        .route("/healthz", web::get().to(healthz))
-        .route("/readyz", web::get().to(readyz))
+        // Load balancers probe with HEAD as well as GET.
+        .route("/healthz", web::route().guard(get_or_head()).to(healthz))
+        .route("/readyz", web::route().guard(get_or_head()).to(readyz))
         .route("/metrics", web::get().to(metrics))
         .route("/static/{file}", web::get().to(static_file));
     admin::routes(cfg);
+}
+
+/// GET, or HEAD (answered as GET is, without the body).
+fn get_or_head() -> impl actix_web::guard::Guard {
+    actix_web::guard::Any(actix_web::guard::Get()).or(actix_web::guard::Head())
 }
 
 async fn api_ping() -> HttpResponse {

@@ -1148,3 +1148,16 @@ async fn the_json_api_sends_codes_under_the_forms_limits_and_counters() {
         3
     );
 }
+
+/// A load balancer's probe may be a HEAD: `/healthz` and `/readyz` answer
+/// it as they answer GET, without the body.
+#[actix_web::test]
+async fn the_probes_answer_head_as_get() {
+    let app = spawn_app(DEFAULT).await;
+    for path in ["/healthz", "/readyz"] {
+        let res = app.client.head(app.url(path)).send().await.unwrap();
+        assert_eq!(res.status(), 200, "HEAD {path}");
+        assert_eq!(res.bytes().await.unwrap().len(), 0, "HEAD {path}");
+    }
+    assert_eq!(app.get("/healthz").await.text().await.unwrap(), "ok\n");
+}
