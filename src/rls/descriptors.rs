@@ -231,7 +231,8 @@ pub fn add_file(
         let place = e
             .location()
             .map(|l| format!("line {}, column {}", l.line(), l.column()))
-            .unwrap_or_default();
+            // (An error of the whole text, such as a second document.)
+            .unwrap_or_else(|| "the YAML".to_string());
         let mut what = e.to_string().replace('`', "\"");
         if let Some(at) = what.rfind(" at line ") {
             what.truncate(at);

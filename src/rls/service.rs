@@ -29,6 +29,20 @@ use super::proto::{
 /// Most hits one call may ask for, per descriptor.
 pub const MAX_HITS: u64 = 1_000_000_000;
 
+/// The most descriptors one call may bring, and entries one descriptor may
+/// have: Envoy sends a few of each. A larger call is refused
+/// (`INVALID_ARGUMENT`) rather than run long in Redis past the timeout,
+/// where its answer would be UNAVAILABLE and the breaker would open for
+/// every client.
+pub const MAX_DESCRIPTORS: usize = 256;
+/// See [`MAX_DESCRIPTORS`].
+pub const MAX_ENTRIES: usize = 64;
+
+/// The longest name a limit that a call brings for a descriptor no file
+/// names is shown and counted under (its domain and keys, which come from
+/// the call): a longer one keeps its first bytes and a hash of the whole.
+const MAX_NAME_BYTES: usize = 96;
+
 /// How a call was answered, as `/metrics` counts it.
 #[derive(Debug, Clone, Copy)]
 enum Answer {
@@ -224,18 +238,46 @@ fn join_twins(applied: &mut [Option<Applied<'_>>]) {
     }
 }
 
-/// `DOMAIN.KEY_VALUE.KEY...` of a request descriptor, or with `values`
-/// false `DOMAIN.KEY1.KEY2...` (what a limit the call brings for a
-/// descriptor that matches no node is counted under in metrics).
-fn descriptor_key(domain: &str, d: &RateLimitDescriptor, values: bool) -> String {
+/// `name` as the text of a structured field's string: printable ASCII
+/// only, without `"` or `\` (each other character becomes `_`), so that a
+/// name from a call can never break the field or the header.
+fn sf_text(name: &str) -> Cow<'_, str> {
+    let fits = |c: char| c.is_ascii() && !c.is_ascii_control() && c != '"' && c != '\\';
+    if name.chars().all(fits) {
+        Cow::Borrowed(name)
+    } else {
+        Cow::Owned(
+            name.chars()
+                .map(|c| if fits(c) { c } else { '_' })
+                .collect(),
+        )
+    }
+}
+
+/// `text` (a name made from a call) kept to [`MAX_NAME_BYTES`]: a longer
+/// one keeps its first bytes, then `~` and a hash of the whole.
+fn bounded(text: String) -> String {
+    if text.len() <= MAX_NAME_BYTES {
+        return text;
+    }
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let mut end = MAX_NAME_BYTES - hex.len() - 1;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}~{hex}", &text[..end])
+}
+
+/// `DOMAIN.KEY1.KEY2...` of a request descriptor: what a limit the call
+/// brings for a descriptor that matches no node is named and counted under
+/// in metrics.
+fn descriptor_key(domain: &str, d: &RateLimitDescriptor) -> String {
     let mut key = String::from(domain);
     for e in &d.entries {
         key.push('.');
         key.push_str(&e.key);
-        if values && !e.value.is_empty() {
-            key.push('_');
-            key.push_str(&e.value);
-        }
     }
     key
 }
@@ -248,6 +290,12 @@ fn invalid(req: &RateLimitRequest) -> Option<String> {
     if req.descriptors.is_empty() {
         return Some("the call has no descriptors".into());
     }
+    if req.descriptors.len() > MAX_DESCRIPTORS {
+        return Some(format!(
+            "the call has {} descriptors, more than {MAX_DESCRIPTORS}",
+            req.descriptors.len()
+        ));
+    }
     if u64::from(req.hits_addend) > MAX_HITS {
         return Some(format!(
             "hits_addend {} is above {MAX_HITS}",
@@ -255,6 +303,12 @@ fn invalid(req: &RateLimitRequest) -> Option<String> {
         ));
     }
     for (i, d) in req.descriptors.iter().enumerate() {
+        if d.entries.len() > MAX_ENTRIES {
+            return Some(format!(
+                "descriptor {i} has {} entries, more than {MAX_ENTRIES}",
+                d.entries.len()
+            ));
+        }
         if let Some((j, _)) = d.entries.iter().enumerate().find(|(_, e)| e.key.is_empty()) {
             return Some(format!(
                 "descriptor {i}, entry {j}: the key must not be empty"
@@ -331,20 +385,25 @@ impl Rls {
                     // The descriptor's own limit replaces the configured one.
                     let (name, metric, values) = match matched {
                         Some(m) => (Cow::Borrowed(m.limit.name.as_str()), m.metric, m.values),
-                        // Counted per value in Redis, but in metrics under
-                        // its keys alone: values come from traffic, and
-                        // would make a series each.
-                        None => (
-                            Cow::Owned(descriptor_key(&req.domain, d, true)),
-                            descriptor_key(&req.domain, d, false),
-                            Vec::new(),
-                        ),
+                        // Named, shown and counted in metrics under its
+                        // domain and keys alone (bounded): values come from
+                        // traffic, and would make a series each. In Redis
+                        // it counts per value, the values being the ID.
+                        None => {
+                            let keys = bounded(descriptor_key(&req.domain, d));
+                            let values = d.entries.iter().map(|e| e.value.as_str()).collect();
+                            (Cow::Owned(keys.clone()), keys, values)
+                        }
                     };
                     let algorithm = NonZeroU32::new(rpu.min(MAX_HITS as u32)).and_then(|n| {
                         algorithm_for(None, &self.settings.algorithm, n, window).ok()
                     });
+                    // Its own counter, apart from the configured limit's
+                    // and from other own limits' (each algorithm's state
+                    // holds its numbers): NAME~LIMIT/UNIT.
+                    let counter = format!("{name}~{rpu}/{}", unit.name().to_lowercase());
                     return Some(Applied {
-                        key: state_key(hash_tags, &self.prefix, &name, &values),
+                        key: state_key(hash_tags, &self.prefix, &counter, &values),
                         name,
                         metric: into_label(metric),
                         requests_per_unit: rpu,
@@ -549,11 +608,11 @@ impl Rls {
                 floodgate::logging::flush();
                 log::debug!("rls: redis did not decide: {error}");
                 if local.is_empty() {
-                    // `allow`, or only shadow limits: nothing denies.
+                    // `allow`, or only shadow limits: nothing denies, and
+                    // nothing is known of the limits' state (no limit is
+                    // shown, as the site shows no RateLimit fields then).
                     for &i in &of_check {
-                        if let Some(a) = &applied[i] {
-                            statuses[i] = bare_status(a, Code::Ok);
-                        }
+                        statuses[i] = no_limit();
                     }
                 } else {
                     // `local`: every limit was decided here, in order.
@@ -768,11 +827,11 @@ fn fields(
         HeaderDialect::Ietf => {
             let policy: Vec<String> = rows
                 .iter()
-                .map(|r| format!("\"{}\";q={};w={}", r.0.replace('"', "'"), r.1, r.2))
+                .map(|r| format!("\"{}\";q={};w={}", sf_text(r.0), r.1, r.2))
                 .collect();
             let state: Vec<String> = rows
                 .iter()
-                .map(|r| format!("\"{}\";r={};t={}", r.0.replace('"', "'"), r.3, r.4))
+                .map(|r| format!("\"{}\";r={};t={}", sf_text(r.0), r.3, r.4))
                 .collect();
             out.push(h("ratelimit-policy", policy.join(", ")));
             out.push(h("ratelimit", state.join(", ")));
@@ -853,7 +912,9 @@ mod tests {
                         let _ = state_key(false, "p", &hit.limit.name, &hit.values);
                         let _ = label(&hit.metric);
                     }
-                    let _ = descriptor_key(&req.domain, d, true);
+                    let name = bounded(descriptor_key(&req.domain, d));
+                    prop_assert!(name.len() <= MAX_NAME_BYTES);
+                    prop_assert!(sf_text(&name).chars().all(|c| c.is_ascii_graphic() || c == ' '));
                 }
             }
         }
@@ -869,6 +930,26 @@ mod tests {
                 .collect();
             let _ = m.find("d", &entries);
         }
+    }
+
+    /// A name from a call can neither break a field nor grow without bound.
+    #[test]
+    fn names_from_calls_are_bounded_and_fit_a_field() {
+        assert_eq!(sf_text("d.k"), "d.k");
+        assert_eq!(
+            sf_text("a\r\nSet-Cookie: \"x\\\u{e9}"),
+            "a__Set-Cookie: _x__"
+        );
+        let long = format!("d.{}", "k".repeat(1000));
+        let short = bounded(long.clone());
+        assert!(
+            short.len() <= MAX_NAME_BYTES && short.starts_with("d.kkk"),
+            "{short}"
+        );
+        assert_ne!(short, bounded(format!("{long}x")));
+        assert_eq!(bounded("d.k".to_string()), "d.k");
+        let wide = bounded("\u{e9}".repeat(200));
+        assert!(wide.len() <= MAX_NAME_BYTES);
     }
 
     #[test]

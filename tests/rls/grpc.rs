@@ -120,6 +120,11 @@ async fn bad_calls_are_refused_and_charge_nothing() {
     let mut big = call("another", &[&[("key2", &v)]], 1);
     big.descriptors[0].hits_addend = Some(UInt64Value { value: u64::MAX });
     bad.push(big);
+    // More descriptors than a call may bring, or entries than one may have.
+    let one: &[(&str, &str)] = &[("key2", &v)];
+    bad.push(call("another", &vec![one; 257], 1));
+    let wide: Vec<(&str, &str)> = vec![("key2", v.as_str()); 65];
+    bad.push(call("another", &[&wide], 1));
     for b in bad {
         let e = c.should_rate_limit(b.clone()).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument, "{b:?}");
@@ -132,7 +137,7 @@ async fn bad_calls_are_refused_and_charge_nothing() {
     assert_eq!(codes(&r), [("OK", 19)]);
     // Counted under the domain when the files have it.
     let m = svc.metrics();
-    for (domain, n) in [("another", 4), ("", 1)] {
+    for (domain, n) in [("another", 6), ("", 1)] {
         let line = format!(
             "floodgate_rls_calls_total{{domain=\"{domain}\",code=\"INVALID_ARGUMENT\"}} {n}\n"
         );
@@ -345,6 +350,21 @@ async fn hits_and_a_descriptors_own_limit() {
         seen.push(codes(&r)[0]);
     }
     assert_eq!(seen, [("OK", 1), ("OK", 0), ("OVER_LIMIT", 0)]);
+    // On a counter of its own: the configured limit (20 a minute) counted
+    // none of those calls, and the denial remembered for the call's own
+    // limit does not answer for it; nor does another own limit share it.
+    let r = c
+        .should_rate_limit(call("another", &[&[("key2", &w)]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r), [("OK", 19)]);
+    let mut other = own.clone();
+    other.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 3,
+        unit: Unit::Hour as i32,
+    });
+    let r = c.should_rate_limit(other).await.unwrap();
+    assert_eq!(codes(&r), [("OK", 2)]);
     // Even for a descriptor of the domain that matches no configured limit.
     let mut loose = call("another", &[&[("k", &w)]], 1);
     loose.descriptors[0].limit = Some(RateLimitOverride {
@@ -657,6 +677,10 @@ async fn without_redis_allow_deny_and_local() {
                 .await
                 .unwrap();
             assert_eq!(crate::code_name(r.overall_code), want, "{policy}");
+            if want == "OK" {
+                // Allowed without Redis's word: no limit is shown.
+                assert!(r.statuses[0].current_limit.is_none(), "{r:?}");
+            }
         }
     }
 }
