@@ -20,8 +20,17 @@ use super::proto::Unit;
 #[serde(deny_unknown_fields)]
 struct RawFile {
     domain: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     descriptors: Vec<RawDescriptor>,
+}
+
+/// `descriptors: null` (or `descriptors:` with nothing after it) is no
+/// descriptors, as envoyproxy/ratelimit reads it.
+fn null_as_empty<'de, D>(d: D) -> Result<Vec<RawDescriptor>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    Ok(Option::<Vec<RawDescriptor>>::deserialize(d)?.unwrap_or_default())
 }
 
 /// One descriptor as written.
@@ -31,7 +40,7 @@ struct RawDescriptor {
     key: Option<String>,
     value: Option<String>,
     rate_limit: Option<RawRateLimit>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     descriptors: Vec<RawDescriptor>,
     #[serde(default)]
     shadow_mode: bool,
@@ -551,6 +560,18 @@ descriptors:
             ("d.files_a/*".into(), vec![])
         );
         assert!(hit(&m, "d", &[("files", "b/1")]).is_none());
+    }
+
+    /// `descriptors: null`, at the top and inside a descriptor, is none.
+    #[test]
+    fn null_descriptors_are_none() {
+        let m = load_one("domain: n\ndescriptors: null\n").unwrap();
+        assert!(hit(&m, "n", &[("k", "v")]).is_none());
+        let m = load_one(
+            "domain: n\ndescriptors:\n  - key: k\n    descriptors: null\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        )
+        .unwrap();
+        assert_eq!(hit(&m, "n", &[("k", "v")]).unwrap().0, "n.k");
     }
 
     #[test]
