@@ -125,14 +125,19 @@ async fn readyz(filter: Filter) -> Response {
     }
 }
 
-/// `{"phone": VALUE}`: the `phone` field as axum's `Json` (a JSON body) or
-/// `Form` (any other) read it.
+/// `{"phone": VALUE}`: the `phone` field as axum's `Json` (a body whose
+/// `Content-Type` is JSON by axum's own rule: `application/json`, or any
+/// `application/...+json`) or `Form` (any other) read it.
 async fn echo(req: Request) -> Response {
     let is_json = req
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("json"));
+        .and_then(|v| v.parse::<mime::Mime>().ok())
+        .is_some_and(|m| {
+            m.type_() == "application"
+                && (m.subtype() == "json" || m.suffix().is_some_and(|s| s == "json"))
+        });
     let phone = if is_json {
         match Json::<Value>::from_request(req, &()).await {
             Ok(Json(body)) => body.get("phone").cloned().unwrap_or(Value::Null),

@@ -409,6 +409,41 @@ async fn body_keys_read_forms_and_json_as_axum_does_and_hand_them_on() {
         .await
         .unwrap();
     assert_eq!(res.status(), 400);
+    // axum's `Form` reads a GET's query string but a HEAD's body, and
+    // `Json` a JSON body whatever the method: the keys read the same.
+    let sent = |method: reqwest::Method, query: &str, kind: &str, body: &str| {
+        client
+            .request(method, format!("{base}/echo?phone={query}"))
+            .header("content-type", kind)
+            .body(body.to_string())
+            .send()
+    };
+    let form_kind = "application/x-www-form-urlencoded";
+    sent(reqwest::Method::GET, "q1", form_kind, "phone=b1")
+        .await
+        .unwrap();
+    sent(reqwest::Method::HEAD, "q2", form_kind, "phone=b2")
+        .await
+        .unwrap();
+    sent(
+        reqwest::Method::GET,
+        "q3",
+        "application/json",
+        r#"{"phone":"b3"}"#,
+    )
+    .await
+    .unwrap();
+    for (phone, used) in [
+        ("q1", 1),
+        ("b1", 0),
+        ("q2", 0),
+        ("b2", 1),
+        ("q3", 0),
+        ("b3", 1),
+    ] {
+        let seen = f.operate("sms", &[phone], Action::Inspect).await.unwrap();
+        assert_eq!(seen.used, used, "{phone}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -113,7 +113,12 @@ pub(crate) fn check_json_headers(headers: &impl HeaderLines) -> Result<(), Unrea
 /// value), and an object that names `name` twice (serde_json's map would
 /// take the last, a struct refuses: the filter and the handler could
 /// disagree). Names are compared after JSON unescaping, as serde does.
+/// A body a handler's `Json<serde_json::Value>` refuses is refused too:
+/// nested deeper than serde_json's limit (128), or a number beyond `f64`.
 pub(crate) fn json_value(body: &[u8], name: &str) -> Result<Option<String>, Unreadable> {
+    if serde_json::from_slice::<serde_json::Value>(body).is_err() {
+        return Err(Unreadable::Malformed("the body is not valid JSON"));
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let found = de
         .deserialize_any(Member { name })
@@ -258,6 +263,27 @@ mod tests {
             assert!(matches!(v(bad), Err(Unreadable::Malformed(_))), "{bad:?}");
         }
         assert!(json_value(b"{\"phone\":\"\xff\"}", "phone").is_err());
+        // What a handler's `Json<Value>` refuses: deeper than serde_json's
+        // limit, or a number beyond f64, the key's member or another.
+        let deep = format!(
+            r#"{{"a":{}{},"phone":"1"}}"#,
+            "[".repeat(130),
+            "]".repeat(130)
+        );
+        for bad in [
+            deep.as_str(),
+            r#"{"phone":1e400}"#,
+            r#"{"a":-1e999,"phone":"1"}"#,
+        ] {
+            assert!(serde_json::from_str::<serde_json::Value>(bad).is_err());
+            assert!(matches!(v(bad), Err(Unreadable::Malformed(_))), "{bad:?}");
+        }
+        let fine = format!(
+            r#"{{"a":{}{},"phone":"1"}}"#,
+            "[".repeat(100),
+            "]".repeat(100)
+        );
+        assert_eq!(v(&fine), Ok(Some("1".into())));
         // Other members may repeat: only the key's member is read.
         assert_eq!(v(r#"{"a":1,"a":2,"phone":"3"}"#), Ok(Some("3".into())));
     }

@@ -343,7 +343,8 @@ fn axum_reads_json(headers: &http::HeaderMap) -> bool {
 
 /// Whether axum's `Form` reads the body: a `Content-Type` that starts with
 /// `application/x-www-form-urlencoded` (axum's `has_content_type`); a `GET`
-/// or `HEAD` form is its query string, read by `form:` keys from there.
+/// form is its query string, read by `form:` keys from there (a `HEAD`'s
+/// is its body, as axum's `RawForm` reads it).
 fn axum_reads_form_body(headers: &http::HeaderMap) -> bool {
     headers
         .get(http::header::CONTENT_TYPE)
@@ -367,8 +368,10 @@ where
 {
     let wants_form = matched.iter().any(|r| r.key.reads_form());
     let wants_json = matched.iter().any(|r| r.key.reads_json());
-    if wants_form && (parts.method == http::Method::GET || parts.method == http::Method::HEAD) {
-        // axum's `Form` reads a GET's query string.
+    // axum's `Form` reads a GET's query string (a HEAD's body, as any
+    // other method's); `Json` reads the body whatever the method.
+    let json_body = wants_json && axum_reads_json(&parts.headers);
+    if wants_form && parts.method == http::Method::GET && !json_body {
         let query = Bytes::copy_from_slice(parts.uri.query().unwrap_or("").as_bytes());
         let read = Read {
             form: Some(query),
