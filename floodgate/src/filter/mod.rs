@@ -311,9 +311,22 @@ impl Filter {
         self.state.trusted_proxies.iter().any(|c| c.contains(ip))
     }
 
-    /// The client address of a request as any door reads it.
+    /// The client address of a request as any door reads it. A request
+    /// with no peer address is from `0.0.0.0`; the first one a process
+    /// sees is logged, since an axum app served without `ConnectInfo`
+    /// would have every client share one counter.
     pub(crate) fn client_of<H: head::Head>(&self, req: &H) -> IpAddr {
-        let peer = req.peer().unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        let peer = req.peer().unwrap_or_else(|| {
+            static TOLD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !TOLD.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                log::warn!(
+                    "a request came with no peer address: it is keyed as 0.0.0.0, as every such \
+                     request is (an axum app serves its clients' addresses with \
+                     into_make_service_with_connect_info::<SocketAddr>())"
+                );
+            }
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+        });
         net::client_addr(
             peer,
             req.headers(),
