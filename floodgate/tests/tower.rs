@@ -201,6 +201,32 @@ fn remaining(res: &reqwest::Response) -> String {
     items.join(", ")
 }
 
+/// A denial answered from the in-process memory of denials carries the
+/// fields of every matching rule, as the denial Redis answered before it:
+/// the other rules as that denial left them (it took nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remembered_denial_shows_every_rule_as_redis_left_them() {
+    let redis = RedisServer::start();
+    let f = filter(
+        &redis,
+        "[defaults]\ndeny = \"status\"\n\
+         [[rule]]\nname = \"one\"\npaths = [\"/check\"]\nlimit = 1\nwindow = \"1h\"\n\
+         [[rule]]\nname = \"big\"\npaths = [\"/check\"]\nlimit = 50\nwindow = \"1h\"\n",
+    );
+    let base = serve(app(f.clone())).await;
+    let first = get_json(&base, "/check").await;
+    assert_eq!(first.status(), 200);
+    assert_eq!(remaining(&first), r#""one";r=0, "big";r=49"#);
+    for (n, hits) in [(2, 0), (3, 1), (4, 2)] {
+        let res = get_json(&base, "/check").await;
+        assert_eq!(res.status(), 429, "request {n}");
+        assert_eq!(remaining(&res), r#""one";r=0, "big";r=49"#, "request {n}");
+        let shown = f.metrics().render(0);
+        let line = format!("floodgate_deny_cache_hits_total{{rule=\"one\"}} {hits}");
+        assert!(hits == 0 || shown.contains(&line), "{line} in {shown}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limit_made_in_code_on_one_route_nests_in_the_routers_filter() {
     let redis = RedisServer::start();

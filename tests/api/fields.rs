@@ -245,15 +245,17 @@ window = "1m"
         header(&res, "ratelimit-policy").as_deref(),
         Some("\"tight\";q=1;w=60, \"wide\";q=100;w=60")
     );
-    // Remembered in-process now: the 429 for JSON knows only the denier.
+    // Remembered in-process now: the 429 for JSON shows both rules still,
+    // the other as the denial by Redis left it.
     let res = app.get_json("/check").await;
     assert_eq!(res.status(), 429);
     let items = sf_items(&header(&res, "ratelimit").unwrap());
-    assert_eq!(items.len(), 1, "{items:?}");
+    assert_eq!(items.len(), 2, "{items:?}");
     assert_eq!((items[0].0.as_str(), items[0].1["r"]), ("tight", 0));
+    assert_eq!((items[1].0.as_str(), items[1].1["r"]), ("wide", 99));
     assert_eq!(
         header(&res, "ratelimit-policy").as_deref(),
-        Some("\"tight\";q=1;w=60")
+        Some("\"tight\";q=1;w=60, \"wide\";q=100;w=60")
     );
     assert!(header(&res, "retry-after").is_some());
 }

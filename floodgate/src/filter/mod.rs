@@ -25,6 +25,7 @@ mod fields;
 mod head;
 mod json;
 mod operator;
+mod recalled;
 mod request;
 mod text;
 #[cfg(feature = "tower")]
@@ -123,6 +124,9 @@ struct FilterState {
     /// Every rule name in use: the filter's own rules and the limits made
     /// from it in code. Read only while limits are made, never per request.
     names: Mutex<HashMap<String, NameOwner>>,
+    /// What the other rules held at a request's last denial by Redis,
+    /// for the fields of the denials remembered after it.
+    recalled: recalled::Recalled,
 }
 
 /// Who holds a rule name.
@@ -203,6 +207,7 @@ impl Filter {
                 unguarded: options.unguarded,
                 bypass: options.bypass,
                 names: Mutex::new(names),
+                recalled: recalled::Recalled::default(),
             }),
         }
     }

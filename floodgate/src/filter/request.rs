@@ -316,17 +316,30 @@ pub(super) async fn decided<'r>(
     };
     let state = &filter.state;
     let verdict = gate::decide_each(&state.limiter, &state.metrics, &checks, limits).await;
-    let settled = settle(matched, checks, verdict, (method, path));
+    // A denial of several rules: what the others hold is remembered for
+    // the denials answered from memory after it, and recalled for them.
+    let recalled = match &verdict {
+        Verdict::Redis(decision) if !decision.allowed => {
+            state.recalled.remember(&checks, &decision.outcomes);
+            None
+        }
+        Verdict::Remembered(_) => state.recalled.recall(&checks),
+        _ => None,
+    };
+    let settled = settle(matched, checks, verdict, (method, path), recalled);
     (settled, started)
 }
 
 /// What the verdict on `matched` (with their `checks`) comes to
 /// for the request `method` `path` (decoded), logged (the gate counted it).
+/// `recalled`: for a denial answered from memory, what every rule held as
+/// far as the last denial by Redis tells (see `recalled.rs`).
 pub(super) fn settle<'r>(
     matched: Vec<&'r Rule>,
     checks: Vec<Check>,
     verdict: Verdict,
     (method, path): (&str, &str),
+    recalled: Option<Vec<Outcome>>,
 ) -> Settled<'r> {
     let denied = match verdict {
         Verdict::Redis(decision) if decision.allowed => {
@@ -369,13 +382,27 @@ pub(super) fn settle<'r>(
                 ban_started: false,
                 quota,
             };
-            // Only the denying rule's state is known without Redis.
-            Denied::Limited {
-                rule: matched[rule],
-                retry: remembered.retry_after_secs(),
-                rules: vec![matched[rule]],
-                outcomes: vec![remembered],
-                by: DecidedBy::Remembered,
+            let retry = remembered.retry_after_secs();
+            match recalled.filter(|r| r.len() == matched.len()) {
+                // The others as the last denial by Redis left them.
+                Some(mut outcomes) => {
+                    outcomes[rule] = remembered;
+                    Denied::Limited {
+                        rule: matched[rule],
+                        retry,
+                        rules: matched,
+                        outcomes,
+                        by: DecidedBy::Remembered,
+                    }
+                }
+                // Otherwise only the denying rule's state is known.
+                None => Denied::Limited {
+                    rule: matched[rule],
+                    retry,
+                    rules: vec![matched[rule]],
+                    outcomes: vec![remembered],
+                    by: DecidedBy::Remembered,
+                },
             }
         }
         Verdict::Unavailable(e) => Denied::Unavailable(e),
