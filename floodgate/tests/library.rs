@@ -1454,6 +1454,16 @@ async fn a_limiter_refuses_in_code_what_a_file_could_not_hold() {
     let mut r = base.clone();
     r.key_prefix = "!x".into();
     assert!(refused(&r, LimiterOptions::default()).contains("must not start with \"!\""));
+    // A Cluster and Sentinels at once, or Sentinels without the master's
+    // name: refused rather than half used.
+    let mut r = base.clone();
+    r.cluster = vec!["redis://127.0.0.1:1".into()];
+    r.sentinel = vec!["redis://127.0.0.1:2".into()];
+    r.sentinel_master = "m".into();
+    assert!(refused(&r, LimiterOptions::default()).contains("cannot both be set"));
+    let mut r = base.clone();
+    r.sentinel = vec!["redis://127.0.0.1:2".into()];
+    assert!(refused(&r, LimiterOptions::default()).contains("needs sentinel_master"));
     let options = LimiterOptions {
         breaker: Duration::from_secs(3600),
         ..LimiterOptions::default()

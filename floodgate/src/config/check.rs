@@ -249,43 +249,17 @@ pub(super) fn check_rule(
     .check(earlier)
 }
 
-/// Cluster and Sentinel settings: consistent with each other (a file that
-/// names both, or Sentinels without the master's name, is refused rather
-/// than half used). Errors name the key.
+/// Cluster and Sentinel settings: consistent with each other (see
+/// `topology_refused`). Errors name the key.
 pub(super) fn check_topology(
     cluster: &[String],
     sentinel: &[String],
     master: &str,
 ) -> Result<(), (&'static str, String)> {
-    if let Some((key, why)) = crate::limiter::redis_config::missing_feature(cluster, sentinel) {
-        return Err((key, why.into()));
+    match crate::limiter::redis_config::topology_refused(cluster, sentinel, master) {
+        Some(refused) => Err(refused),
+        None => Ok(()),
     }
-    if !cluster.is_empty() && !sentinel.is_empty() {
-        return Err((
-            "[redis] cluster",
-            "cluster and sentinel cannot both be set: Redis is either a Cluster or a master watched by Sentinels".into(),
-        ));
-    }
-    if !sentinel.is_empty() && master.is_empty() {
-        return Err((
-            "[redis] sentinel",
-            "sentinel needs sentinel_master, the name the Sentinels monitor the master under"
-                .into(),
-        ));
-    }
-    if !master.is_empty() && sentinel.is_empty() {
-        return Err((
-            "[redis] sentinel_master",
-            "is set but sentinel lists no Sentinel servers".into(),
-        ));
-    }
-    if master.len() > 256 || master.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err((
-            "[redis] sentinel_master",
-            format!("must be a name without spaces or control characters, got {master:?}"),
-        ));
-    }
-    Ok(())
 }
 
 pub(super) fn check_redis_url(text: &str) -> Result<String, String> {

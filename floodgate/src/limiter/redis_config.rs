@@ -33,12 +33,18 @@ pub(crate) const NO_SENTINEL: &str =
 
 impl RedisConfig {
     /// What the file's checks refuse in it, as the `[redis]` key and why:
-    /// a pool too small or too large, a timeout of 0 or above a minute, a
+    /// the Cluster and Sentinel settings [`topology_refused`] refuses, a
+    /// pool too small or too large, a timeout of 0 or above a minute, a
     /// key prefix that is empty, too long, has spaces or control
     /// characters, or starts with `!`. [`Limiter::new`](super::Limiter::new)
     /// refuses the same, so that a value built in code cannot do what a
     /// file could not.
     pub(crate) fn refused(&self) -> Option<(&'static str, String)> {
+        if let Some(refused) =
+            topology_refused(&self.cluster, &self.sentinel, &self.sentinel_master)
+        {
+            return Some(refused);
+        }
         let (least, most) = (min_pool_size(), MAX_POOL_SIZE);
         if !(least..=most).contains(&self.pool_size) {
             return Some((
@@ -88,6 +94,46 @@ impl RedisConfig {
     pub(crate) fn missing_feature(&self) -> Option<(&'static str, &'static str)> {
         missing_feature(&self.cluster, &self.sentinel)
     }
+}
+
+/// What is refused in the Cluster and Sentinel settings, as the `[redis]`
+/// key and why: a mode this build lacks, both modes at once, Sentinels
+/// without the master's name or the reverse, a master name with spaces or
+/// control characters (refused rather than half used).
+pub(crate) fn topology_refused(
+    cluster: &[String],
+    sentinel: &[String],
+    master: &str,
+) -> Option<(&'static str, String)> {
+    if let Some((key, why)) = crate::limiter::redis_config::missing_feature(cluster, sentinel) {
+        return Some((key, why.into()));
+    }
+    if !cluster.is_empty() && !sentinel.is_empty() {
+        return Some((
+            "[redis] cluster",
+            "cluster and sentinel cannot both be set: Redis is either a Cluster or a master watched by Sentinels".into(),
+        ));
+    }
+    if !sentinel.is_empty() && master.is_empty() {
+        return Some((
+            "[redis] sentinel",
+            "sentinel needs sentinel_master, the name the Sentinels monitor the master under"
+                .into(),
+        ));
+    }
+    if !master.is_empty() && sentinel.is_empty() {
+        return Some((
+            "[redis] sentinel_master",
+            "is set but sentinel lists no Sentinel servers".into(),
+        ));
+    }
+    if master.len() > 256 || master.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Some((
+            "[redis] sentinel_master",
+            format!("must be a name without spaces or control characters, got {master:?}"),
+        ));
+    }
+    None
 }
 
 /// As [`RedisConfig::missing_feature`], from the cluster seeds and the
