@@ -256,7 +256,11 @@ pub(super) fn check_topology(
     sentinel: &[String],
     master: &str,
 ) -> Result<(), (&'static str, String)> {
-    match crate::limiter::redis_config::topology_refused(cluster, sentinel, master) {
+    use crate::limiter::redis_config::{missing_feature, topology_refused};
+    if let Some((key, why)) = missing_feature(cluster, sentinel) {
+        return Err((key, why.into()));
+    }
+    match topology_refused(cluster, sentinel, master) {
         Some(refused) => Err(refused),
         None => Ok(()),
     }

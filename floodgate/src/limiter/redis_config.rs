@@ -97,17 +97,15 @@ impl RedisConfig {
 }
 
 /// What is refused in the Cluster and Sentinel settings, as the `[redis]`
-/// key and why: a mode this build lacks, both modes at once, Sentinels
-/// without the master's name or the reverse, a master name with spaces or
-/// control characters (refused rather than half used).
+/// key and why (a mode this build lacks is [`missing_feature`]'s): both
+/// modes at once, Sentinels without the master's name or the reverse, a
+/// master name with spaces or control characters (refused rather than
+/// half used).
 pub(crate) fn topology_refused(
     cluster: &[String],
     sentinel: &[String],
     master: &str,
 ) -> Option<(&'static str, String)> {
-    if let Some((key, why)) = crate::limiter::redis_config::missing_feature(cluster, sentinel) {
-        return Some((key, why.into()));
-    }
     if !cluster.is_empty() && !sentinel.is_empty() {
         return Some((
             "[redis] cluster",
