@@ -242,7 +242,8 @@ fn join_twins(applied: &mut [Option<Applied<'_>>]) {
 /// only, without `"` or `\` (each other character becomes `_`), so that a
 /// name from a call can never break the field or the header.
 fn sf_text(name: &str) -> Cow<'_, str> {
-    let fits = |c: char| c.is_ascii() && !c.is_ascii_control() && c != '"' && c != '\\';
+    // (What a metric label keeps, and ASCII only.)
+    let fits = |c: char| c.is_ascii() && printable(c) == c;
     if name.chars().all(fits) {
         Cow::Borrowed(name)
     } else {

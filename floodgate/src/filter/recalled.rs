@@ -29,12 +29,11 @@ pub(crate) struct Recalled {
 
 /// The set of keys of `checks`, in order, as one text.
 fn signature(checks: &[Check]) -> String {
+    use std::fmt::Write as _;
     let mut text = String::new();
     for c in checks {
         // Length-prefixed: no key can run into the next.
-        text.push_str(&c.key().len().to_string());
-        text.push(':');
-        text.push_str(c.key());
+        let _ = write!(text, "{}:{}", c.key().len(), c.key());
     }
     text
 }

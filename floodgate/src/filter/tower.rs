@@ -380,7 +380,7 @@ where
         return Ok((read, body));
     }
     let form_wanted = wants_form && axum_reads_form_body(&parts.headers);
-    let json_wanted = !form_wanted && wants_json && axum_reads_json(&parts.headers);
+    let json_wanted = !form_wanted && json_body;
     if json_wanted {
         json::check_json_headers(&parts.headers).map_err(|e| Refused::Unreadable(e, None))?;
     }
