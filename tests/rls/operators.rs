@@ -357,3 +357,65 @@ async fn top_and_find_on_the_services_limits() {
         },
     );
 }
+
+/// A limit name may hold `:` and braces (a descriptor file names limits
+/// freely): such a name shares no counter with another limit whatever the
+/// values sent, and the operators' commands and listings give it back
+/// whole.
+#[tokio::test]
+async fn a_colon_in_a_limit_name_shares_no_counter() {
+    let redis = RedisServer::start();
+    let file = "domain: c\ndescriptors:\n  - key: a\n    rate_limit: {name: x, unit: minute, requests_per_unit: 1}\n  - key: b\n    rate_limit: {name: \"x:rls:{v}\", unit: minute, requests_per_unit: 1}\n";
+    let svc = Service::start(&redis, &[("c.yaml", file)], "", "deny_cache = false");
+    let config = svc.dir.join("rls.toml");
+    let config = config.to_str().unwrap();
+    let mut c = svc.client().await;
+    let w = unique();
+    // Limit `x` on value `{v}:rls:W`, and limit `x:rls:{v}` on value `W`:
+    // written as they are, both would be the key `floodgate:x:rls:{v}:rls:W`.
+    let crafted = format!("{{v}}:rls:{w}");
+    let r = c
+        .should_rate_limit(call("c", &[&[("a", &crafted)]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r), [("OK", 0)]);
+    let r = c
+        .should_rate_limit(call("c", &[&[("b", &w)]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r), [("OK", 0)]);
+    let r = c
+        .should_rate_limit(call("c", &[&[("b", &w)]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r), [("OVER_LIMIT", 0)]);
+
+    let (code, out, err) = floodgate(&["inspect", "--config", config, "x:rls:{v}", &w]);
+    assert_eq!(code, 0, "{err}");
+    let seen: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(seen["used"], 1, "{out}");
+    assert_eq!(seen["key"], format!("floodgate:x%3Arls%3A%7Bv%7D:rls:{w}"));
+    let (code, out, err) = floodgate(&["find", "--config", config, &w]);
+    assert_eq!(code, 0, "{err}");
+    let found: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(found.len(), 1, "{out}");
+    assert_eq!(found[0]["rule"], "x:rls:{v}", "{out}");
+    // The denial is counted under the whole name.
+    let mut out = String::new();
+    crate::wait_until(
+        std::time::Duration::from_secs(10),
+        "the denial in top",
+        || {
+            let (code, stdout, err) = floodgate(&["top", "--config", config, "x:rls:{v}"]);
+            assert_eq!(code, 0, "{err}");
+            out = stdout;
+            out.contains("\"denied\":1")
+        },
+    );
+    let top: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(top["rule"], "x:rls:{v}", "{out}");
+    assert_eq!(top["id"], w.as_str(), "{out}");
+}

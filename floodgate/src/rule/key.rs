@@ -411,8 +411,66 @@ fn check_name(text: &str, n: &str) -> Result<(), String> {
     }
 }
 
-/// `PREFIX:RULE:KIND:ID`, with an ID longer than 64 bytes replaced by
-/// `~` and 40 hex digits of its SHA-256; with `hash_tag` (Redis Cluster) the ID in braces,
+/// The bytes a rule name may not carry into a Redis key as they are, and
+/// what stands for each there: `:` (the key's parts are split at their
+/// first colons), `{` and `}` (Redis Cluster places a key by the first
+/// braces in it, which must be the ID's) and `%`, which escapes them.
+/// The site's rule names have none of them; an Envoy descriptor file's may.
+const SEGMENT_ESCAPES: [(char, &str); 4] = [('%', "%25"), (':', "%3A"), ('{', "%7B"), ('}', "%7D")];
+
+/// Appends rule name `rule` to `key` as a key segment (see
+/// [`SEGMENT_ESCAPES`]).
+fn push_rule_segment(key: &mut String, rule: &str) {
+    for c in rule.chars() {
+        match SEGMENT_ESCAPES.iter().find(|(e, _)| *e == c) {
+            Some((_, text)) => key.push_str(text),
+            None => key.push(c),
+        }
+    }
+}
+
+/// Rule name `rule` as it stands in a Redis key.
+pub(crate) fn rule_segment(rule: &str) -> std::borrow::Cow<'_, str> {
+    if rule.contains(|c| SEGMENT_ESCAPES.iter().any(|(e, _)| *e == c)) {
+        let mut out = String::with_capacity(rule.len() + 8);
+        push_rule_segment(&mut out, rule);
+        out.into()
+    } else {
+        rule.into()
+    }
+}
+
+/// The rule name a key segment stands for (the reverse of
+/// [`rule_segment`]; a `%` that starts no escape is kept as it is).
+pub(crate) fn rule_of_segment(segment: &str) -> std::borrow::Cow<'_, str> {
+    if !segment.contains('%') {
+        return segment.into();
+    }
+    let mut out = String::with_capacity(segment.len());
+    let mut rest = segment;
+    while let Some(at) = rest.find('%') {
+        out.push_str(&rest[..at]);
+        rest = &rest[at..];
+        match SEGMENT_ESCAPES
+            .iter()
+            .find(|(_, text)| rest.starts_with(text))
+        {
+            Some((c, text)) => {
+                out.push(*c);
+                rest = &rest[text.len()..];
+            }
+            None => {
+                out.push('%');
+                rest = &rest[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out.into()
+}
+
+/// `PREFIX:RULE:KIND:ID`, RULE as [`rule_segment`] writes it, with an ID
+/// longer than 64 bytes replaced by `~` and 40 hex digits of its SHA-256; with `hash_tag` (Redis Cluster) the ID in braces,
 /// `PREFIX:RULE:KIND:{ID}`: Redis Cluster then places a key by its ID
 /// alone, so the rules that key one request by the same value share a slot
 /// (and are decided in one atomic call), while different IDs spread over
@@ -432,7 +490,10 @@ pub fn redis_key_for(hash_tag: bool, prefix: &str, rule: &str, kind: &str, id: &
     let braces = if hash_tag { 2 } else { 0 };
     let mut key =
         String::with_capacity(prefix.len() + rule.len() + kind.len() + id.len() + 3 + braces);
-    for part in [prefix, ":", rule, ":", kind, ":"] {
+    key.push_str(prefix);
+    key.push(':');
+    push_rule_segment(&mut key, rule);
+    for part in [":", kind, ":"] {
         key.push_str(part);
     }
     if hash_tag {

@@ -14,7 +14,7 @@ pub(crate) mod spec;
 pub use self::identity::id_parts_of;
 pub(crate) use self::identity::identity_key;
 pub use self::key::{compose, redis_key_for, CustomKey, KeyKind};
-pub(crate) use self::key::{hashed_id, Key};
+pub(crate) use self::key::{hashed_id, rule_of_segment, rule_segment, Key};
 #[cfg(feature = "e164")]
 pub use self::normalize::{e164, Region};
 pub use self::options::{Identity, LookupFn, LookupFuture, OnMissingKey, Skip};

@@ -5,6 +5,7 @@
 //! penalty bans. Nothing here runs on a decision's path: listings are
 //! operators' commands, and the trail is written by whoever acts.
 
+use std::borrow::Cow;
 use std::sync::mpsc::{channel, Sender};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -15,6 +16,7 @@ use super::Limiter;
 use crate::limiter::conn::Pool;
 use crate::limiter::topology::{Link, RedisConn};
 use crate::limiter::LimiterError;
+use crate::rule::{rule_of_segment, rule_segment};
 
 /// The newest entries the audit trail keeps.
 pub(crate) const AUDIT_KEEP: usize = 10_000;
@@ -95,10 +97,12 @@ impl AuditEntry {
 }
 
 /// The rule, kind and ID of a state key under `prefix`
-/// (`PREFIX:RULE:KIND:ID`, the ID in braces on a Cluster).
-pub fn split_state_key<'k>(prefix: &str, key: &'k str) -> Option<(&'k str, &'k str, &'k str)> {
+/// (`PREFIX:RULE:KIND:ID`, the ID in braces on a Cluster; a rule name's
+/// `:`, `{`, `}` and `%` stand escaped in RULE, and come back as they are).
+pub fn split_state_key<'k>(prefix: &str, key: &'k str) -> Option<(Cow<'k, str>, &'k str, &'k str)> {
     let rest = key.strip_prefix(prefix)?.strip_prefix(':')?;
     let (rule, rest) = rest.split_once(':')?;
+    let rule = rule_of_segment(rule);
     let (kind, id) = rest.split_once(':')?;
     let id = id
         .strip_prefix('{')
@@ -213,7 +217,11 @@ impl Limiter {
             .pool()
             .get_timeout(self.timeout())
             .map_err(|e| LimiterError::Other(format!("redis pool: {e}")))?;
-        let pattern = format!("{}:{}:*", glob_escaped(prefix), glob_escaped(rule));
+        let pattern = format!(
+            "{}:{}:*",
+            glob_escaped(prefix),
+            glob_escaped(&rule_segment(rule))
+        );
         let keys = keys_matching(&mut conn, &pattern).and_then(|mut keys| {
             keys.extend(keys_matching(&mut conn, &format!("!{pattern}"))?);
             Ok(keys)
@@ -322,13 +330,13 @@ pub(crate) fn penalty_writer(pool: Pool, prefix: &str) -> Option<Sender<(String,
 fn write_penalties(pool: &Pool, prefix: &str, bans: &[(String, u64)]) {
     let mut pipe = redis::pipe();
     for (key, ms) in bans {
-        let (rule, id) =
-            split_state_key(prefix, key).map_or(("", key.as_str()), |(r, _, i)| (r, i));
+        let (rule, id) = split_state_key(prefix, key)
+            .map_or((Cow::Borrowed(""), key.as_str()), |(r, _, i)| (r, i));
         let detail = format!(
             "for {}",
             crate::units::format_duration(std::time::Duration::from_millis(*ms))
         );
-        let entry = AuditEntry::now("penalty", rule, id, "penalty", &detail);
+        let entry = AuditEntry::now("penalty", &rule, id, "penalty", &detail);
         log::info!(
             "penalty: ban under rule {rule} of {} {detail}",
             crate::logging::Escaped(id)
@@ -481,13 +489,24 @@ mod tests {
     fn state_keys_split_into_rule_kind_and_id() {
         assert_eq!(
             split_state_key("floodgate", "floodgate:sms:form+ip:+1555|203.0.113.7"),
-            Some(("sms", "form+ip", "+1555|203.0.113.7"))
+            Some(("sms".into(), "form+ip", "+1555|203.0.113.7"))
         );
         assert_eq!(
             split_state_key("fg", "fg:check:ip:{127.0.0.1}"),
-            Some(("check", "ip", "127.0.0.1"))
+            Some(("check".into(), "ip", "127.0.0.1"))
         );
         assert_eq!(split_state_key("fg", "other:check:ip:1"), None);
+        // A name's `:`, braces and `%` stand escaped, and come back whole.
+        let key = crate::rule::redis_key_for(true, "fg", "a:b{c}%3A", "rls", "x:y");
+        assert_eq!(key, "fg:a%3Ab%7Bc%7D%253A:rls:{x:y}");
+        assert_eq!(
+            split_state_key("fg", &key),
+            Some(("a:b{c}%3A".into(), "rls", "x:y"))
+        );
+        assert_eq!(
+            split_state_key("fg", "fg:50%:rls:1"),
+            Some(("50%".into(), "rls", "1"))
+        );
         assert_eq!(glob_escaped("a*b[c]"), "a\\*b\\[c\\]");
     }
 }
