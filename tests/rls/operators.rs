@@ -292,21 +292,9 @@ async fn top_and_find_on_the_services_limits() {
     for _ in 0..7 {
         c.should_rate_limit(one()).await.unwrap();
     }
-    let want = format!("acme|{user}");
-    let mut out = String::new();
-    crate::wait_until(
-        std::time::Duration::from_secs(10),
-        "the denials in top",
-        || {
-            let (code, stdout, err) = floodgate(&["top", "--config", config, "per-user"]);
-            assert_eq!(code, 0, "{err}");
-            out = stdout;
-            out.contains("\"denied\":2")
-        },
-    );
-    let top: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let top = top_once_denied(config, "per-user", 2);
     assert_eq!(top["rule"], "per-user");
-    assert_eq!(top["id"], want);
+    assert_eq!(top["id"], format!("acme|{user}"));
     // `find` names the identity by one of its descriptor values.
     let (code, out, err) = floodgate(&["find", "--config", config, &user]);
     assert_eq!(code, 0, "{err}");
@@ -404,18 +392,24 @@ async fn a_colon_in_a_limit_name_shares_no_counter() {
     assert_eq!(found.len(), 1, "{out}");
     assert_eq!(found[0]["rule"], "x:rls:{v}", "{out}");
     // The denial is counted under the whole name.
+    let top = top_once_denied(config, "x:rls:{v}", 1);
+    assert_eq!(top["rule"], "x:rls:{v}", "{top}");
+    assert_eq!(top["id"], w.as_str(), "{top}");
+}
+
+/// `floodgate top` on `rule`'s busiest identity, once its denials (counted
+/// in the background) reach `denied`.
+fn top_once_denied(config: &str, rule: &str, denied: u32) -> serde_json::Value {
     let mut out = String::new();
     crate::wait_until(
         std::time::Duration::from_secs(10),
-        "the denial in top",
+        "the denials in top",
         || {
-            let (code, stdout, err) = floodgate(&["top", "--config", config, "x:rls:{v}"]);
+            let (code, stdout, err) = floodgate(&["top", "--config", config, rule]);
             assert_eq!(code, 0, "{err}");
             out = stdout;
-            out.contains("\"denied\":1")
+            out.contains(&format!("\"denied\":{denied}"))
         },
     );
-    let top: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    assert_eq!(top["rule"], "x:rls:{v}", "{out}");
-    assert_eq!(top["id"], w.as_str(), "{out}");
+    serde_json::from_str(out.trim()).unwrap()
 }
