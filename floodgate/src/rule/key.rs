@@ -469,8 +469,9 @@ pub(crate) fn rule_of_segment(segment: &str) -> std::borrow::Cow<'_, str> {
     out.into()
 }
 
-/// `PREFIX:RULE:KIND:ID`, RULE as [`rule_segment`] writes it, with an ID
-/// longer than 64 bytes replaced by `~` and 40 hex digits of its SHA-256; with `hash_tag` (Redis Cluster) the ID in braces,
+/// `PREFIX:RULE:KIND:ID`, with the rule name's `:`, `{`, `}` and `%`
+/// percent-encoded in RULE, and an ID longer than 64 bytes replaced by `~`
+/// and 40 hex digits of its SHA-256; with `hash_tag` (Redis Cluster) the ID in braces,
 /// `PREFIX:RULE:KIND:{ID}`: Redis Cluster then places a key by its ID
 /// alone, so the rules that key one request by the same value share a slot
 /// (and are decided in one atomic call), while different IDs spread over
