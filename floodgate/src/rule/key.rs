@@ -421,6 +421,11 @@ const SEGMENT_ESCAPES: [(char, &str); 4] = [('%', "%25"), (':', "%3A"), ('{', "%
 /// Appends rule name `rule` to `key` as a key segment (see
 /// [`SEGMENT_ESCAPES`]).
 fn push_rule_segment(key: &mut String, rule: &str) {
+    if !escapes(rule) {
+        // Every name of the site's rules (and most others): as it is.
+        key.push_str(rule);
+        return;
+    }
     for c in rule.chars() {
         match SEGMENT_ESCAPES.iter().find(|(e, _)| *e == c) {
             Some((_, text)) => key.push_str(text),
@@ -429,9 +434,16 @@ fn push_rule_segment(key: &mut String, rule: &str) {
     }
 }
 
+/// Whether rule name `rule` has a character to escape in a key.
+fn escapes(rule: &str) -> bool {
+    // (The characters of SEGMENT_ESCAPES, written out: this runs for every
+    // check of every request, and a match on bytes is the fastest test.)
+    rule.bytes().any(|b| matches!(b, b'%' | b':' | b'{' | b'}'))
+}
+
 /// Rule name `rule` as it stands in a Redis key.
 pub(crate) fn rule_segment(rule: &str) -> std::borrow::Cow<'_, str> {
-    if rule.contains(|c| SEGMENT_ESCAPES.iter().any(|(e, _)| *e == c)) {
+    if escapes(rule) {
         let mut out = String::with_capacity(rule.len() + 8);
         push_rule_segment(&mut out, rule);
         out.into()
