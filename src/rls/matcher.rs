@@ -7,6 +7,7 @@
 //! wildcards without `share_threshold`) name the identity, so that calls
 //! and operators make the same Redis key.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -175,11 +176,28 @@ pub struct Matched<'a> {
 pub fn state_key(hash_tags: bool, prefix: &str, rule: &str, values: &[&str]) -> String {
     match values {
         [] => redis_key_for(hash_tags, prefix, rule, "global", "all"),
-        [one] => redis_key_for(hash_tags, prefix, rule, "rls", one),
+        _ => redis_key_for(hash_tags, prefix, rule, "rls", &id_of(values)),
+    }
+}
+
+/// The Redis key of the identity `values` on the counter of a limit a
+/// call brings (a descriptor's own `limit`), named `counter`: KIND `own`
+/// (ID `all` when no value names it), so that no name a descriptor file
+/// gives a limit, and no values, can spell a key of such a counter.
+pub fn own_key(hash_tags: bool, prefix: &str, counter: &str, values: &[&str]) -> String {
+    match values {
+        [] => redis_key_for(hash_tags, prefix, counter, "own", "all"),
+        _ => redis_key_for(hash_tags, prefix, counter, "own", &id_of(values)),
+    }
+}
+
+/// The ID of `values` (at least one): the one, or all joined by `|`.
+fn id_of<'v>(values: &[&'v str]) -> Cow<'v, str> {
+    match values {
+        [one] => Cow::Borrowed(one),
         many => {
             let parts: Vec<(&str, String)> = many.iter().map(|v| ("rls", v.to_string())).collect();
-            let (_, id) = compose(&parts);
-            redis_key_for(hash_tags, prefix, rule, "rls", &id)
+            Cow::Owned(compose(&parts).1)
         }
     }
 }
@@ -453,5 +471,17 @@ mod tests {
             "fg:d.k:rls:a%7Cb|c"
         );
         assert_eq!(state_key(true, "fg", "d.k", &["v"]), "fg:d.k:rls:{v}");
+        assert_eq!(
+            own_key(false, "fg", "d.k~3/minute", &["v"]),
+            "fg:d.k~3/minute:own:v"
+        );
+        assert_eq!(
+            own_key(false, "fg", "d.k~3/minute", &[]),
+            "fg:d.k~3/minute:own:all"
+        );
+        assert_eq!(
+            own_key(true, "fg", "d.k~3/minute", &["a", "b"]),
+            "fg:d.k~3/minute:own:{a|b}"
+        );
     }
 }

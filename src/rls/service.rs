@@ -20,7 +20,7 @@ use floodgate::rule::{Algorithm, OnRedisError, Penalty};
 
 use super::config::{OnError, Settings};
 use super::descriptors::{algorithm_for, unit_length, unit_of};
-use super::matcher::{state_key, Matcher};
+use super::matcher::{own_key, state_key, Matcher};
 use super::proto::{
     Code, DescriptorStatus, Handler, HeaderValue, RateLimit, RateLimitDescriptor, RateLimitRequest,
     RateLimitResponse, Unit,
@@ -401,10 +401,11 @@ impl Rls {
                     });
                     // Its own counter, apart from the configured limit's
                     // and from other own limits' (each algorithm's state
-                    // holds its numbers): NAME~LIMIT/UNIT.
+                    // holds its numbers): NAME~LIMIT/UNIT, of a kind of
+                    // its own.
                     let counter = format!("{name}~{rpu}/{}", unit.name().to_lowercase());
                     return Some(Applied {
-                        key: state_key(hash_tags, &self.prefix, &counter, &values),
+                        key: own_key(hash_tags, &self.prefix, &counter, &values),
                         name,
                         metric: into_label(metric),
                         requests_per_unit: rpu,

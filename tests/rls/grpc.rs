@@ -395,6 +395,37 @@ async fn hits_and_a_descriptors_own_limit() {
     assert!(r.statuses[0].current_limit.is_none(), "{r:?}");
 }
 
+/// The counter of a limit a call brings is of a kind of its own: a
+/// configured limit whose name reads like one (`NAME~LIMIT/UNIT`) never
+/// shares it, whatever the values.
+#[tokio::test]
+async fn a_calls_own_limit_never_counts_on_a_configured_one() {
+    let redis = RedisServer::start();
+    let file = "domain: o\ndescriptors:\n  - key: k\n    rate_limit: {name: \"o.j~1/minute\", unit: minute, requests_per_unit: 1}\n";
+    let svc = Service::start(&redis, &[("o.yaml", file)], "", "");
+    let mut c = svc.client().await;
+    let v = unique();
+    // Descriptor `j` matches no node; its own limit of 1 a minute counts
+    // as `o.j~1/minute`, per value.
+    let mut own = call("o", &[&[("j", &v)]], 1);
+    own.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: Unit::Minute as i32,
+    });
+    let r = c.should_rate_limit(own.clone()).await.unwrap();
+    assert_eq!(codes(&r), [("OK", 0)]);
+    // The configured limit of that very name, on the same value, is its own.
+    let r = c
+        .should_rate_limit(call("o", &[&[("k", &v)]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r), [("OK", 0)]);
+    assert_eq!(redis.units(&format!("floodgate:o.j~1/minute:rls:{v}")), 1);
+    assert_eq!(redis.units(&format!("floodgate:o.j~1/minute:own:{v}")), 1);
+    let r = c.should_rate_limit(own).await.unwrap();
+    assert_eq!(codes(&r), [("OVER_LIMIT", 0)]);
+}
+
 /// Two descriptors of one call that count on the same key (the same
 /// limit, the same values) are decided as one check of their summed hits:
 /// apart, each would see the count before the call, and together they
