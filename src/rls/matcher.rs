@@ -185,10 +185,12 @@ pub fn state_key(hash_tags: bool, prefix: &str, rule: &str, values: &[&str]) -> 
 /// (ID `all` when no value names it), so that no name a descriptor file
 /// gives a limit, and no values, can spell a key of such a counter.
 pub fn own_key(hash_tags: bool, prefix: &str, counter: &str, values: &[&str]) -> String {
-    match values {
-        [] => redis_key_for(hash_tags, prefix, counter, "own", "all"),
-        _ => redis_key_for(hash_tags, prefix, counter, "own", &id_of(values)),
-    }
+    let id = if values.is_empty() {
+        Cow::Borrowed("all")
+    } else {
+        id_of(values)
+    };
+    redis_key_for(hash_tags, prefix, counter, "own", &id)
 }
 
 /// The ID of `values` (at least one): the one, or all joined by `|`.
