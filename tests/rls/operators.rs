@@ -296,19 +296,10 @@ async fn top_and_find_on_the_services_limits() {
     assert_eq!(top["rule"], "per-user");
     assert_eq!(top["id"], format!("acme|{user}"));
     // `find` names the identity by one of its descriptor values.
-    let (code, out, err) = floodgate(&["find", "--config", config, &user]);
-    assert_eq!(code, 0, "{err}");
-    let found: Vec<serde_json::Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(found.len(), 1, "{out}");
-    assert_eq!(found[0]["rule"], "per-user");
-    assert_eq!(
-        found[0]["key"],
-        format!("floodgate:per-user:rls:acme|{user}")
-    );
-    assert_eq!(found[0]["used"], 5);
+    let found = find_one(config, &user);
+    assert_eq!(found["rule"], "per-user");
+    assert_eq!(found["key"], format!("floodgate:per-user:rls:acme|{user}"));
+    assert_eq!(found["used"], 5);
 
     // With the denial cache on, the denials it answers count too.
     let cached = Service::start(&redis, &[("ops.yaml", TREE)], "", "");
@@ -383,18 +374,23 @@ async fn a_colon_in_a_limit_name_shares_no_counter() {
     let seen: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(seen["used"], 1, "{out}");
     assert_eq!(seen["key"], format!("floodgate:x%3Arls%3A%7Bv%7D:rls:{w}"));
-    let (code, out, err) = floodgate(&["find", "--config", config, &w]);
+    assert_eq!(find_one(config, &w)["rule"], "x:rls:{v}");
+    // The denial is counted under the whole name.
+    let top = top_once_denied(config, "x:rls:{v}", 1);
+    assert_eq!(top["rule"], "x:rls:{v}", "{top}");
+    assert_eq!(top["id"], w.as_str(), "{top}");
+}
+
+/// The one identity `floodgate find VALUE` lists.
+fn find_one(config: &str, value: &str) -> serde_json::Value {
+    let (code, out, err) = floodgate(&["find", "--config", config, value]);
     assert_eq!(code, 0, "{err}");
     let found: Vec<serde_json::Value> = out
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(found.len(), 1, "{out}");
-    assert_eq!(found[0]["rule"], "x:rls:{v}", "{out}");
-    // The denial is counted under the whole name.
-    let top = top_once_denied(config, "x:rls:{v}", 1);
-    assert_eq!(top["rule"], "x:rls:{v}", "{top}");
-    assert_eq!(top["id"], w.as_str(), "{top}");
+    found.into_iter().next().unwrap()
 }
 
 /// `floodgate top` on `rule`'s busiest identity, once its denials (counted
