@@ -42,6 +42,11 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match args.as_slice() {
+        // Asked of any command (`floodgate ban --help`): the usage.
+        ["-h" | "--help" | "help"] | [_, "-h" | "--help", ..] => {
+            out!("{USAGE}");
+            ExitCode::SUCCESS
+        }
         [] | ["serve"] => serve(default_path()),
         ["serve", "--config", file] => serve(PathBuf::from(file)),
         ["serve", flag] if flag.starts_with("--config=") => {
@@ -60,10 +65,6 @@ fn main() -> ExitCode {
         }
         [command @ ("bans" | "overrides" | "audit" | "find" | "top"), rest @ ..] => {
             operator::run_listing(command, rest, default_path())
-        }
-        ["-h" | "--help" | "help"] => {
-            out!("{USAGE}");
-            ExitCode::SUCCESS
         }
         ["-V" | "--version"] => {
             out!("floodgate {}", env!("CARGO_PKG_VERSION"));

@@ -272,13 +272,13 @@ pub fn add_file(
             ))
         }
     };
-    if matcher.has_domain(&domain) {
+    if let Some(other) = matcher.file_of_domain(&domain) {
         return Err(err(
             format!("domain {domain:?}"),
-            "duplicate domain: another descriptor file already has it".into(),
+            format!("duplicate domain: the descriptor file {other} already has it"),
         ));
     }
-    let root = matcher.add_domain(&domain);
+    let root = matcher.add_domain(&domain, file);
     let ctx = Ctx {
         file,
         domain: &domain,
@@ -679,7 +679,7 @@ descriptors:
         let e = add_file(&mut m, "domain: d\n", "b.yaml", "sliding_window").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "b.yaml: domain \"d\": duplicate domain: another descriptor file already has it"
+            "b.yaml: domain \"d\": duplicate domain: the descriptor file a.yaml already has it"
         );
     }
 }

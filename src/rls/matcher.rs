@@ -152,6 +152,8 @@ impl Level {
 pub struct Matcher {
     nodes: Vec<Node>,
     domains: HashMap<String, usize>,
+    /// The file that gave each domain (for the message refusing another).
+    domain_files: HashMap<String, String>,
     limits: Vec<Limit>,
 }
 
@@ -210,8 +212,13 @@ impl Matcher {
         self.domains.contains_key(domain)
     }
 
-    /// Adds an empty domain; its root node.
-    pub fn add_domain(&mut self, domain: &str) -> usize {
+    /// The file that gave `domain`, if one did.
+    pub fn file_of_domain(&self, domain: &str) -> Option<&str> {
+        self.domain_files.get(domain).map(String::as_str)
+    }
+
+    /// Adds an empty domain, given by `file`; its root node.
+    pub fn add_domain(&mut self, domain: &str, file: &str) -> usize {
         let root = self.nodes.len();
         self.nodes.push(Node {
             key: String::new(),
@@ -222,6 +229,8 @@ impl Matcher {
             children: Level::default(),
         });
         self.domains.insert(domain.to_string(), root);
+        self.domain_files
+            .insert(domain.to_string(), file.to_string());
         root
     }
 

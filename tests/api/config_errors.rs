@@ -731,3 +731,26 @@ fn a_bind_address_in_use_is_the_files_to_mend() {
     drop(taken);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--help` (or `-h`) after any command prints the usage and succeeds; an
+/// unknown command prints it on stderr and exits with 2.
+#[test]
+fn help_after_any_command_and_usage_on_a_wrong_one() {
+    for args in [
+        &["--help"][..],
+        &["help"],
+        &["ban", "--help"],
+        &["override", "-h"],
+        &["rls", "--help"],
+        &["check-config", "-h"],
+    ] {
+        let out = floodgate().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.starts_with("usage: floodgate"), "{args:?}: {text}");
+        assert!(text.contains("floodgate override"), "{args:?}: {text}");
+    }
+    let out = floodgate().arg("frobnicate").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("usage: floodgate"));
+}

@@ -47,10 +47,13 @@ fn check_config_lists_rule_names_and_refuses_bad_files() {
     std::fs::write(dir.join("descriptors/zz.yaml"), "domain: ops\n").unwrap();
     let (code, _, err) = floodgate(&["check-config", config.to_str().unwrap()]);
     assert_eq!(code, 2);
+    // The refusal names the file that has the domain already.
+    let first = dir.join("descriptors/ops.yaml");
     assert!(
-        err.trim().ends_with(
-            "zz.yaml: domain \"ops\": duplicate domain: another descriptor file already has it"
-        ),
+        err.trim().ends_with(&format!(
+            "zz.yaml: domain \"ops\": duplicate domain: the descriptor file {} already has it",
+            first.display()
+        )),
         "{err}"
     );
     assert_eq!(err.lines().count(), 1, "{err}");
