@@ -215,13 +215,16 @@ pub(crate) static GIVE_BACK_FAILED: Repeats =
     Repeats::new("could not give back units", log::Level::Warn);
 /// A key function chose a quota its rule cannot have.
 pub(crate) static BAD_QUOTA: Repeats = Repeats::new("unusable quota", log::Level::Warn);
+/// The connection pool could not open or check a connection.
+pub(crate) static REDIS_CONNECTION: Repeats = Repeats::new("redis connection", log::Level::Warn);
 
-const ALL: [&Repeats; 5] = [
+const ALL: [&Repeats; 6] = [
     &REDIS_FAILED,
     &BREAKER,
     &NO_DECISION,
     &GIVE_BACK_FAILED,
     &BAD_QUOTA,
+    &REDIS_CONNECTION,
 ];
 
 /// Writes the counts of repeated warnings held back so far: call it now and

@@ -447,6 +447,11 @@ on_redis_error = "allow"
             "allowed by its error policy"
         );
     }
+    // Each readiness probe asks the pool for a connection, which tries to
+    // open one again and again until its timeout.
+    for _ in 0..5 {
+        assert_eq!(served.get("/readyz").status, 503);
+    }
     let periods = started.elapsed().as_secs() / 10 + 2;
     // The counts still held back are written when the process stops.
     served.signal("TERM");
@@ -455,6 +460,10 @@ on_redis_error = "allow"
         Some(0)
     );
     let log = served.log.lock().unwrap().clone();
+    // Nothing at ERROR: the pool's failures to connect are a repeated
+    // warning too, not a line per attempt.
+    let errors: Vec<&String> = log.iter().filter(|l| l.contains(" ERROR ")).collect();
+    assert!(errors.is_empty(), "{errors:#?}");
     let warnings: Vec<&String> = log.iter().filter(|l| l.contains(" WARN ")).collect();
     // A handful of kinds, each at most once per period, plus its count.
     assert!(

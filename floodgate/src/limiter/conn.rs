@@ -248,7 +248,24 @@ pub(crate) fn pool_of(config: &RedisConfig, manager: Manager) -> Pool {
         .min_idle(Some(0))
         .test_on_check_out(true)
         .connection_timeout(config.timeout)
+        .error_handler(Box::new(PoolErrors))
         .build_unchecked(manager)
+}
+
+/// The pool's own errors (a connection that could not be opened, or failed
+/// its check): while Redis is away every checkout meets one, so they are
+/// written as a warning that traffic repeats, not one ERROR line each as
+/// r2d2's default handler writes them.
+#[derive(Debug)]
+struct PoolErrors;
+
+impl r2d2::HandleError<redis::RedisError> for PoolErrors {
+    fn handle_error(&self, error: redis::RedisError) {
+        crate::logging::repeated!(
+            &crate::logging::REDIS_CONNECTION,
+            "redis connection: {error}"
+        );
+    }
 }
 
 pub(crate) fn manager(config: &RedisConfig) -> Result<Manager, LimiterError> {
