@@ -286,9 +286,9 @@ pub async fn listing(
         return error(StatusCode::BAD_REQUEST, "top needs ?rule=R");
     }
     let looked = if what == "top" {
-        listings::top_since(since.as_deref()).map(|d| (0, d))
+        listings::top_since("since", since.as_deref()).map(|d| (0, d))
     } else {
-        listings::since(since.as_deref()).map(|s| (s, Duration::ZERO))
+        listings::since("since", since.as_deref()).map(|s| (s, Duration::ZERO))
     };
     let (since, top_since) = match looked {
         Ok(s) => s,

@@ -273,12 +273,13 @@ pub fn top(
 }
 
 /// How far back `top` looks: `since` as written (default 10 minutes, at
-/// most a day).
-pub fn top_since(since: Option<&str>) -> Result<Duration, String> {
+/// most a day); `name` is what the caller called it (`--since` on the
+/// command line, `since` over HTTP), for the message.
+pub fn top_since(name: &str, since: Option<&str>) -> Result<Duration, String> {
     let Some(text) = since else {
         return Ok(Duration::from_secs(600));
     };
-    let d = floodgate::config::operator_duration("--since", text)?;
+    let d = floodgate::config::operator_duration(name, text)?;
     if d > floodgate::limiter::TOP_SINCE_MOST {
         return Err(format!("top looks back at most 24h, not {text}"));
     }
@@ -286,12 +287,12 @@ pub fn top_since(since: Option<&str>) -> Result<Duration, String> {
 }
 
 /// Seconds since the epoch `since` ago (a duration as the config writes
-/// them, like `10m`); everything when `None`.
-pub fn since(text: Option<&str>) -> Result<u64, String> {
+/// them, like `10m`); everything when `None`. `name` as for [`top_since`].
+pub fn since(name: &str, text: Option<&str>) -> Result<u64, String> {
     let Some(text) = text else {
         return Ok(0);
     };
-    let d: Duration = floodgate::config::operator_duration("--since", text)?;
+    let d: Duration = floodgate::config::operator_duration(name, text)?;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |n| n.as_secs());

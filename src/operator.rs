@@ -271,11 +271,11 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
     if !matches!(command, "audit" | "top") && args.since.is_some() {
         return bad("takes no --since");
     }
-    let since = match listings::since(args.since.filter(|_| command == "audit")) {
+    let since = match listings::since("--since", args.since.filter(|_| command == "audit")) {
         Ok(s) => s,
         Err(e) => return bad(&e),
     };
-    let top_since = match listings::top_since(args.since.filter(|_| command == "top")) {
+    let top_since = match listings::top_since("--since", args.since.filter(|_| command == "top")) {
         Ok(s) => s,
         Err(e) => return bad(&e),
     };

@@ -1411,7 +1411,12 @@ mode = "shadow"
     ] {
         let ran = floodgate(&config, &url, args);
         assert_eq!(ran.code, 2, "{args:?}: {}", ran.stdout);
-        assert!(ran.stderr.contains("shadow"), "{}", ran.stderr);
+        let what = if args[0] == "ban" {
+            "so a ban under it"
+        } else {
+            "so an override under it"
+        };
+        assert!(ran.stderr.contains(what), "{}", ran.stderr);
     }
     assert_eq!(
         floodgate(&config, &url, &["reset", "watch", "127.0.0.1"]).code,
@@ -1577,6 +1582,11 @@ async fn bans_overrides_and_the_audit_trail_are_listed() {
         assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
     }
     assert_eq!(admin_list(&app, "bans?color=red").await.0, 400);
+    // A bad duration is named as the API names it, not as the command does.
+    let (code, answer) = admin_list(&app, "audit?since=bad").await;
+    assert_eq!(code, 400);
+    let message = answer["error"].as_str().unwrap();
+    assert!(message.starts_with("since: invalid duration"), "{message}");
 
     // The trail: newest first; inspect is not in it; the penalty's ban is
     // written off the request's path, so it is awaited.

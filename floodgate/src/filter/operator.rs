@@ -53,8 +53,11 @@ pub fn operator_check(
     let key = identity_key(r, values, key_prefix, hash_tags)?;
     if r.mode == Mode::Shadow && matches!(action, Action::Ban(_) | Action::Override { .. }) {
         return Err(format!(
-            "rule {rule:?} is a shadow rule: it counts and reports but never denies, so a {} under it would never be enforced",
-            action.name()
+            "rule {rule:?} is a shadow rule: it counts and reports but never denies, so {} under it would never be enforced",
+            match action {
+                Action::Ban(_) => "a ban",
+                _ => "an override",
+            }
         ));
     }
     if let Action::Override { limit, window, .. } = *action {
