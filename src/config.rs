@@ -13,6 +13,17 @@ use floodgate::config::{duration_at_most, AppConfig};
 pub use floodgate::config::{format_duration, human_duration};
 use serde::Deserialize;
 
+/// The refusal of an address the file at `file` names under `place` that
+/// cannot be listened on (taken, or not this machine's): the file cannot
+/// be used as it is, as any unusable setting (exit 2).
+pub fn cannot_listen(file: &Path, place: &str, addr: &str, e: &std::io::Error) -> ConfigError {
+    ConfigError {
+        file: file.display().to_string(),
+        place: place.to_string(),
+        what: format!("cannot listen on {addr}: {e}"),
+    }
+}
+
 /// Most actix worker threads (`[server] workers`); actix-server refuses more.
 pub const MAX_WORKERS: usize = 512;
 

@@ -1,12 +1,12 @@
 //! The `floodgate` command: `serve [--config FILE]` | `check-config [FILE]`
 //! | `rls [--config FILE]` (Envoy's rate-limit service) | the operator commands (`inspect`, `reset`, `ban`, `unban`, `override`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use floodgate_site::{config, site};
 
-use config::{format_duration, Config, ConfigError, DEFAULT_PATH};
+use config::{cannot_listen, format_duration, Config, ConfigError, DEFAULT_PATH};
 use floodgate::rule::HeaderDialect;
 use site::Application;
 
@@ -313,11 +313,9 @@ fn serve(path: PathBuf) -> ExitCode {
             log::info!("stopped");
             ExitCode::SUCCESS
         }
-        Err((true, site::StartError::Bind(addr, e))) => unusable(&ConfigError {
-            file,
-            place: "[server] bind".into(),
-            what: format!("cannot listen on {addr}: {e}"),
-        }),
+        Err((true, site::StartError::Bind(addr, e))) => {
+            unusable(&cannot_listen(Path::new(&file), "[server] bind", &addr, &e))
+        }
         Err((_, e)) => {
             eprintln!("floodgate: {e}");
             ExitCode::FAILURE

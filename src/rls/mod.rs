@@ -26,6 +26,7 @@ use floodgate::metrics::Metrics;
 pub use self::config::{is_rls_file, RlsConfig};
 use self::matcher::Matcher;
 use self::service::{CallCounts, Rls};
+use crate::config::cannot_listen;
 
 /// How often the descriptor files are looked at for changes.
 const WATCH_EVERY: Duration = Duration::from_millis(500);
@@ -49,16 +50,6 @@ impl std::fmt::Display for ServeError {
             ServeError::Other(e) => f.write_str(e),
         }
     }
-}
-
-/// An address of the file at `path` that cannot be listened on (taken, or
-/// not this machine's): the file cannot be used as it is (exit 2).
-fn cannot_listen(path: &Path, place: &str, addr: &str, e: &std::io::Error) -> ServeError {
-    ServeError::Config(floodgate::config::ConfigError {
-        file: path.display().to_string(),
-        place: place.to_string(),
-        what: format!("cannot listen on {addr}: {e}"),
-    })
 }
 
 /// Loads the configuration at `path` and its descriptor files.
@@ -162,12 +153,16 @@ pub fn serve(path: &Path) -> Result<(), ServeError> {
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&config.rls.bind)
             .await
-            .map_err(|e| cannot_listen(path, "[rls] bind", &config.rls.bind, &e))?;
+            .map_err(|e| {
+                ServeError::Config(cannot_listen(path, "[rls] bind", &config.rls.bind, &e))
+            })?;
         let local = listener
             .local_addr()
             .map_err(|e| ServeError::Other(e.to_string()))?;
         let http = http::start(Arc::clone(&rls), &config)
-            .map_err(|e| cannot_listen(path, "[rls] http_bind", &config.rls.http_bind, &e))?;
+            .map_err(|e| {
+                ServeError::Config(cannot_listen(path, "[rls] http_bind", &config.rls.http_bind, &e))
+            })?;
         log::info!(
             "floodgate rls serving {} on {} (port {}), http on {} (port {}), redis {target}, {domains} domains, {limits} limits",
             path.display(),

@@ -74,12 +74,7 @@ pub fn id_parts_of(rule: &Rule, value: &str) -> Vec<String> {
     // A request without the value a kind reads (or with one that does not
     // normalize) is keyed by its client address under the same rule: an
     // address is looked for in those IDs too.
-    let falls_back = rule
-        .key
-        .kinds()
-        .iter()
-        .any(|k| !matches!(k, KeyKind::Ip | KeyKind::Global | KeyKind::Path));
-    if falls_back {
+    if rule.key.kinds().iter().any(may_fall_back) {
         if let Ok(ip) = value.trim().parse::<IpAddr>() {
             parts.push(crate::net::ip_id(ip));
         }
@@ -90,6 +85,21 @@ pub fn id_parts_of(rule: &Rule, value: &str) -> Vec<String> {
 }
 
 /// One value as a request would be keyed by it.
+/// Whether a request may lack the value `kind` reads, and be keyed by its
+/// client address instead (every kind says, so that a new one must).
+fn may_fall_back(kind: &KeyKind) -> bool {
+    match kind {
+        KeyKind::Ip | KeyKind::Global | KeyKind::Path => false,
+        KeyKind::Session
+        | KeyKind::Header(_)
+        | KeyKind::Query(_)
+        | KeyKind::Form(_)
+        | KeyKind::Json(_)
+        | KeyKind::Body(_)
+        | KeyKind::Custom(_) => true,
+    }
+}
+
 fn identity_value(kind: &KeyKind, how: Normalize, value: &str) -> Result<String, String> {
     match kind {
         KeyKind::Ip => value
