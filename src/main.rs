@@ -28,7 +28,7 @@ macro_rules! out {
 
 mod operator;
 
-const USAGE: &str = "usage: floodgate [serve [--config FILE]] | check-config [FILE] | rls [--config FILE]
+const USAGE: &str = "usage: floodgate [serve [--config FILE]] | check-config [[--config] FILE] | rls [--config FILE]
        floodgate inspect|reset|unban [--config FILE] RULE [VALUE...]
        floodgate ban [--config FILE] RULE [VALUE...] --for DURATION
        floodgate override [--config FILE] RULE [VALUE...] (--limit N [--window D] | --clear) [--for D]
@@ -52,13 +52,19 @@ fn main() -> ExitCode {
         ["serve", flag] if flag.starts_with("--config=") => {
             serve(PathBuf::from(&flag["--config=".len()..]))
         }
-        ["rls"] => rls(default_path()),
+        // (The site's file has `[server]` and rules, which `rls` refuses.)
+        ["rls"] => rls(default_path_or(RLS_DEFAULT_PATH)),
         ["rls", "--config", file] => rls(PathBuf::from(file)),
         ["rls", flag] if flag.starts_with("--config=") => {
             rls(PathBuf::from(&flag["--config=".len()..]))
         }
         ["check-config"] => check_config(default_path()),
-        ["check-config", file] => check_config(PathBuf::from(file)),
+        ["check-config", flag] if flag.starts_with("--config=") => {
+            check_config(PathBuf::from(&flag["--config=".len()..]))
+        }
+        ["check-config", file] | ["check-config", "--config", file] => {
+            check_config(PathBuf::from(file))
+        }
         [command @ ("inspect" | "reset" | "ban" | "unban" | "override"), rest @ ..] => {
             init_audit_log();
             operator::run(command, rest, default_path())
@@ -77,10 +83,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// The file `rls` serves when neither `--config` nor `$FLOODGATE_CONFIG`
+/// names one.
+const RLS_DEFAULT_PATH: &str = "config/rls.toml";
+
 fn default_path() -> PathBuf {
+    default_path_or(DEFAULT_PATH)
+}
+
+/// `$FLOODGATE_CONFIG`, else `fallback`.
+fn default_path_or(fallback: &str) -> PathBuf {
     std::env::var_os("FLOODGATE_CONFIG")
         .filter(|v| !v.is_empty())
-        .map_or_else(|| PathBuf::from(DEFAULT_PATH), PathBuf::from)
+        .map_or_else(|| PathBuf::from(fallback), PathBuf::from)
 }
 
 fn unusable(e: &ConfigError) -> ExitCode {

@@ -272,6 +272,47 @@ impl<H: Handler> tonic::server::UnaryService<RateLimitRequest> for Unary<H> {
     }
 }
 
+/// The server's codec: prost's, except that a request that does not
+/// decode is the caller's fault, `INVALID_ARGUMENT` (prost's says
+/// `INTERNAL`, a fault of the server's).
+struct ServerCodec;
+
+impl tonic::codec::Codec for ServerCodec {
+    type Encode = RateLimitResponse;
+    type Decode = RateLimitRequest;
+    type Encoder = tonic_prost::ProstEncoder<RateLimitResponse>;
+    type Decoder = RequestDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::default()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RequestDecoder(tonic_prost::ProstDecoder::default())
+    }
+}
+
+/// prost's decoder of requests, its refusals made `INVALID_ARGUMENT`.
+struct RequestDecoder(tonic_prost::ProstDecoder<RateLimitRequest>);
+
+impl tonic::codec::Decoder for RequestDecoder {
+    type Item = RateLimitRequest;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<RateLimitRequest>, tonic::Status> {
+        self.0.decode(src).map_err(|e| {
+            tonic::Status::invalid_argument(format!("the request does not decode: {}", e.message()))
+        })
+    }
+
+    fn buffer_settings(&self) -> tonic::codec::BufferSettings {
+        self.0.buffer_settings()
+    }
+}
+
 impl<H, B> tonic::codegen::Service<tonic::codegen::http::Request<B>> for RateLimitServer<H>
 where
     H: Handler,
@@ -290,9 +331,7 @@ where
         if req.uri().path() == SHOULD_RATE_LIMIT {
             let inner = Arc::clone(&self.inner);
             Box::pin(async move {
-                let codec =
-                    tonic_prost::ProstCodec::<RateLimitResponse, RateLimitRequest>::default();
-                let mut grpc = tonic::server::Grpc::new(codec);
+                let mut grpc = tonic::server::Grpc::new(ServerCodec);
                 Ok(grpc.unary(Unary(inner), req).await)
             })
         } else {

@@ -43,6 +43,14 @@ fn check_config_lists_rule_names_and_refuses_bad_files() {
     assert_eq!(code, 0, "{err}");
     let names: Vec<&str> = out.lines().filter_map(|l| l.split(':').next()).collect();
     assert_eq!(names, ["per-user", "ops.plan_gold"], "{out}");
+    // `--config FILE`, as the other commands take it, reads the same file.
+    for args in [
+        vec!["check-config", "--config", config.to_str().unwrap()],
+        vec!["check-config", &format!("--config={}", config.display())],
+    ] {
+        let (code, same, err) = floodgate(&args);
+        assert_eq!((code, &same), (0, &out), "{args:?}: {err}");
+    }
 
     std::fs::write(dir.join("descriptors/zz.yaml"), "domain: ops\n").unwrap();
     let (code, _, err) = floodgate(&["check-config", config.to_str().unwrap()]);
