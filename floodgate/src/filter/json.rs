@@ -70,10 +70,14 @@ impl Default for JsonBodies {
     }
 }
 
-/// A JSON body the filter may read as the handler does: no content
-/// coding, and no charset but UTF-8 (serde_json reads the bytes as UTF-8
-/// whatever the header says, so a body declared in another charset would
-/// be read one way here and meant another way by its sender).
+/// A JSON body the actix door may read as the handler does: no content
+/// coding (actix-web's `web::Json` undoes one, the filter does not), and
+/// no charset but UTF-8 (serde_json reads the bytes as UTF-8 whatever the
+/// header says, so a body declared in another charset would be read one
+/// way here and meant another way by its sender). The tower door checks
+/// neither: axum's `Json` reads the bytes as they come, whatever either
+/// header says, and the filter reads what it reads.
+#[cfg_attr(not(feature = "actix"), allow(dead_code))]
 pub(crate) fn check_json_headers(headers: &impl HeaderLines) -> Result<(), Unreadable> {
     let unsupported = Unreadable::Unsupported;
     for coding in headers.lines("content-encoding") {

@@ -42,7 +42,7 @@ use super::deny::{refusal, Answer, Denied, Input, Refused};
 use super::head::Head;
 use super::request::{checks, decided, guarding, lookups, Admitted, Settled};
 use super::usage::Withdrawn;
-use super::{fields, json, values, Filter, Usage};
+use super::{fields, values, Filter, Usage};
 use crate::head::RequestHead;
 use crate::limiter::Outcome;
 use crate::rule::Rule;
@@ -380,10 +380,9 @@ where
         return Ok((read, body));
     }
     let form_wanted = wants_form && axum_reads_form_body(&parts.headers);
+    // (As axum's `Json`, whatever charset or content coding the headers
+    // name: see `json::check_json_headers`, which the actix door applies.)
     let json_wanted = !form_wanted && json_body;
-    if json_wanted {
-        json::check_json_headers(&parts.headers).map_err(|e| Refused::Unreadable(e, None))?;
-    }
     if !form_wanted && !json_wanted {
         return Ok((Read::default(), body));
     }
