@@ -270,6 +270,7 @@ fn fallback<'a>(
 /// Counts a denial the caller decided without a check (a limit of no
 /// requests at all): `denied`, or `shadow_denied` for a limit that does
 /// not `enforce`.
+#[doc(hidden)] // the floodgate binary's, not part of the API
 pub fn count_refused(metrics: &Metrics, name: &str, enforce: bool) {
     let counted = if enforce {
         Counted::Denied

@@ -27,6 +27,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// At most one line per kind of repeated warning in this time.
+#[doc(hidden)] // the floodgate binary's, not part of the API
 pub const PERIOD: Duration = Duration::from_secs(10);
 
 /// Shows a string with control characters escaped (see the module docs).
@@ -87,6 +88,7 @@ fn now_us() -> u64 {
 
 /// One kind of warning that traffic can repeat.
 #[derive(Debug)]
+#[doc(hidden)] // the floodgate binary's, not part of the API
 pub struct Repeats {
     /// What the kind is about, for the line [`flush`] writes.
     what: &'static str,
@@ -102,6 +104,7 @@ pub struct Repeats {
 /// What [`Repeats::admit`] says: write the line, and how many it stands
 /// for besides itself, over how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[doc(hidden)] // the floodgate binary's, not part of the API
 pub struct Admitted {
     /// Warnings of the kind held back since the last line.
     pub held: u64,
@@ -229,6 +232,7 @@ const ALL: [&Repeats; 6] = [
 
 /// Writes the counts of repeated warnings held back so far: call it now and
 /// then (every [`PERIOD`]) and before the process exits.
+#[doc(hidden)] // the floodgate binary's, not part of the API
 pub fn flush() {
     for kind in ALL {
         kind.flush();

@@ -78,6 +78,23 @@ pub fn human_duration(d: Duration) -> String {
     format!("{ms} ms")
 }
 
+/// An operator's length of time (a ban's, an override's window or
+/// lifetime), named `what` in the refusal: more than 0, at most
+/// [`MAX_WINDOW`].
+pub(crate) fn check_operator_length(what: &str, d: Duration) -> Result<(), String> {
+    if d.is_zero() {
+        return Err(format!("{what} must be greater than 0"));
+    }
+    if d > MAX_WINDOW {
+        return Err(format!(
+            "{what} must be at most {}, got {}",
+            amount_of_time(MAX_WINDOW),
+            amount_of_time(d)
+        ));
+    }
+    Ok(())
+}
+
 /// "366 days", "1 minute", "10 minutes", "1500 ms".
 pub(crate) fn amount_of_time(d: Duration) -> String {
     let words = human_duration(d);

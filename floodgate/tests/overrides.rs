@@ -321,3 +321,48 @@ async fn operators_reach_hashed_identities_and_no_value_reaches_a_key_name() {
         "a key names the secret: {keys:?}"
     );
 }
+
+#[actix_web::test]
+async fn an_action_no_operators_command_accepts_is_refused_and_does_nothing() {
+    // The same bounds as `floodgate ban/override` and the admin API: more
+    // than 0 and at most 366 days, a limit of at least 1.
+    let redis = RedisServer::start();
+    let filter = toml_filter(&redis, "limit = 3\nwindow = \"1m\"\n");
+    let day = Duration::from_secs(86_400);
+    let bad = [
+        Action::Ban(Duration::ZERO),
+        Action::Ban(3650 * day),
+        override_of(0, None, None),
+        override_of(5, Some(Duration::ZERO), None),
+        override_of(5, Some(400 * day), None),
+        override_of(5, None, Some(Duration::ZERO)),
+        override_of(5, None, Some(3650 * day)),
+    ];
+    let check = floodgate_limiter::limiter::Check::new(
+        "floodgate:r:ip:0.0.0.0",
+        filter.rules()[0].algorithm(),
+    );
+    for action in bad {
+        let e = filter.operate("r", &PEER, action).await.unwrap_err();
+        assert!(
+            matches!(e, floodgate_limiter::OperatorError::Input(_)),
+            "{action:?}: {e}"
+        );
+        let e = filter
+            .limiter()
+            .operate(check.clone(), action)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, floodgate_limiter::limiter::LimiterError::Invalid(_)),
+            "{action:?}: {e}"
+        );
+    }
+    assert_eq!(redis.keys("*"), Vec::<String>::new());
+    // At the bounds, accepted.
+    let seen = filter
+        .operate("r", &PEER, Action::Ban(366 * day))
+        .await
+        .unwrap();
+    assert!(seen.banned_s > 365 * 86_400, "{seen:?}");
+}

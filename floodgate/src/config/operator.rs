@@ -125,6 +125,7 @@ pub(super) fn check_penalty(raw: &RawPenalty) -> Result<Penalty, String> {
 
 /// A duration an operator gives (`--for`, `--window`, `"for"`): more than
 /// 0, at most 366 days, in whole milliseconds.
+#[doc(hidden)] // the floodgate binary's, not part of the API
 pub fn operator_duration(what: &str, text: &str) -> Result<Duration, String> {
     let d = match parse_duration_ms(text) {
         Ok(ms) => Duration::from_millis(ms),

@@ -35,6 +35,7 @@ impl std::error::Error for OperatorError {}
 /// `rules`) runs with, after checking that the action fits the rule (an
 /// override's limit holds at least one request and is within the rule
 /// algorithm's bounds).
+#[doc(hidden)] // the floodgate binary's, not part of the API
 pub fn operator_check(
     rules: &[Rule],
     key_prefix: &str,
@@ -50,6 +51,7 @@ pub fn operator_check(
             names.join(", ")
         ));
     };
+    action.check()?;
     let key = identity_key(r, values, key_prefix, hash_tags)?;
     if r.mode == Mode::Shadow && matches!(action, Action::Ban(_) | Action::Override { .. }) {
         return Err(format!(
@@ -81,6 +83,7 @@ pub fn operator_check(
 
 /// The override action for `limit` (as written), with an optional window
 /// and lifetime (durations as written, like `"1m"`).
+#[doc(hidden)] // the floodgate binary's, not part of the API
 pub fn override_action(
     limit: i64,
     window: Option<&str>,
@@ -104,6 +107,7 @@ pub fn override_action(
 }
 
 /// The ban action for a length as written (at most 366 days).
+#[doc(hidden)] // the floodgate binary's, not part of the API
 pub fn ban_action(length: &str) -> Result<Action, String> {
     let d: Duration = crate::config::operator_duration("the ban's length", length)?;
     Ok(Action::Ban(d))

@@ -134,7 +134,8 @@ impl Breaker {
                 LimiterError::Overloaded
                 | LimiterError::Stopped
                 | LimiterError::BreakerOpen
-                | LimiterError::Unsupported(_),
+                | LimiterError::Unsupported(_)
+                | LimiterError::Invalid(_),
             ) => {}
         }
     }

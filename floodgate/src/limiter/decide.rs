@@ -234,6 +234,7 @@ impl Limiter {
 
     /// Forgets what the process remembers about keys (cached denials and
     /// local counts): the rules changed.
+    #[doc(hidden)] // the floodgate binary's, not part of the API
     pub fn forget_keys(&self) {
         if let Some(cache) = self.deny_cache() {
             cache.clear();
@@ -421,6 +422,7 @@ impl Limiter {
 
     /// Whether keys carry a hash tag (Redis Cluster mode): the rules of one
     /// identity then share a slot, so their all-or-nothing stays one call.
+    #[doc(hidden)] // the floodgate binary's, not part of the API
     pub fn hash_tags(&self) -> bool {
         self.cluster
     }

@@ -43,6 +43,10 @@ pub enum LimiterError {
     /// The configuration asks for what this build of floodgate lacks (a
     /// Redis mode whose Cargo feature is off): the key, and which feature.
     Unsupported(String),
+    /// An operator's action asks for what no operator's command accepts
+    /// (a ban, an override's window or lifetime of 0 or longer than 366
+    /// days, an override's limit of 0): why. Nothing was done.
+    Invalid(String),
 }
 
 impl LimiterError {
@@ -79,7 +83,7 @@ impl fmt::Display for LimiterError {
             ),
             LimiterError::Overloaded => f.write_str("too many decisions waiting for redis"),
             LimiterError::Stopped => f.write_str("the limiter is stopped"),
-            LimiterError::Unsupported(e) => f.write_str(e),
+            LimiterError::Unsupported(e) | LimiterError::Invalid(e) => f.write_str(e),
         }
     }
 }

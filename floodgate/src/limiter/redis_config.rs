@@ -186,6 +186,7 @@ impl std::fmt::Debug for RedisConfig {
 /// assert_eq!(without_password("redis://u:pw@h:6379/0"), "redis://u:***@h:6379/0");
 /// assert_eq!(without_password("redis://h:6379/0"), "redis://h:6379/0");
 /// ```
+#[doc(hidden)] // the floodgate binary's, not part of the API
 pub fn without_password(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {

@@ -59,6 +59,7 @@ pub(crate) fn identity_key(
 /// as the ID holds it (normalized, then escaped as a composite ID's parts
 /// are). Empty for a rule whose IDs are hashed (`hash_key`): a part of
 /// them cannot be recognized. What `floodgate find` looks for.
+#[doc(hidden)] // the floodgate binary's, not part of the API
 pub fn id_parts_of(rule: &Rule, value: &str) -> Vec<String> {
     if rule.hash_key {
         return Vec::new();

@@ -488,6 +488,7 @@ pub(crate) fn rule_of_segment(segment: &str) -> std::borrow::Cow<'_, str> {
 /// alone, so the rules that key one request by the same value share a slot
 /// (and are decided in one atomic call), while different IDs spread over
 /// the masters.
+#[doc(hidden)] // the floodgate binary's, not part of the API
 pub fn redis_key_for(hash_tag: bool, prefix: &str, rule: &str, kind: &str, id: &str) -> String {
     let hashed;
     let id = if id.len() <= MAX_ID_BYTES {
@@ -530,6 +531,7 @@ pub(crate) fn hashed_id(id: &str) -> String {
 /// Joins the parts of a composite key: KIND is the kinds joined by `+`, ID
 /// the IDs joined by `|`, each with `%` and `|` percent-escaped so that no
 /// two different combinations make the same ID.
+#[doc(hidden)] // the floodgate binary's, not part of the API
 pub fn compose(parts: &[(&str, String)]) -> (String, String) {
     let kind = parts.iter().map(|(k, _)| *k).collect::<Vec<_>>().join("+");
     let id = parts

@@ -99,6 +99,7 @@ impl AuditEntry {
 /// The rule, kind and ID of a state key under `prefix`
 /// (`PREFIX:RULE:KIND:ID`, the ID in braces on a Cluster; a rule name's
 /// `:`, `{`, `}` and `%` stand escaped in RULE, and come back as they are).
+#[doc(hidden)] // the floodgate binary's, not part of the API
 pub fn split_state_key<'k>(prefix: &str, key: &'k str) -> Option<(Cow<'k, str>, &'k str, &'k str)> {
     let rest = key.strip_prefix(prefix)?.strip_prefix(':')?;
     let (rule, rest) = rest.split_once(':')?;
@@ -208,6 +209,7 @@ impl Limiter {
     /// every master), found with `SCAN`: those that hold counts, and those
     /// of identities with only an operator record (banned before any
     /// request). Blocking, as [`Limiter::listed_blocking`].
+    #[doc(hidden)] // the floodgate binary's, not part of the API
     pub fn state_keys_blocking(
         &self,
         prefix: &str,
@@ -240,6 +242,7 @@ impl Limiter {
     /// Adds `entry` to the audit trail under `prefix` (the newest
     /// 10 000 stay) and logs it. Blocking, as
     /// [`Limiter::listed_blocking`].
+    #[doc(hidden)] // the floodgate binary's, not part of the API
     pub fn audit_blocking(&self, prefix: &str, entry: &AuditEntry) -> Result<(), LimiterError> {
         log::info!(
             "operator: {} under rule {} of {} by {}{}{}",

@@ -45,6 +45,7 @@ use super::topology::RedisConn;
 use super::wire;
 use super::{Check, Limiter, LimiterError};
 use crate::logging::Escaped;
+use crate::units::check_operator_length;
 
 /// The Lua of an operator's action: the shared helpers, the algorithm
 /// files, then the action's driver.
@@ -121,6 +122,32 @@ pub enum Action {
 }
 
 impl Action {
+    /// Refuses the numbers no operator's command accepts: a ban, an
+    /// override's window or lifetime of 0 or longer than 366 days, an
+    /// override's limit of 0. ([`Limiter::operate`] and
+    /// `Filter::operate` ask it before they act.)
+    pub(crate) fn check(&self) -> Result<(), String> {
+        match *self {
+            Action::Ban(d) => check_operator_length("the ban's length", d),
+            Action::Override {
+                limit,
+                window,
+                lasts,
+            } => {
+                if limit == 0 {
+                    return Err("limit must be a whole number of at least 1, got 0".into());
+                }
+                if let Some(w) = window {
+                    check_operator_length("window", w)?;
+                }
+                lasts.map_or(Ok(()), |l| {
+                    check_operator_length("the override's length", l)
+                })
+            }
+            Action::Inspect | Action::Reset | Action::Unban | Action::Clear => Ok(()),
+        }
+    }
+
     /// The action's name, for logs.
     pub fn name(&self) -> &'static str {
         match self {
@@ -339,6 +366,7 @@ impl Limiter {
     /// forgotten within moments. Uses a pooled connection, within
     /// `redis.timeout`.
     pub async fn operate(&self, check: Check, action: Action) -> Result<Inspection, LimiterError> {
+        action.check().map_err(LimiterError::Invalid)?;
         let pool = self.pool().clone();
         let timeout = self.timeout();
         let channel = self.channel().to_string();
@@ -368,6 +396,7 @@ impl Limiter {
         check: &Check,
         action: Action,
     ) -> Result<Inspection, LimiterError> {
+        action.check().map_err(LimiterError::Invalid)?;
         let result = operate_blocking(
             self.pool(),
             self.timeout(),

@@ -26,6 +26,7 @@ const MINUTE_MOST: usize = 1000;
 /// Identities a rule's last-denial set keeps (the newest).
 const LAST_MOST: usize = 10_000;
 /// The longest `top` looks back.
+#[doc(hidden)] // the floodgate binary's, not part of the API
 pub const TOP_SINCE_MOST: Duration = Duration::from_secs(24 * 3600);
 /// The most identities `top` answers.
 pub(crate) const TOP_MOST: usize = 100;
