@@ -1,11 +1,13 @@
-//! The rate-limit filter: an actix-service `Transform` that wraps the whole
+//! The rate-limit filter, and its doors: an actix-service `Transform`
+//! (`actix/`) and a `tower::Layer` (`tower.rs`), each wrapping the whole
 //! app, so rules apply before routing (and guard paths with no handler).
 //!
 //! Each request goes through stages (`request.rs`): find the rules that
-//! match its method and decoded path; read the body their keys need
-//! (`body.rs`); build each rule's key from the values it reads
-//! (`values.rs`, `json.rs`); decide all of them at once (`decision.rs`: the
-//! denial cache, one [`Limiter`] call, else each rule's `on_redis_error`);
+//! match its method and decoded path; read the body their keys need (each
+//! door: `actix/body.rs`, `tower.rs`); build each rule's key from the values
+//! it reads (`values.rs`, `json.rs`); decide all of them at once
+//! (`crate::gate`: the denial cache, one [`Limiter`] call, else each rule's
+//! `on_redis_error`);
 //! then pass the request on with `RateLimit` fields (`fields.rs`), or deny
 //! it (`deny.rs`: 303 to the error page, 429, or 503). The filter is built
 //! by `builder.rs` (a file, or code), and `code_limit.rs` holds the

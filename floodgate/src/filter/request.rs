@@ -1,7 +1,7 @@
 //! The stages every door takes a request through: the rules that guard it
 //! ([`guarding`]), the lookups of its key functions ([`lookups`]), each
 //! rule's Redis key and check ([`checks`]), and after the decision
-//! (`decision.rs`) the give-backs of `count = "failures"` ([`give_back`]).
+//! (`crate::gate`) the give-backs of `count = "failures"` ([`give_back`]).
 //! Each door reads the body its keys need and writes the answer with its
 //! own types (`actix/`, `tower.rs`).
 
