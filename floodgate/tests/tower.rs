@@ -870,6 +870,24 @@ async fn a_json_body_is_read_whatever_its_charset_or_coding_says_as_axum_reads_i
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_rule_guards_head_which_axum_answers_with_the_get_handler() {
+    let redis = RedisServer::start();
+    let toml = "[[rule]]\nname = \"page\"\npaths = [\"/check\"]\nmethods = [\"GET\"]\nlimit = 2\nwindow = \"1h\"\ndeny = \"status\"\n";
+    let router = Router::new()
+        .route("/check", get(|| async { "ok" }))
+        .layer(filter(&redis, toml));
+    let base = serve(router).await;
+    let head = || client().head(format!("{base}/check")).send();
+    assert_eq!(head().await.unwrap().status(), 200);
+    assert_eq!(head().await.unwrap().status(), 200);
+    assert_eq!(head().await.unwrap().status(), 429);
+    assert_eq!(get_with(&base, "/check", &[]).await.status(), 429);
+    // Another method is not the rule's.
+    let res = client().post(format!("{base}/check")).send().await.unwrap();
+    assert_eq!(res.status(), 405);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cors_preflight_is_never_counted_nor_denied() {
     let redis = RedisServer::start();
     let toml = "[[rule]]\nname = \"one\"\npaths = [\"/any\"]\nlimit = 1\nwindow = \"1m\"\ndeny = \"status\"\n";

@@ -293,9 +293,12 @@ impl Rule {
         self.skip.is_some()
     }
 
-    /// Whether this rule guards `method` + (decoded) `path`.
+    /// Whether this rule guards `method` + (decoded) `path`. A rule that
+    /// names `GET` guards `HEAD` too: axum, hyper and most routers run a
+    /// GET handler for a HEAD request, so it would otherwise run unlimited.
     pub fn matches(&self, method: &str, path: &str) -> bool {
-        (self.methods.is_empty() || self.methods.iter().any(|m| m == method))
+        let named = |m: &str| self.methods.iter().any(|n| n == m);
+        (self.methods.is_empty() || named(method) || (method == "HEAD" && named("GET")))
             && self.paths.iter().any(|p| p.matches(path))
     }
 
