@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use floodgate::gate::{self, Fallback, Named, Remembered, Verdict};
 use floodgate::limiter::Limiter;
-use floodgate::limiter::{Check, Decision, LimiterError, Outcome};
+use floodgate::limiter::{Action, Check, Decision, LimiterError, Outcome};
 use floodgate::metrics::Metrics;
 use floodgate::rule::HeaderDialect;
 use floodgate::rule::{Algorithm, OnRedisError, Penalty};
@@ -511,6 +511,7 @@ impl Rls {
         &self,
         applied: &mut [Option<Applied<'_>>],
     ) -> Result<RateLimitResponse, tonic::Status> {
+        self.under_overrides(applied).await;
         // The limits that take Redis work: every matched one but
         // `unlimited` and `requests_per_unit: 0`.
         let mut checks = Vec::new();
@@ -621,6 +622,47 @@ impl Rls {
                     self.answer_each(applied, &mut statuses, &of_check, &decision);
                 }
                 Ok(self.response(applied, statuses))
+            }
+        }
+    }
+
+    /// The limits whose hits are more than their quota (no count of theirs
+    /// could take them) take the limit of the identity's override instead,
+    /// when an operator gave it one that fits the hits; the others stay
+    /// `never()`. A read of the identity's operator record, made only for
+    /// such a limit (no other call waits for it); when it fails the limit
+    /// stays `never()` too. An override cleared between that read and the
+    /// decision is not seen by the decision, which then counts this one
+    /// call by the override's limit.
+    async fn under_overrides(&self, applied: &mut [Option<Applied<'_>>]) {
+        for a in applied.iter_mut().flatten() {
+            let Some(algorithm) = a.algorithm else {
+                continue;
+            };
+            if a.twin.is_some()
+                || a.unlimited
+                || a.requests_per_unit == 0
+                || a.hits <= algorithm.quota()
+            {
+                continue;
+            }
+            let check = Check::new(a.key.clone(), algorithm);
+            let Ok(seen) = self.limiter.operate(check, Action::Inspect).await else {
+                continue;
+            };
+            let Some(limit) = seen
+                .override_state
+                .and_then(|o| u32::try_from(o.limit).ok())
+                .filter(|&l| l >= a.hits)
+                .and_then(NonZeroU32::new)
+            else {
+                continue;
+            };
+            // The override's limit as the limit's: the decision applies
+            // the same override over it (its window too), so nothing else
+            // changes.
+            if let Some(raised) = algorithm.with_quota(limit) {
+                a.algorithm = Some(raised);
             }
         }
     }

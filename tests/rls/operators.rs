@@ -420,3 +420,52 @@ fn top_once_denied(config: &str, rule: &str, denied: u32) -> serde_json::Value {
     );
     serde_json::from_str(out.trim()).unwrap()
 }
+
+#[tokio::test]
+async fn an_override_above_the_limit_takes_hits_the_limit_cannot() {
+    // per-user allows 5 a minute: a call of 20 hits can never fit it, but
+    // an identity an operator raised to 50 takes them.
+    let redis = RedisServer::start();
+    let svc = Service::start(&redis, &[("ops.yaml", TREE)], "", "");
+    let config = svc.dir.join("rls.toml");
+    let config = config.to_str().unwrap();
+    let mut c = svc.client().await;
+    let (raised, other) = (unique(), unique());
+    let heavy = |user: &str| call("ops", &[&[("tenant", "acme"), ("user", user)]], 20);
+    for user in [&raised, &other] {
+        let r = c.should_rate_limit(heavy(user)).await.unwrap();
+        assert_eq!(codes(&r), [("OVER_LIMIT", 0)], "{user}");
+    }
+    let (code, _, err) = floodgate(&[
+        "override", "--config", config, "per-user", "acme", &raised, "--limit", "50",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let r = c.should_rate_limit(heavy(&raised)).await.unwrap();
+    assert_eq!(codes(&r), [("OK", 30)]);
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .clone()
+            .unwrap()
+            .requests_per_unit,
+        50
+    );
+    let r = c.should_rate_limit(heavy(&raised)).await.unwrap();
+    assert_eq!(codes(&r), [("OK", 10)]);
+    // Over the override too, and nothing charged: one more unit fits.
+    let r = c.should_rate_limit(heavy(&raised)).await.unwrap();
+    assert_eq!(codes(&r), [("OVER_LIMIT", 0)]);
+    let one = call("ops", &[&[("tenant", "acme"), ("user", &raised)]], 10);
+    let r = c.should_rate_limit(one).await.unwrap();
+    assert_eq!(codes(&r), [("OK", 0)]);
+    // Only that identity.
+    let r = c.should_rate_limit(heavy(&other)).await.unwrap();
+    assert_eq!(codes(&r), [("OVER_LIMIT", 0)]);
+    // Cleared: back to a limit 20 hits can never fit.
+    let (code, _, err) = floodgate(&[
+        "override", "--config", config, "per-user", "acme", &raised, "--clear",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let r = c.should_rate_limit(heavy(&raised)).await.unwrap();
+    assert_eq!(codes(&r), [("OVER_LIMIT", 0)]);
+}

@@ -248,9 +248,19 @@ impl Algorithm {
     }
 
     /// The same algorithm with `quota` as its limit (a token bucket's rate
-    /// scales with its burst), checked as its constructor checks it: `None`
-    /// when that algorithm could not be built.
-    pub(crate) fn with_quota(&self, quota: NonZeroU32) -> Option<Algorithm> {
+    /// scales with its burst), as an operator's override of that limit
+    /// makes it; checked as its constructor checks it: `None` when that
+    /// algorithm could not be built.
+    ///
+    /// ```
+    /// # use std::{num::NonZeroU32, time::Duration};
+    /// use floodgate_limiter::rule::Algorithm;
+    /// let rule = Algorithm::sliding_window(5, Duration::from_secs(60))?;
+    /// let raised = rule.with_quota(NonZeroU32::new(50).unwrap()).unwrap();
+    /// assert_eq!(raised.limit_window(), Some((NonZeroU32::new(50).unwrap(), Duration::from_secs(60))));
+    /// # Ok::<(), floodgate_limiter::rule::InvalidPolicy>(())
+    /// ```
+    pub fn with_quota(&self, quota: NonZeroU32) -> Option<Algorithm> {
         match (*self, self.limit_window()) {
             (Algorithm::TokenBucket { rate, burst }, _) => Algorithm::token_bucket(
                 rate * f64::from(quota.get()) / f64::from(burst.get()),
