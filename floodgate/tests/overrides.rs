@@ -332,6 +332,7 @@ async fn an_action_no_operators_command_accepts_is_refused_and_does_nothing() {
     let bad = [
         Action::Ban(Duration::ZERO),
         Action::Ban(3650 * day),
+        Action::Ban(Duration::MAX),
         override_of(0, None, None),
         override_of(5, Some(Duration::ZERO), None),
         override_of(5, Some(400 * day), None),
