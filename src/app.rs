@@ -29,12 +29,15 @@ pub mod log_kinds {
     /// An admin API request was refused (address not allowed, no or wrong
     /// token): anyone can send these, so they are not one line each.
     pub static ADMIN_REFUSED: Repeats = Repeats::new("admin request refused", log::Level::Warn);
+    /// The rate-limit service had as many calls in flight as it reads at
+    /// once, and refused one.
+    pub static RLS_BUSY: Repeats = Repeats::new("rls call refused", log::Level::Warn);
 
     /// Writes the counts of repeated warnings held back so far, the
     /// library's and the site's.
     pub fn flush() {
         floodgate::logging::flush();
-        for kind in [&READYZ, &SITE_ERROR, &ADMIN_REFUSED] {
+        for kind in [&READYZ, &SITE_ERROR, &ADMIN_REFUSED, &RLS_BUSY] {
             kind.flush();
         }
     }

@@ -231,25 +231,38 @@ pub trait Handler: Send + Sync + 'static {
     ) -> impl Future<Output = Result<tonic::Response<RateLimitResponse>, tonic::Status>> + Send;
 }
 
+/// The largest `ShouldRateLimit` request read (Envoy's are well under a
+/// KiB; tonic's own default, 4 MiB, would let a few thousand unfinished
+/// calls hold gigabytes).
+pub const MAX_REQUEST_BYTES: usize = 256 * 1024;
+
 /// The gRPC service: `ShouldRateLimit` to the handler, any other method
-/// `UNIMPLEMENTED`.
+/// `UNIMPLEMENTED`. At most as many calls as `in_flight` has permits are
+/// read and decided at once, over every connection and thread sharing it;
+/// a call beyond them is answered `RESOURCE_EXHAUSTED` at once, before its
+/// body is read, so what unfinished calls hold stays bounded.
 #[derive(Debug)]
 pub struct RateLimitServer<H> {
     inner: Arc<H>,
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 impl<H> Clone for RateLimitServer<H> {
     fn clone(&self) -> Self {
         RateLimitServer {
             inner: Arc::clone(&self.inner),
+            in_flight: Arc::clone(&self.in_flight),
         }
     }
 }
 
 impl<H: Handler> RateLimitServer<H> {
-    /// Serves `handler`.
-    pub fn new(handler: Arc<H>) -> RateLimitServer<H> {
-        RateLimitServer { inner: handler }
+    /// Serves `handler`, at most `in_flight`'s permits of calls at once.
+    pub fn new(handler: Arc<H>, in_flight: Arc<tokio::sync::Semaphore>) -> RateLimitServer<H> {
+        RateLimitServer {
+            inner: handler,
+            in_flight,
+        }
     }
 }
 
@@ -329,10 +342,21 @@ where
 
     fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
         if req.uri().path() == SHOULD_RATE_LIMIT {
+            let Ok(permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
+                crate::repeated!(
+                    &crate::log_kinds::RLS_BUSY,
+                    "rls: as many calls in flight as are read at once: a call was answered RESOURCE_EXHAUSTED"
+                );
+                let busy = tonic::Status::resource_exhausted("too many calls in flight");
+                return Box::pin(async move { Ok(busy.into_http()) });
+            };
             let inner = Arc::clone(&self.inner);
             Box::pin(async move {
-                let mut grpc = tonic::server::Grpc::new(ServerCodec);
-                Ok(grpc.unary(Unary(inner), req).await)
+                let mut grpc = tonic::server::Grpc::new(ServerCodec)
+                    .max_decoding_message_size(MAX_REQUEST_BYTES);
+                let answer = grpc.unary(Unary(inner), req).await;
+                drop(permit);
+                Ok(answer)
             })
         } else {
             Box::pin(async move { Ok(tonic::Status::unimplemented("no such method").into_http()) })

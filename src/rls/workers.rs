@@ -29,6 +29,26 @@ use super::ServeError;
 /// descriptors, say) before it tries again.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(50);
 
+/// The most `ShouldRateLimit` calls read and decided at once, over every
+/// connection: far above what a busy service holds (tens of thousands of
+/// calls a second, each answered within milliseconds, or at once while
+/// the breaker is open), and with [`MAX_REQUEST_BYTES`](super::proto::MAX_REQUEST_BYTES) a bound on what
+/// calls whose bodies never finish can hold (256 MiB).
+const MAX_CALLS_IN_FLIGHT: usize = 1024;
+
+/// The most calls one HTTP/2 connection carries at once (Envoy opens
+/// another connection past it).
+const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+
+/// The longest a call may take, its request's bytes included: a client
+/// that starts a call and never finishes it loses it then. Far beyond
+/// any decision (at most a few times the Redis timeout).
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often an idle connection is pinged, and how long its answer may
+/// take before the connection is dropped (a peer that vanished).
+const KEEPALIVE: (Duration, Duration) = (Duration::from_secs(30), Duration::from_secs(10));
+
 /// Serves gRPC on `listener` until `stop` resolves, then stops accepting
 /// and lets every thread finish its calls in flight, for `grace` at most.
 pub(super) async fn serve(
@@ -40,16 +60,19 @@ pub(super) async fn serve(
 ) -> Result<(), ServeError> {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let (stopping, stopped) = tokio::sync::watch::channel(false);
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_CALLS_IN_FLIGHT));
     let mut deal = Vec::with_capacity(threads);
     let mut ended = Vec::with_capacity(threads);
     for i in 0..threads {
         let (conns, incoming) = tokio::sync::mpsc::unbounded_channel();
         let (done, end) = tokio::sync::oneshot::channel();
         let (rls, health, stopped) = (Arc::clone(rls), health.clone(), stopped.clone());
+        let in_flight = Arc::clone(&in_flight);
         std::thread::Builder::new()
             .name(format!("floodgate-rls-{i}"))
             .spawn(move || {
-                let _ = done.send(run(incoming, rls, health, stopped, grace));
+                let server = RateLimitServer::new(rls, in_flight);
+                let _ = done.send(run(incoming, server, health, stopped, grace));
             })
             .map_err(|e| ServeError::Other(format!("cannot start a gRPC thread: {e}")))?;
         deal.push(conns);
@@ -110,7 +133,7 @@ pub(super) async fn serve(
 /// to stop, then finishes its calls in flight, for `grace` at most.
 fn run(
     mut incoming: tokio::sync::mpsc::UnboundedReceiver<std::net::TcpStream>,
-    rls: Arc<Rls>,
+    server: RateLimitServer<Rls>,
     health: HealthServer<impl Health>,
     mut stopped: tokio::sync::watch::Receiver<bool>,
     grace: Duration,
@@ -125,8 +148,12 @@ fn run(
             .map(tokio::net::TcpStream::from_std);
         let mut told = stopped.clone();
         let serve = tonic::transport::Server::builder()
+            .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+            .timeout(CALL_TIMEOUT)
+            .http2_keepalive_interval(Some(KEEPALIVE.0))
+            .http2_keepalive_timeout(Some(KEEPALIVE.1))
             .add_service(health)
-            .add_service(RateLimitServer::new(rls))
+            .add_service(server)
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = told.wait_for(|stop| *stop).await;
             });

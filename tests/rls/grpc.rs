@@ -889,3 +889,80 @@ async fn a_penalty_bans_a_value_denied_again_and_again() {
         svc.metrics()
     );
 }
+
+#[tokio::test]
+async fn calls_that_never_finish_are_bounded_and_the_rest_refused_at_once() {
+    // Calls whose request never arrives each hold one of the calls the
+    // service reads at once (1024); past them a call is answered
+    // RESOURCE_EXHAUSTED at once, and once they go, calls are answered again.
+    let redis = RedisServer::start();
+    let svc = Service::start(&redis, &[("another.yaml", ANOTHER)], "", "");
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        floodgate_site::rls::proto::SHOULD_RATE_LIMIT,
+    );
+    // Two connections of 512 unfinished calls each (a connection carries
+    // at most 1024 at once).
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let channel = tonic::transport::Endpoint::new(svc.endpoint())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        for _ in 0..512 {
+            let mut grpc = tonic::client::Grpc::new(channel.clone());
+            let path = path.clone();
+            held.push(tokio::spawn(async move {
+                grpc.ready().await.unwrap();
+                let codec = tonic_prost::ProstCodec::<
+                    floodgate_site::rls::proto::RateLimitRequest,
+                    floodgate_site::rls::proto::RateLimitResponse,
+                >::default();
+                let never = futures_util::stream::pending();
+                let _ = grpc
+                    .client_streaming(tonic::Request::new(never), path, codec)
+                    .await;
+            }));
+        }
+    }
+    let v = unique();
+    let mut c = svc.client().await;
+    let deadline = Instant::now() + PATIENCE;
+    let refused = loop {
+        match c
+            .should_rate_limit(call("another", &[&[("key2", &v)]], 1))
+            .await
+        {
+            Err(e) if e.code() == tonic::Code::ResourceExhausted => break e,
+            other => {
+                assert!(Instant::now() < deadline, "never refused: {other:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert!(
+        refused.message().contains("too many calls in flight"),
+        "{refused:?}"
+    );
+    wait_until(PATIENCE, "the refusal in the log", || {
+        svc.log_has("answered RESOURCE_EXHAUSTED")
+    });
+    for h in &held {
+        h.abort();
+    }
+    let fresh = unique();
+    let deadline = Instant::now() + PATIENCE;
+    let r = loop {
+        match c
+            .should_rate_limit(call("another", &[&[("key2", &fresh)]], 1))
+            .await
+        {
+            Ok(r) => break r,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "still refused: {e:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert_eq!(codes(&r), [("OK", 19)]);
+}
