@@ -69,26 +69,20 @@ pub async fn send_code(
 }
 
 /// `Content-Type: application/json`, in UTF-8 (no other charset), without
-/// a content coding.
+/// a content coding. The type is parsed as actix-web parses it
+/// (`HttpMessage::mime_type`), which is how the filter decides whether it
+/// reads the body's `phone`: a type it cannot parse (`application/json ;
+/// x=y`, with a space before the `;`) would have the filter key the
+/// request by address alone while this handler still sent a code.
 fn is_utf8_json(req: &HttpRequest) -> bool {
-    let Some(ct) = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-    else {
+    use actix_web::{mime, HttpMessage};
+    let Ok(Some(mime)) = req.mime_type() else {
         return false;
     };
-    let mut parts = ct.split(';');
-    let json = parts
-        .next()
-        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
-    let utf8 = parts.all(|p| match p.split_once('=') {
-        Some((n, v)) if n.trim().eq_ignore_ascii_case("charset") => {
-            let v = v.trim().trim_matches('"');
-            v.eq_ignore_ascii_case("utf-8") || v.eq_ignore_ascii_case("utf8")
-        }
-        _ => true,
-    });
+    let json = mime.type_() == mime::APPLICATION && mime.subtype() == mime::JSON;
+    let utf8 = mime
+        .get_param(mime::CHARSET)
+        .is_none_or(|c| c == mime::UTF_8 || c.as_str().eq_ignore_ascii_case("utf8"));
     let coded = req.headers().get_all(header::CONTENT_ENCODING).any(|c| {
         !c.to_str()
             .is_ok_and(|c| c.trim().eq_ignore_ascii_case("identity"))
