@@ -162,7 +162,7 @@ pub async fn error_page(site: web::Data<Site>, req: HttpRequest) -> HttpResponse
         site_title: site.config.site.title.clone(),
         signed_in: signed_in(&site, &req),
         rule: rule.map(|r| r.name().to_string()).unwrap_or_default(),
-        description: rule.map(|r| r.description().to_string()),
+        description: rule.and_then(shown_description),
         retry_after,
         banned,
         back: back_link(&req, rule),
@@ -175,6 +175,13 @@ pub async fn error_page(site: web::Data<Site>, req: HttpRequest) -> HttpResponse
     res
 }
 
+/// A rule's limit in words, for its error page; `None` for an abuse
+/// threshold (`headers = "none"`), which no page tells: the page names
+/// the rule only (anyone may ask `/err` for any rule).
+fn shown_description(rule: &Rule) -> Option<String> {
+    (rule.headers() != floodgate::rule::HeaderDialect::None).then(|| rule.description().to_string())
+}
+
 /// The HTML sent with a 429 for a browser (`deny = "status"`).
 pub fn denial_html(site_title: &str, denial: &floodgate::Denial) -> String {
     let retry_after = denial.retry_after;
@@ -182,7 +189,7 @@ pub fn denial_html(site_title: &str, denial: &floodgate::Denial) -> String {
         site_title: site_title.to_string(),
         signed_in: false,
         rule: denial.rule.name().to_string(),
-        description: Some(denial.rule.description().to_string()),
+        description: shown_description(&denial.rule),
         retry_after,
         banned: denial.banned,
         back: "/".into(),

@@ -247,6 +247,26 @@ async fn password_sign_in_and_sign_out() {
         )
         .await;
     assert_eq!(res.status(), 200);
+    // Each change costs a hash: 5 per 15 minutes for one account.
+    for _ in 0..3 {
+        let res = user
+            .post(
+                "/account/password",
+                &[("password", "correct horse battery")],
+            )
+            .await;
+        assert_eq!(res.status(), 200);
+    }
+    let res = user
+        .post(
+            "/account/password",
+            &[("password", "correct horse battery")],
+        )
+        .await;
+    assert_eq!(res.status(), 303);
+    assert!(header(&res, "location")
+        .unwrap()
+        .starts_with("/err?rule=password-set&"));
 
     let res = user.post("/logout", &[]).await;
     assert_eq!(res.status(), 303);
@@ -541,6 +561,28 @@ async fn the_limits_page_shows_rules_and_the_visitors_usage() {
     }
     let home = app.get("/").await.text().await.unwrap();
     assert!(home.contains("sms-per-phone") && !home.contains("sms-per-ip"));
+    // Nor does the error page, which anyone may ask for any rule: it names
+    // the rule, not its numbers. A plain rule's page gives them.
+    for hidden in ["sms-per-ip", "verify-per-ip", "password-per-ip"] {
+        let text = app
+            .get(&format!("/err?rule={hidden}&retry_after=5"))
+            .await
+            .text()
+            .await
+            .unwrap();
+        assert!(text.contains(&format!("<code>{hidden}</code>")), "{text}");
+        assert!(!text.contains("at most"), "{hidden}: {text}");
+    }
+    let text = app
+        .get("/err?rule=check&retry_after=5")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("You reached a limit: <strong>at most 5"),
+        "{text}"
+    );
     assert!(page.contains("3 of 5 used"), "usage of /check");
     assert_eq!(
         page.matches("class=\"tick\"").count(),
