@@ -90,10 +90,45 @@ pub fn objects(
         .collect()
 }
 
+/// One walk over the operator records at a time, in this process: a flood
+/// of scrapes must not take the pool's connections from the requests.
+static READING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+/// How long a scrape waits for another's walk before it leaves the gauges
+/// out.
+const READ_WAIT: Duration = Duration::from_secs(2);
+
+/// The gauges of [`gauges`] for `/metrics`, read from Redis's operator
+/// records (a walk over the keys, on a blocking thread, one at a time in
+/// the process); `None` while Redis does not answer, or while other
+/// scrapes' walks have kept this one waiting for [`READ_WAIT`].
+pub async fn active_gauges(
+    limiter: &std::sync::Arc<floodgate::limiter::Limiter>,
+    prefix: &str,
+    rules: &[Known],
+) -> Option<String> {
+    let Ok(Ok(_turn)) = tokio::time::timeout(READ_WAIT, READING.acquire()).await else {
+        log::debug!("metrics: bans and overrides not read: other scrapes are reading them");
+        return None;
+    };
+    let (limiter, prefix) = (std::sync::Arc::clone(limiter), prefix.to_string());
+    match actix_web::web::block(move || limiter.listed_blocking(&prefix)).await {
+        Ok(Ok(listed)) => Some(gauges(&listed, rules)),
+        Ok(Err(e)) => {
+            log::debug!("metrics: bans and overrides not read: {e}");
+            None
+        }
+        Err(e) => {
+            log::debug!("metrics: bans and overrides not read: {e}");
+            None
+        }
+    }
+}
+
 /// The `floodgate_bans_active` and `floodgate_overrides_active` gauges of
 /// `/metrics`: per rule of `rules`, the identities `listed` as banned and
 /// with an override in force now.
-pub fn gauges(listed: &[Listed], rules: &[Known]) -> String {
+fn gauges(listed: &[Listed], rules: &[Known]) -> String {
     let mut text = String::new();
     for (name, help, counts) in [
         (

@@ -116,15 +116,11 @@ async fn metrics(state: web::Data<State>) -> HttpResponse {
     let mut body = rls.metrics.render(rls.limiter.error_count());
     body.push_str(&rls.calls.render());
     // Bans and overrides in force, as the site shows them: read from
-    // Redis's operator records at each scrape (on a blocking thread); left
-    // out while Redis does not answer.
-    let limiter = Arc::clone(&rls.limiter);
-    let prefix = rls.prefix.clone();
+    // Redis's operator records at each scrape; left out while Redis does
+    // not answer.
     let known = crate::listings::known_limits(&rls.matcher());
-    match web::block(move || limiter.listed_blocking(&prefix)).await {
-        Ok(Ok(listed)) => body.push_str(&crate::listings::gauges(&listed, &known)),
-        Ok(Err(e)) => log::debug!("metrics: bans and overrides not read: {e}"),
-        Err(e) => log::debug!("metrics: bans and overrides not read: {e}"),
+    if let Some(gauges) = crate::listings::active_gauges(&rls.limiter, &rls.prefix, &known).await {
+        body.push_str(&gauges);
     }
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")

@@ -330,15 +330,13 @@ async fn metrics(site: web::Data<Site>) -> HttpResponse {
     let mut text = site.metrics.render(site.filter.limiter().error_count());
     text.push_str(&site.hashing.render());
     // Bans and overrides in force: read from Redis's operator records at
-    // each scrape (a walk over the keys, on a blocking thread); left out
-    // while Redis does not answer.
-    let limiter = Arc::clone(site.filter.limiter());
-    let prefix = site.config.filter.redis.key_prefix.clone();
+    // each scrape; left out while Redis does not answer.
     let known = crate::listings::known(&site.filter.rules());
-    match web::block(move || limiter.listed_blocking(&prefix)).await {
-        Ok(Ok(listed)) => text.push_str(&crate::listings::gauges(&listed, &known)),
-        Ok(Err(e)) => log::debug!("metrics: bans and overrides not read: {e}"),
-        Err(e) => log::debug!("metrics: bans and overrides not read: {e}"),
+    let prefix = &site.config.filter.redis.key_prefix;
+    if let Some(gauges) =
+        crate::listings::active_gauges(site.filter.limiter(), prefix, &known).await
+    {
+        text.push_str(&gauges);
     }
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
