@@ -98,10 +98,10 @@ static READING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
 /// out.
 const READ_WAIT: Duration = Duration::from_secs(2);
 
-/// The gauges of [`gauges`] for `/metrics`, read from Redis's operator
+/// The bans and overrides gauges for `/metrics`, read from Redis's operator
 /// records (a walk over the keys, on a blocking thread, one at a time in
 /// the process); `None` while Redis does not answer, or while other
-/// scrapes' walks have kept this one waiting for [`READ_WAIT`].
+/// scrapes' walks have kept this one waiting for 2 s.
 pub async fn active_gauges(
     limiter: &std::sync::Arc<floodgate::limiter::Limiter>,
     prefix: &str,
