@@ -112,12 +112,12 @@ pub async fn active_gauges(
         return None;
     };
     let (limiter, prefix) = (std::sync::Arc::clone(limiter), prefix.to_string());
-    match actix_web::web::block(move || limiter.listed_blocking(&prefix)).await {
-        Ok(Ok(listed)) => Some(gauges(&listed, rules)),
-        Ok(Err(e)) => {
-            log::debug!("metrics: bans and overrides not read: {e}");
-            None
-        }
+    let read = actix_web::web::block(move || limiter.listed_blocking(&prefix))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()));
+    match read {
+        Ok(listed) => Some(gauges(&listed, rules)),
         Err(e) => {
             log::debug!("metrics: bans and overrides not read: {e}");
             None

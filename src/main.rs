@@ -39,7 +39,7 @@ const USAGE: &str = "usage: floodgate [serve [--config FILE]] | check-config [[-
        floodgate audit [--config FILE] [--since D]";
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args = config_flag_split(std::env::args().skip(1).collect());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match args.as_slice() {
         // Asked of any command (`floodgate ban --help`): the usage.
@@ -49,19 +49,10 @@ fn main() -> ExitCode {
         }
         [] | ["serve"] => serve(default_path()),
         ["serve", "--config", file] => serve(PathBuf::from(file)),
-        ["serve", flag] if flag.starts_with("--config=") => {
-            serve(PathBuf::from(&flag["--config=".len()..]))
-        }
         // (The site's file has `[server]` and rules, which `rls` refuses.)
         ["rls"] => rls(default_path_or(RLS_DEFAULT_PATH)),
         ["rls", "--config", file] => rls(PathBuf::from(file)),
-        ["rls", flag] if flag.starts_with("--config=") => {
-            rls(PathBuf::from(&flag["--config=".len()..]))
-        }
         ["check-config"] => check_config(default_path()),
-        ["check-config", flag] if flag.starts_with("--config=") => {
-            check_config(PathBuf::from(&flag["--config=".len()..]))
-        }
         ["check-config", file] | ["check-config", "--config", file] => {
             check_config(PathBuf::from(file))
         }
@@ -81,6 +72,23 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `serve`, `rls` and `check-config` with `--config=FILE` written as
+/// `--config FILE`, the one form their arms match (the operator commands
+/// read their options themselves).
+fn config_flag_split(mut args: Vec<String>) -> Vec<String> {
+    let file = match args.as_slice() {
+        [command, flag] if matches!(command.as_str(), "serve" | "rls" | "check-config") => {
+            flag.strip_prefix("--config=").map(str::to_string)
+        }
+        _ => None,
+    };
+    if let Some(file) = file {
+        args.truncate(1);
+        args.extend(["--config".to_string(), file]);
+    }
+    args
 }
 
 /// The file `rls` serves when neither `--config` nor `$FLOODGATE_CONFIG`

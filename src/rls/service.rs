@@ -636,16 +636,10 @@ impl Rls {
     /// call by the override's limit.
     async fn under_overrides(&self, applied: &mut [Option<Applied<'_>>]) {
         for a in applied.iter_mut().flatten() {
-            let Some(algorithm) = a.algorithm else {
+            // (`requests_per_unit: 0` has no algorithm: nothing raises it.)
+            let (None, true, Some(algorithm)) = (a.twin, a.never(), a.algorithm) else {
                 continue;
             };
-            if a.twin.is_some()
-                || a.unlimited
-                || a.requests_per_unit == 0
-                || a.hits <= algorithm.quota()
-            {
-                continue;
-            }
             let check = Check::new(a.key.clone(), algorithm);
             let Ok(seen) = self.limiter.operate(check, Action::Inspect).await else {
                 continue;

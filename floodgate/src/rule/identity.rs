@@ -85,7 +85,6 @@ pub fn id_parts_of(rule: &Rule, value: &str) -> Vec<String> {
     parts
 }
 
-/// One value as a request would be keyed by it.
 /// Whether a request may lack the value `kind` reads, and be keyed by its
 /// client address instead (every kind says, so that a new one must).
 fn may_fall_back(kind: &KeyKind) -> bool {
@@ -101,6 +100,7 @@ fn may_fall_back(kind: &KeyKind) -> bool {
     }
 }
 
+/// One value as a request would be keyed by it.
 fn identity_value(kind: &KeyKind, how: Normalize, value: &str) -> Result<String, String> {
     match kind {
         KeyKind::Ip => value
