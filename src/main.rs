@@ -205,7 +205,9 @@ fn check_rls(path: &std::path::Path) -> ExitCode {
             l.unit.name()
         );
     }
-    let _ = config;
+    for w in floodgate_site::rls::warnings(&config, &matcher) {
+        eprintln!("warning: {w}");
+    }
     ExitCode::SUCCESS
 }
 

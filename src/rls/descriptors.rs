@@ -33,6 +33,46 @@ where
     Ok(Option::<Vec<RawDescriptor>>::deserialize(d)?.unwrap_or_default())
 }
 
+/// A flag as envoyproxy/ratelimit's YAML reader (YAML 1.1) reads one:
+/// `true` and `false`, and the words `yes`/`no`, `on`/`off` and `y`/`n`,
+/// each in lower case, capitalized or in capitals; nothing written (`null`)
+/// is false.
+fn flag<'de, D>(d: D) -> Result<bool, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Flag {
+        Bool(bool),
+        Word(String),
+    }
+    let word = match Option::<Flag>::deserialize(d)? {
+        None => return Ok(false),
+        Some(Flag::Bool(b)) => return Ok(b),
+        Some(Flag::Word(w)) => w,
+    };
+    let spellings = |w: &str| [w.to_string(), capitalized(w), w.to_uppercase()];
+    let is = |words: &[&str]| words.iter().any(|w| spellings(w).contains(&word));
+    if is(&["true", "yes", "on", "y"]) {
+        Ok(true)
+    } else if is(&["false", "no", "off", "n"]) {
+        Ok(false)
+    } else {
+        Err(serde::de::Error::custom(format!(
+            "expected true or false, got {word:?}"
+        )))
+    }
+}
+
+/// `word` with its first letter in capitals.
+fn capitalized(word: &str) -> String {
+    let mut c = word.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
+}
+
 /// One descriptor as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -42,13 +82,13 @@ struct RawDescriptor {
     rate_limit: Option<RawRateLimit>,
     #[serde(default, deserialize_with = "null_as_empty")]
     descriptors: Vec<RawDescriptor>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "flag")]
     shadow_mode: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "flag")]
     detailed_metric: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "flag")]
     value_to_metric: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "flag")]
     share_threshold: bool,
 }
 
@@ -58,7 +98,7 @@ struct RawDescriptor {
 struct RawRateLimit {
     unit: Option<String>,
     requests_per_unit: Option<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "flag")]
     unlimited: bool,
     name: Option<String>,
     #[serde(default)]
@@ -203,11 +243,42 @@ pub fn load(path: &Path, algorithm: &str) -> Result<Matcher, ConfigError> {
 
 /// The files `path` names, in name order.
 pub fn files_of(path: &Path) -> Result<Vec<PathBuf>, String> {
+    Ok(listing(path)?.0)
+}
+
+/// What a user may have meant as descriptor files and floodgate does not
+/// read (envoyproxy/ratelimit reads every file of its folder, sub-folders
+/// too), and an empty set: one line each, for the log and `check-config`.
+pub fn warnings(path: &Path, matcher: &Matcher) -> Vec<String> {
+    let mut out: Vec<String> = listing(path)
+        .map(|(_, skipped)| skipped)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| {
+            format!(
+                "{}: not read: the descriptor files are the *.yaml and *.yml files of the folder itself",
+                p.display()
+            )
+        })
+        .collect();
+    if matcher.domains().is_empty() {
+        out.push(format!(
+            "{}: no descriptor file: every call is answered OK without a limit",
+            path.display()
+        ));
+    }
+    out
+}
+
+/// The files `path` names, in name order, and the other entries of a
+/// folder (sub-folders, files of other names; not those whose names start
+/// with a dot, as editors' and tools' own files do).
+fn listing(path: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), String> {
     let meta = std::fs::metadata(path).map_err(|e| format!("cannot be read: {e}"))?;
     if !meta.is_dir() {
-        return Ok(vec![path.to_path_buf()]);
+        return Ok((vec![path.to_path_buf()], Vec::new()));
     }
-    let mut files = Vec::new();
+    let (mut files, mut skipped) = (Vec::new(), Vec::new());
     let entries = std::fs::read_dir(path).map_err(|e| format!("cannot be read: {e}"))?;
     for entry in entries {
         let entry = entry.map_err(|e| format!("cannot be read: {e}"))?;
@@ -218,10 +289,13 @@ pub fn files_of(path: &Path) -> Result<Vec<PathBuf>, String> {
             .is_some_and(|e| e == "yaml" || e == "yml");
         if yaml && p.is_file() {
             files.push(p);
+        } else if !entry.file_name().to_string_lossy().starts_with('.') {
+            skipped.push(p);
         }
     }
     files.sort();
-    Ok(files)
+    skipped.sort();
+    Ok((files, skipped))
 }
 
 /// Parses one file's text and adds its domain to `matcher`.
@@ -670,6 +744,61 @@ descriptors:
             Duration::from_secs(1),
         );
         assert_eq!(small.unwrap().name(), "token_bucket");
+    }
+
+    /// Flags read as envoyproxy/ratelimit's YAML 1.1 reader reads them.
+    #[test]
+    fn flags_read_as_yaml_one_one_reads_them() {
+        for (word, on) in [
+            ("true", true),
+            ("yes", true),
+            ("On", true),
+            ("Y", true),
+            ("false", false),
+            ("NO", false),
+            ("off", false),
+            ("", false),
+        ] {
+            // (A limit that is not unlimited needs its numbers.)
+            let numbers = if on {
+                ""
+            } else {
+                ", unit: second, requests_per_unit: 1"
+            };
+            let text = format!(
+                "domain: d\ndescriptors:\n  - key: a\n    shadow_mode: {word}\n    rate_limit: {{unlimited: {word}{numbers}}}\n"
+            );
+            let m = load_one(&text).unwrap_or_else(|e| panic!("{word:?}: {e}"));
+            let l = &m.limits()[0];
+            assert_eq!((l.shadow, l.unlimited), (on, on), "{word:?}");
+        }
+        let e =
+            load_one("domain: d\ndescriptors:\n  - key: a\n    shadow_mode: maybe\n").unwrap_err();
+        assert!(e.contains("expected true or false, got \"maybe\""), "{e}");
+    }
+
+    /// What a folder holds besides its descriptor files is named, as is an
+    /// empty set: envoyproxy/ratelimit would have read those files.
+    #[test]
+    fn files_not_read_and_an_empty_set_are_warned_of() {
+        let dir = std::env::temp_dir().join(format!("fg-rls-warn-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        for f in ["a.yaml", "b.conf", ".a.yaml.swp"] {
+            std::fs::write(dir.join(f), "domain: a\n").unwrap();
+        }
+        let m = load(&dir, "sliding_window").unwrap();
+        let w = warnings(&dir, &m);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].ends_with("b.conf: not read: the descriptor files are the *.yaml and *.yml files of the folder itself"), "{w:?}");
+        assert!(w[1].contains("sub: not read"), "{w:?}");
+        std::fs::remove_file(dir.join("a.yaml")).unwrap();
+        let m = load(&dir, "sliding_window").unwrap();
+        let w = warnings(&dir, &m);
+        assert!(
+            w[2].ends_with("no descriptor file: every call is answered OK without a limit"),
+            "{w:?}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -59,6 +59,12 @@ pub fn load(path: &Path) -> Result<(RlsConfig, Matcher), floodgate::config::Conf
     Ok((config, matcher))
 }
 
+/// What `check-config` warns of in a configuration `load` read: the
+/// entries of the descriptor folder not read, and an empty set.
+pub fn warnings(config: &RlsConfig, matcher: &Matcher) -> Vec<String> {
+    descriptors::warnings(&config.rls.descriptors, matcher)
+}
+
 /// Each descriptor file's path, length, modification time and inode (a
 /// file replaced by a rename is a new inode).
 type Signature = Vec<(PathBuf, u64, Option<SystemTime>, u64)>;
@@ -104,8 +110,16 @@ fn reload(rls: &Rls, why: &str) {
             }
             rls.limiter.forget_keys();
             log::info!("rls: descriptors reloaded ({why}): {n} limits");
+            warn_of(&rls.settings.descriptors, &rls.matcher());
         }
         Err(e) => log::error!("rls: descriptors not reloaded ({why}), the old ones stay: {e}"),
+    }
+}
+
+/// Logs what in the descriptor folder was not read, and an empty set.
+fn warn_of(path: &Path, matcher: &Matcher) {
+    for w in descriptors::warnings(path, matcher) {
+        log::warn!("rls: {w}");
     }
 }
 
@@ -131,6 +145,7 @@ pub fn serve(path: &Path) -> Result<(), ServeError> {
     );
     let metrics = Arc::new(Metrics::default());
     metrics.watch(&limiter);
+    warn_of(&config.rls.descriptors, &matcher);
     let limits = matcher.limits().len();
     let domains = matcher.domains().len();
     let rls = Arc::new(Rls {

@@ -185,6 +185,9 @@ struct Applied<'a> {
     unlimited: bool,
     shadow: bool,
     replaces: &'a [String],
+    /// A limit the call brought for this descriptor: no `replaces` removes
+    /// it (envoyproxy/ratelimit gives it no name to be named by).
+    own: bool,
     /// The hits this descriptor asks for; on the first of several
     /// descriptors that count on one key, the hits of them all.
     hits: u32,
@@ -415,6 +418,7 @@ impl Rls {
                         unlimited: false,
                         shadow: self.settings.shadow,
                         replaces: &[],
+                        own: true,
                         hits,
                         penalty: None,
                         twin: None,
@@ -433,6 +437,7 @@ impl Rls {
                     unlimited: l.unlimited,
                     shadow: l.shadow || self.settings.shadow,
                     replaces: &l.replaces,
+                    own: false,
                     hits,
                     penalty: l.penalty,
                     twin: None,
@@ -448,7 +453,7 @@ impl Rls {
             for slot in &mut applied {
                 if slot
                     .as_ref()
-                    .is_some_and(|a| replaced.contains(a.name.as_ref()))
+                    .is_some_and(|a| !a.own && replaced.contains(a.name.as_ref()))
                 {
                     *slot = None;
                 }

@@ -225,6 +225,17 @@ async fn replaces_unlimited_zero_shadow_and_wildcards() {
         .await
         .unwrap();
     assert_eq!(codes(&r), [("OK", 4)]);
+    // A limit the call brings for the user descriptor has no name that a
+    // `replaces` could name: it is checked and charged beside per-org.
+    let mut own = call("t", &[&[("user", &u)], &[("org", &o)]], 1);
+    own.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: Unit::Minute as i32,
+    });
+    let r = c.should_rate_limit(own.clone()).await.unwrap();
+    assert_eq!(codes(&r), [("OK", 0), ("OK", 98)]);
+    let r = c.should_rate_limit(own).await.unwrap();
+    assert_eq!(codes(&r), [("OVER_LIMIT", 0), ("OK", 98)]);
 
     // unlimited: OK, no Redis work.
     let r = c
