@@ -47,17 +47,35 @@ fn parse<'a>(rest: &[&'a str]) -> Result<Args<'a>, String> {
                 .or_else(|| it.next())
                 .ok_or_else(|| format!("{name} needs a value"))
         };
-        match name {
-            "--" => flags = false,
-            "--config" => args.config = Some(value()?),
-            "--for" => args.lasts = Some(value()?),
-            "--since" => args.since = Some(value()?),
-            "--limit" => args.limit = Some(value()?),
-            "--window" => args.window = Some(value()?),
-            "--clear" if inline.is_none() => args.clear = true,
-            "--all-rules" if inline.is_none() => args.all_rules = true,
+        // An option given twice is refused: which one a script meant
+        // cannot be known (the admin API refuses a field twice too).
+        let twice = || format!("{name} is given twice");
+        let slot = match name {
+            "--" => {
+                flags = false;
+                continue;
+            }
+            "--config" => &mut args.config,
+            "--for" => &mut args.lasts,
+            "--since" => &mut args.since,
+            "--limit" => &mut args.limit,
+            "--window" => &mut args.window,
+            "--clear" | "--all-rules" if inline.is_none() => {
+                let flag = match name {
+                    "--clear" => &mut args.clear,
+                    _ => &mut args.all_rules,
+                };
+                if std::mem::replace(flag, true) {
+                    return Err(twice());
+                }
+                continue;
+            }
             _ => return Err(format!("unknown option {arg:?}")),
+        };
+        if slot.is_some() {
+            return Err(twice());
         }
+        *slot = Some(value()?);
     }
     Ok(args)
 }
@@ -101,8 +119,12 @@ fn action(command: &str, args: &Args<'_>) -> Result<Action, String> {
             )
         }
         _ if args.clear => {
-            none_of(&[("--limit", limit), ("--window", window), ("--for", lasts)])?;
-            Ok(Action::Clear)
+            let clash = [("--limit", limit), ("--window", window), ("--for", lasts)];
+            match clash.iter().find(|(_, given)| *given) {
+                // (An override ends at once when cleared: nothing lasts.)
+                Some((name, _)) => Err(format!("override --clear takes no {name}")),
+                None => Ok(Action::Clear),
+            }
         }
         _ => {
             let text = args.limit.ok_or("override needs --limit N, or --clear")?;

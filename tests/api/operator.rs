@@ -253,6 +253,10 @@ fn operator_commands_print_the_rules_view_and_exit_0_2_or_1() {
         &["override", "check", "1.2.3.4", "--limit", "5", "--clear"],
         &["reset", "check", "1.2.3.4", "--for", "1m"],
         &["unban", "check", "1.2.3.4", "--bogus"],
+        // An option twice: which one was meant cannot be known.
+        &["ban", "check", "1.2.3.4", "--for", "1h", "--for", "2h"],
+        &["override", "check", "1.2.3.4", "--limit", "3", "--limit=4"],
+        &["override", "check", "1.2.3.4", "--clear", "--clear"],
     ] {
         let ran = floodgate(&config, &url, args);
         assert_eq!(ran.code, 2, "{args:?}: {}", ran.stderr);

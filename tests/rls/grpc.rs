@@ -598,6 +598,11 @@ async fn health_metrics_and_redis_going_away() {
     wait_health(&svc, ServingStatus::Serving).await;
     assert_eq!(svc.get("/healthz").0, 200);
     assert_eq!(svc.get("/readyz").0, 200);
+    // Load balancers probe with HEAD too.
+    for path in ["/healthz", "/readyz"] {
+        let head = format!("HEAD {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        assert_eq!(crate::http_request(svc.http, &head).0, 200, "{path}");
+    }
     let v = unique();
     c.should_rate_limit(call("another", &[&[("key2", &v)]], 1))
         .await
