@@ -59,8 +59,14 @@ pub async fn send_code(
     let Some(phone) = phone else {
         return Ok(error(StatusCode::BAD_REQUEST, "invalid_phone"));
     };
-    let visitor = Visitor::of(&site, &req).await?;
-    text_code(&site, Purpose::SignIn, &phone, &visitor.sid).await?;
+    // Redis failing: a JSON answer too, as the client reads no other.
+    let visitor = match Visitor::of(&site, &req).await {
+        Ok(v) => v,
+        Err(e) => return Ok(e.json_response()),
+    };
+    if let Err(e) = text_code(&site, Purpose::SignIn, &phone, &visitor.sid).await {
+        return Ok(e.json_response());
+    }
     log::info!("sign-in code sent to {} (API)", phone.masked());
     let res = HttpResponse::Ok()
         .insert_header((header::CACHE_CONTROL, "no-store"))

@@ -152,6 +152,28 @@ impl ResponseError for SiteError {
     }
 
     fn error_response(&self) -> HttpResponse {
+        self.logged()
+            .content_type("text/plain; charset=utf-8")
+            .body("Something went wrong on our side. Please try again in a moment.\n")
+    }
+}
+
+impl SiteError {
+    /// The answer for a JSON client: `{"error":"unavailable"}` (503) or
+    /// `{"error":"internal"}` (500), logged as the page is.
+    pub fn json_response(&self) -> HttpResponse {
+        let what = match self.status {
+            StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+            _ => "internal",
+        };
+        self.logged()
+            .insert_header((header::CACHE_CONTROL, "no-store"))
+            .json(serde_json::json!({ "error": what }))
+    }
+
+    /// Logs the failure (a repeated one once in a while) and starts its
+    /// answer: the status, and `Retry-After: 1` on a 503.
+    fn logged(&self) -> actix_web::HttpResponseBuilder {
         crate::repeated!(
             &crate::log_kinds::SITE_ERROR,
             "{}",
@@ -161,8 +183,7 @@ impl ResponseError for SiteError {
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             res.insert_header((header::RETRY_AFTER, "1"));
         }
-        res.content_type("text/plain; charset=utf-8")
-            .body("Something went wrong on our side. Please try again in a moment.\n")
+        res
     }
 }
 

@@ -166,6 +166,27 @@ async fn redis_down_applies_the_error_policy_in_time_and_recovers() {
     assert_eq!(app.redis.llen("floodgate:hard:ip:127.0.0.1"), 3);
 }
 
+/// With Redis down, the JSON API's own failure (the code cannot be stored)
+/// is answered in JSON too: its clients read no page.
+#[actix_web::test]
+async fn the_json_api_answers_json_when_redis_fails_it() {
+    let mut app = spawn_app("[redis]\ntimeout = \"200ms\"\n").await;
+    app.redis.stop();
+    let res = app
+        .client
+        .post(app.url("/api/sms/send"))
+        .header("content-type", "application/json")
+        .header("accept", "application/json")
+        .body(r#"{"phone":"+15550100077"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 503);
+    assert_eq!(header(&res, "retry-after").as_deref(), Some("1"));
+    let v: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(v, serde_json::json!({"error": "unavailable"}));
+}
+
 // Connections, not cached denials, are what these tests are about: a
 // denial remembered before a restart would still deny after it (by design).
 const RESTARTED: &str = r#"
