@@ -221,7 +221,7 @@ pub(crate) static BAD_QUOTA: Repeats = Repeats::new("unusable quota", log::Level
 /// The connection pool could not open or check a connection.
 pub(crate) static REDIS_CONNECTION: Repeats = Repeats::new("redis connection", log::Level::Warn);
 
-const ALL: [&Repeats; 6] = [
+static ALL: [&Repeats; 6] = [
     &REDIS_FAILED,
     &BREAKER,
     &NO_DECISION,
