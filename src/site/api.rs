@@ -13,6 +13,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 
 use super::codes::text_code;
+use super::forms::give_back_all;
 use super::phone::Phone;
 use super::store::Purpose;
 use super::{Site, SiteError, Visitor};
@@ -33,6 +34,7 @@ pub async fn send_code(
     mut payload: web::Payload,
 ) -> Result<HttpResponse, SiteError> {
     if !is_utf8_json(&req) {
+        give_back_all(&req).await;
         return Ok(error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported_media_type",
@@ -50,6 +52,7 @@ pub async fn send_code(
         body.extend_from_slice(&chunk);
     }
     let Ok(sent) = serde_json::from_slice::<SendCode>(&body) else {
+        give_back_all(&req).await;
         return Ok(error(StatusCode::BAD_REQUEST, "invalid_json"));
     };
     let phone = match sent.phone {
@@ -57,6 +60,7 @@ pub async fn send_code(
         _ => None,
     };
     let Some(phone) = phone else {
+        give_back_all(&req).await;
         return Ok(error(StatusCode::BAD_REQUEST, "invalid_phone"));
     };
     // Redis failing: a JSON answer too, as the client reads no other.

@@ -12,7 +12,7 @@ use std::pin::Pin;
 use actix_web::dev::Payload;
 use actix_web::error::InternalError;
 use actix_web::http::StatusCode;
-use actix_web::{web, FromRequest, HttpRequest, HttpResponse};
+use actix_web::{web, FromRequest, HttpMessage, HttpRequest, HttpResponse};
 use askama::Template;
 use serde::Deserialize;
 
@@ -178,6 +178,7 @@ impl FromRequest for CsrfPost {
             let site = site_of(&req)?;
             let visitor = Visitor::of(&site, &req).await?;
             if !csrf_ok(&site, &visitor, &fields) {
+                give_back_all(&req).await;
                 let page = forbidden(&site, &visitor);
                 return Err(InternalError::from_response("no valid CSRF token", page).into());
             }
@@ -258,12 +259,28 @@ impl<F: Flow> FromRequest for PhonePost<F> {
                     flow: PhantomData,
                 }),
                 None => {
+                    give_back_all(&req).await;
                     form.phone_error = true;
                     let page = form.refuse(F::PAGE, &visitor, PHONE_RULE.into());
                     Err(InternalError::from_response("unreadable phone", page).into())
                 }
             }
         })
+    }
+}
+
+/// Gives back what the rules took for a POST the site refuses before
+/// acting on it: one without a valid CSRF token, or, on the JSON API, of
+/// another type (another site's page can make a visitor's browser send
+/// such requests, and must not spend the visitor's address's or number's
+/// quota with them), or one whose phone number cannot be read (a typo
+/// sends no code, and costs none).
+pub(super) async fn give_back_all(req: &HttpRequest) {
+    let usage = req.extensions().get::<floodgate::Usage>().cloned();
+    if let Some(usage) = usage {
+        if let Err(e) = usage.give_back().await {
+            log::debug!("a refused form's units not given back: {e}");
+        }
     }
 }
 

@@ -276,32 +276,56 @@ impl Visitor {
 
 /// Registers every route of the site.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/", web::get().to(pages::home))
-        .route("/check", web::get().to(pages::check))
-        .route("/login", web::get().to(signin::login_form))
+    cfg.route("/", page().to(pages::home))
+        .route("/check", page().to(pages::check))
+        .route("/login", page().to(signin::login_form))
         .route("/sms/send", web::post().to(signin::send_code))
         .route("/login/sms", web::post().to(signin::login_sms))
         .route("/login/password", web::post().to(signin::login_password))
         .route("/logout", web::post().to(signin::logout))
-        .route("/account", web::get().to(account::account))
+        .route("/account", page().to(account::account))
         .route("/account/password", web::post().to(account::set_password))
-        .route("/password/reset", web::get().to(reset::reset_form))
+        .route("/password/reset", page().to(reset::reset_form))
         .route("/password/reset", web::post().to(reset::reset_request))
         .route(
             "/password/reset/confirm",
             web::post().to(reset::reset_confirm),
         )
-        .route("/limits", web::get().to(dashboard::limits))
-        .route("/dev/outbox", web::get().to(dashboard::outbox))
-        .route("/err", web::get().to(pages::error_page))
-        .route("/api/ping", web::get().to(api_ping))
+        // A form's target asked for as a page (a "back" link, a reload of
+        // the answer's address): the page of the form.
+        .route("/sms/send", page().to(|| see_other("/login")))
+        .route("/login/sms", page().to(|| see_other("/login")))
+        .route("/login/password", page().to(|| see_other("/login")))
+        .route("/logout", page().to(|| see_other("/")))
+        .route("/account/password", page().to(|| see_other("/account")))
+        .route(
+            "/password/reset/confirm",
+            page().to(|| see_other("/password/reset")),
+        )
+        .route("/limits", page().to(dashboard::limits))
+        .route("/dev/outbox", page().to(dashboard::outbox))
+        .route("/err", page().to(pages::error_page))
+        .route("/api/ping", page().to(api_ping))
         .route("/api/sms/send", web::post().to(api::send_code))
         // Load balancers probe with HEAD as well as GET.
-        .route("/healthz", web::route().guard(get_or_head()).to(healthz))
-        .route("/readyz", web::route().guard(get_or_head()).to(readyz))
-        .route("/metrics", web::get().to(metrics))
-        .route("/static/{file}", web::get().to(static_file));
+        .route("/healthz", page().to(healthz))
+        .route("/readyz", page().to(readyz))
+        .route("/metrics", page().to(metrics))
+        .route("/static/{file}", page().to(static_file));
     admin::routes(cfg);
+}
+
+/// A page's route: GET, and HEAD, answered as GET is without the body
+/// (as link checkers and uptime probes ask).
+fn page() -> actix_web::Route {
+    web::route().guard(get_or_head())
+}
+
+/// `303 See Other` to `path`.
+async fn see_other(path: &'static str) -> HttpResponse {
+    HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, path))
+        .finish()
 }
 
 /// GET, or HEAD (answered as GET is, without the body).

@@ -267,9 +267,20 @@ pub fn message(
     )
 }
 
-/// 404 for every path without a handler.
-pub async fn not_found(_req: HttpRequest) -> HttpResponse {
-    HttpResponse::NotFound()
-        .content_type("text/plain; charset=utf-8")
-        .body("not found\n")
+/// 404 for every path without a handler: a page of the site for a
+/// browser, a line of text for anyone else.
+pub async fn not_found(req: HttpRequest) -> HttpResponse {
+    let site = req.app_data::<web::Data<Site>>();
+    match site {
+        Some(site) if floodgate::accepts(&req, "text/html") => message(
+            site,
+            false,
+            StatusCode::NOT_FOUND,
+            "Page not found",
+            "There is no page at this address.",
+        ),
+        _ => HttpResponse::NotFound()
+            .content_type("text/plain; charset=utf-8")
+            .body("not found\n"),
+    }
 }

@@ -148,6 +148,7 @@ impl Application {
                 .wrap(app_filter.clone())
                 .wrap(actix_web::middleware::from_fn(api_answers_json))
                 .wrap(body_timeout)
+                .wrap(actix_web::middleware::from_fn(no_store_by_default))
                 .wrap(security_headers())
         })
         .shutdown_timeout(10)
@@ -266,6 +267,25 @@ async fn api_answers_json(
         );
     }
     next.call(req).await
+}
+
+/// Every answer but a static file's is about one visitor (their session,
+/// their codes, their usage of the limits): none is kept by a cache,
+/// unless its handler said otherwise.
+async fn no_store_by_default(
+    req: actix_web::dev::ServiceRequest,
+    next: actix_web::middleware::Next<impl MessageBody>,
+) -> Result<actix_web::dev::ServiceResponse<impl MessageBody>, Error> {
+    let static_file = req.path().starts_with("/static/");
+    let mut res = next.call(req).await?;
+    let cache_control = actix_web::http::header::CACHE_CONTROL;
+    if !static_file && !res.headers().contains_key(&cache_control) {
+        res.headers_mut().insert(
+            cache_control,
+            actix_web::http::header::HeaderValue::from_static("no-store"),
+        );
+    }
+    Ok(res)
 }
 
 fn security_headers() -> DefaultHeaders {

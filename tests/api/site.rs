@@ -437,6 +437,129 @@ async fn every_post_needs_the_sessions_csrf_token() {
     assert_eq!(res.status(), 403, "a JSON body");
 }
 
+/// What a browser, a link checker or a cache meets beside the flows: HEAD
+/// answered as GET, a form's address asked for as a page sends to the
+/// form, an unknown address is a page of the site, and no answer about a
+/// visitor is kept by a cache (static files are).
+#[actix_web::test]
+async fn head_form_addresses_not_found_and_caching() {
+    let app = spawn_app(DEFAULT).await;
+    for path in [
+        "/",
+        "/login",
+        "/password/reset",
+        "/limits",
+        "/static/style.css",
+    ] {
+        let res = app.client.head(app.url(path)).send().await.unwrap();
+        assert_eq!(res.status(), 200, "HEAD {path}");
+        assert!(res.bytes().await.unwrap().is_empty(), "HEAD {path}");
+    }
+    for (path, form) in [
+        ("/sms/send", "/login"),
+        ("/login/sms", "/login"),
+        ("/login/password", "/login"),
+        ("/account/password", "/account"),
+        ("/password/reset/confirm", "/password/reset"),
+        ("/logout", "/"),
+    ] {
+        let res = app.get(path).await;
+        assert_eq!(res.status(), 303, "GET {path}");
+        assert_eq!(
+            header(&res, "location").as_deref(),
+            Some(form),
+            "GET {path}"
+        );
+    }
+    let res = app
+        .client
+        .get(app.url("/no/such/page"))
+        .header("accept", "text/html")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 404);
+    assert!(res.text().await.unwrap().contains("Page not found"));
+    assert_eq!(
+        app.get("/no/such/page").await.text().await.unwrap(),
+        "not found\n"
+    );
+    for path in ["/", "/login", "/account", "/check"] {
+        let res = app.get(path).await;
+        assert_eq!(
+            header(&res, "cache-control").as_deref(),
+            Some("no-store"),
+            "{path}"
+        );
+    }
+    let res = app.get("/static/style.css").await;
+    assert_eq!(
+        header(&res, "cache-control").as_deref(),
+        Some("public, max-age=300")
+    );
+}
+
+/// A form without a valid token, which another site's page can make a
+/// visitor's browser send, takes no quota from the visitor's address or
+/// number; nor does a number that cannot be read (it sends no code).
+#[actix_web::test]
+async fn forged_forms_and_unreadable_numbers_take_no_quota() {
+    let app = spawn_app(DEFAULT).await;
+    // More than the 5 failed password tries per number and address.
+    for _ in 0..8 {
+        let res = app
+            .client
+            .post(app.url("/login/password"))
+            .header("accept", "text/html")
+            .form(&[("phone", "+15550106666"), ("password", "guess")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 403);
+    }
+    // More than the 3 codes a minute for a number, and the 20 an hour
+    // from an address.
+    let user = User::new(&app);
+    for _ in 0..25 {
+        let res = user
+            .post_raw_owned("/sms/send", vec![("phone", "+15550106667".to_string())])
+            .await;
+        assert_eq!(res.status(), 403);
+        let res = user.post("/sms/send", &[("phone", "555 010")]).await;
+        assert_eq!(res.status(), 400);
+    }
+    // The JSON API: another type (a page on another site can send
+    // text/plain without asking), unreadable JSON, an unreadable number.
+    for (content_type, body) in [
+        ("text/plain", r#"{"phone":"+15550106667"}"#),
+        ("application/json", "{"),
+        ("application/json", r#"{"phone":"555 010"}"#),
+    ] {
+        for _ in 0..8 {
+            let res = app
+                .client
+                .post(app.url("/api/sms/send"))
+                .header("content-type", content_type)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            assert!([400, 415].contains(&res.status().as_u16()), "{body}");
+        }
+    }
+    for _ in 0..3 {
+        let res = user.post("/sms/send", &[("phone", "+15550106667")]).await;
+        assert_eq!(res.status(), 200);
+    }
+    let res = user
+        .post(
+            "/login/password",
+            &[("phone", "+15550106666"), ("password", "guess")],
+        )
+        .await;
+    assert_eq!(res.status(), 400, "a wrong password, not the limit");
+}
+
 #[actix_web::test]
 async fn the_fourth_code_in_a_minute_goes_to_the_error_page_whatever_the_format() {
     let app = spawn_app(DEFAULT).await;
@@ -634,11 +757,18 @@ fn default_behind_proxy(config: &str) -> String {
 async fn a_stranger_cannot_lock_someone_else_out() {
     let app = spawn_app(&default_behind_proxy(DEFAULT)).await;
     let victim = "+15550100020";
+    // A stranger with a session of their own (a form without its token
+    // takes no quota at all: see forged_forms_and_unreadable_numbers_take_no_quota).
+    let session = User::new(&app);
+    let csrf = session.csrf().await;
     let stranger = |path: &'static str, fields: &'static [(&str, &str)]| {
-        app.client
+        let mut all = fields.to_vec();
+        all.push(("csrf", &csrf));
+        session
+            .http
             .post(app.url(path))
             .header("x-forwarded-for", "6.6.6.6")
-            .form(fields)
+            .form(&all)
             .send()
     };
     let mut denied = 0;
@@ -657,7 +787,7 @@ async fn a_stranger_cannot_lock_someone_else_out() {
         ] {
             let res = stranger(path, fields).await.unwrap();
             match res.status().as_u16() {
-                403 => {}
+                200 | 400 => {}
                 303 => denied += 1,
                 other => panic!("{path}: {other}"),
             }
