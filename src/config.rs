@@ -13,6 +13,29 @@ use floodgate::config::{duration_at_most, AppConfig};
 pub use floodgate::config::{format_duration, human_duration};
 use serde::Deserialize;
 
+/// The Redis a process uses, for its startup line, without passwords: the
+/// URL, the Cluster's seeds, or the master the Sentinels name.
+pub fn redis_target(redis: &floodgate::config::RedisConfig) -> String {
+    let plain = |urls: &[String]| -> String {
+        let urls: Vec<String> = urls
+            .iter()
+            .map(|u| floodgate::limiter::without_password(u))
+            .collect();
+        urls.join(",")
+    };
+    if !redis.cluster.is_empty() {
+        format!("cluster {}", plain(&redis.cluster))
+    } else if !redis.sentinel.is_empty() {
+        format!(
+            "master {:?} via sentinel {}",
+            redis.sentinel_master,
+            plain(&redis.sentinel)
+        )
+    } else {
+        floodgate::limiter::without_password(&redis.url)
+    }
+}
+
 /// The refusal of an address the file at `file` names under `place` that
 /// cannot be listened on (taken, or not this machine's): the file cannot
 /// be used as it is, as any unusable setting (exit 2).

@@ -291,31 +291,7 @@ fn serve(path: PathBuf) -> ExitCode {
         Ok(c) => c,
         Err(e) => return unusable(&e),
     };
-    let target = if !config.filter.redis.cluster.is_empty() {
-        let seeds: Vec<String> = config
-            .filter
-            .redis
-            .cluster
-            .iter()
-            .map(|u| floodgate::limiter::without_password(u))
-            .collect();
-        format!("cluster {}", seeds.join(","))
-    } else if !config.filter.redis.sentinel.is_empty() {
-        let sentinels: Vec<String> = config
-            .filter
-            .redis
-            .sentinel
-            .iter()
-            .map(|u| floodgate::limiter::without_password(u))
-            .collect();
-        format!(
-            "master {:?} via sentinel {}",
-            config.filter.redis.sentinel_master,
-            sentinels.join(",")
-        )
-    } else {
-        floodgate::limiter::without_password(&config.filter.redis.url)
-    };
+    let target = floodgate_site::config::redis_target(&config.filter.redis);
     let (bind, rules) = (config.server.bind.clone(), config.filter.rules.len());
     let file = path.display().to_string();
     let result = actix_web::rt::System::new().block_on(async move {

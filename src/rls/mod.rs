@@ -164,7 +164,7 @@ pub fn serve(path: &Path) -> Result<(), ServeError> {
         .thread_name("floodgate-rls")
         .build()
         .map_err(|e| ServeError::Other(format!("cannot start the runtime: {e}")))?;
-    let target = floodgate::limiter::without_password(&config.filter.redis.url);
+    let target = crate::config::redis_target(&config.filter.redis);
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&config.rls.bind)
             .await

@@ -106,6 +106,10 @@ impl Transport for LaneSender {
         self.single.shared()
     }
 
+    fn reset(&mut self) {
+        self.single.reset();
+    }
+
     fn holds(&self, job: &Job) -> bool {
         self.single.holds(job)
     }

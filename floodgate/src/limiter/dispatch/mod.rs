@@ -59,18 +59,36 @@ pub(crate) trait Transport {
     /// before its deadline less the margin for the reply's way back, or is
     /// skipped as late.
     fn answered(&mut self, _undelivered: Vec<(Vec<Check>, Option<u64>, Decision)>) {}
+
+    /// Drops every connection, after a panic while they were in use (their
+    /// state cannot be trusted): the next call opens new ones.
+    fn reset(&mut self);
 }
 
 /// Runs a dispatcher thread: takes batches off `rx` until the limiter is
 /// dropped, and decides each in calls of at most [`MAX_BATCH`] jobs.
+///
+/// A panic while a batch is decided (a bug here or in the Redis client)
+/// fails that batch alone: its callers' answers are the error policy, the
+/// error is counted and logged, and the thread goes on with new
+/// connections, so that the limiter never loses a dispatcher.
 pub(crate) fn run<T: Transport>(rx: &Mutex<Receiver<Vec<Job>>>, mut transport: T) {
     while let Some(mut batch) = next_batch(rx) {
-        while batch.len() > MAX_BATCH {
-            let rest = batch.split_off(MAX_BATCH);
+        let decided = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            while batch.len() > MAX_BATCH {
+                let rest = batch.split_off(MAX_BATCH);
+                process(&mut transport, batch);
+                batch = rest;
+            }
             process(&mut transport, batch);
-            batch = rest;
+        }));
+        if decided.is_err() {
+            transport.shared().errors.fetch_add(1, Ordering::Relaxed);
+            log::error!(
+                "a dispatcher thread panicked while deciding a batch: its requests got the error policy; it goes on with new connections"
+            );
+            transport.reset();
         }
-        process(&mut transport, batch);
     }
 }
 

@@ -44,6 +44,10 @@ impl Transport for Single {
         &self.shared
     }
 
+    fn reset(&mut self) {
+        self.conn = None;
+    }
+
     fn holds(&self, _job: &Job) -> bool {
         self.shared.breaker.holding()
     }

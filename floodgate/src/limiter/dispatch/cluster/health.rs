@@ -118,6 +118,11 @@ impl MasterHealths {
         Arc::clone(made)
     }
 
+    /// Forgets the masters not in `addrs` (a whole slot map's).
+    pub(super) fn keep_only(&self, addrs: &[(String, u16)]) {
+        self.map().retain(|a, _| addrs.contains(a));
+    }
+
     /// Whether any master's breaker is open.
     pub(crate) fn any_open(&self) -> bool {
         self.map().values().any(|h| h.breaker.is_open())

@@ -137,6 +137,15 @@ impl Masters {
         self.health.iter().any(|h| h.breaker.probe_due())
     }
 
+    /// Drops this dispatcher's connection to every master, and reads the
+    /// map again before the next call.
+    pub(crate) fn forget_conns(&mut self) {
+        for conn in &mut self.conns {
+            *conn = None;
+        }
+        self.stale = true;
+    }
+
     /// Notes that the map may be out of date.
     pub(crate) fn stale(&mut self) {
         self.stale = true;
@@ -225,6 +234,13 @@ impl Masters {
                     .iter()
                     .map(|(h, p)| self.shared.masters.of(h, *p))
                     .collect();
+                // A master that a whole map leaves out holds no slot (its
+                // replica took over, or its slots moved): its health, a
+                // breaker held open since it failed, says nothing of the
+                // cluster any more, and readiness must not wait for it.
+                if slots.iter().all(|&s| s != UNKNOWN) {
+                    self.shared.masters.keep_only(&addrs);
+                }
                 self.addrs = addrs;
                 self.slots = slots;
                 self.stale = false;

@@ -139,6 +139,11 @@ impl Transport for Cluster {
         &self.shared
     }
 
+    fn reset(&mut self) {
+        self.conn = None;
+        self.masters.forget_conns();
+    }
+
     /// A job is held while the breaker of the master any of its keys is on
     /// holds: the master failed a moment ago.
     fn holds(&self, job: &Job) -> bool {
