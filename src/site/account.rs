@@ -74,10 +74,22 @@ pub async fn set_password(
     let Some(phone) = Phone::stored(&page.phone) else {
         return Err(SiteError::internal("account phone unreadable".into()));
     };
+    // The account's other sessions end, as after a reset: whoever holds
+    // one (a lost phone, a shared computer) signs in again with the new
+    // password or a code.
     let store = site.store.clone();
-    site.redis(move |conn| store.set_password(conn, &phone, &phc))
-        .await?;
+    let (id, keep) = (
+        visitor.account_id().unwrap_or_default(),
+        visitor.sid.clone(),
+    );
+    site.redis(move |conn| {
+        store.set_password(conn, &phone, &phc)?;
+        store.end_sessions(conn, &id, Some(&keep))
+    })
+    .await?;
     page.has_password = true;
-    page.notice = "Your password is set. You can now sign in with it.".into();
+    page.notice =
+        "Your password is set. You can now sign in with it; your other sessions are signed out."
+            .into();
     Ok(visitor.respond(super::pages::render(&page, StatusCode::OK)))
 }

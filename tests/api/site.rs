@@ -236,6 +236,8 @@ async fn password_sign_in_and_sign_out() {
     let user = User::new(&app);
     let phone = "+15550100005";
     user.sign_in(phone).await;
+    let elsewhere = User::new(&app);
+    elsewhere.sign_in(phone).await;
     let res = user
         .post("/account/password", &[("password", "short")])
         .await;
@@ -247,6 +249,12 @@ async fn password_sign_in_and_sign_out() {
         )
         .await;
     assert_eq!(res.status(), 200);
+    // The account's other session is signed out; this one stays.
+    assert_eq!(
+        header(&elsewhere.get("/account").await, "location").as_deref(),
+        Some("/login")
+    );
+    assert_eq!(user.get("/account").await.status(), 200);
     // Each change costs a hash: 5 per 15 minutes for one account.
     for _ in 0..3 {
         let res = user
