@@ -1234,6 +1234,44 @@ async fn cluster_a_request_answered_without_its_decision_keeps_no_quota() {
     }
 }
 
+/// A master dies and its replica takes over: readiness (and the breaker
+/// gauge) come back once the replica serves the slots, though nothing
+/// listens at the dead master's address again.
+#[actix_web::test]
+async fn cluster_readiness_comes_back_once_a_replica_takes_over() {
+    let mut cluster = Cluster::with_replicas(1);
+    let app = cluster_app(PER_MASTER, &cluster).await;
+    let master = cluster.masters()[0];
+    let user = user_on(&cluster, master, "doomed");
+    assert_eq!(decided(&app, &user).await, (200, true));
+    assert_eq!(app.get("/readyz").await.status(), 200);
+    cluster.nodes[master].kill();
+    // The next request on its slots fails, and its breaker opens.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        decided(&app, &user).await;
+        if app.get("/readyz").await.status() == 503 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "readiness never saw the master die"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Readiness comes back once the replica has taken over.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while app.get("/readyz").await.status() != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "readiness did not come back once the replica took over"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(app.metrics().await.contains("floodgate_breaker_open 0"));
+    assert_eq!(decided(&app, &user).await.0, 200);
+}
+
 /// At the start of the stall, the first request on the stalled master holds
 /// its dispatcher for the whole timeout while the master's breaker is still
 /// closed; a batch the other dispatcher takes meanwhile, with jobs on the

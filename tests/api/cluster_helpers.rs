@@ -138,8 +138,15 @@ pub struct Cluster {
 impl Cluster {
     /// Starts three nodes, joins them, waits for `cluster_state:ok` on all.
     pub fn start() -> Cluster {
+        Cluster::with_replicas(0)
+    }
+
+    /// Three masters with `replicas` replicas each, joined; waits for
+    /// `cluster_state:ok` on all, and for every replica's link to its
+    /// master to be up (a replica that never synced cannot take over).
+    pub fn with_replicas(replicas: usize) -> Cluster {
         let dir = temp_dir("cluster");
-        let nodes: Vec<Node> = (0..3).map(|_| Node::start(&dir)).collect();
+        let nodes: Vec<Node> = (0..3 * (1 + replicas)).map(|_| Node::start(&dir)).collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
@@ -147,7 +154,7 @@ impl Cluster {
         let status = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -155,7 +162,26 @@ impl Cluster {
         assert!(status.success(), "redis-cli --cluster create failed");
         let cluster = Cluster { nodes };
         cluster.wait_ok();
+        for node in &cluster.nodes {
+            wait_until(Duration::from_secs(30), "every replica in sync", || {
+                node.query::<String>(redis::cmd("INFO").arg("replication"))
+                    .is_some_and(|info| {
+                        info.contains("role:master") || info.contains("master_link_status:up")
+                    })
+            });
+        }
         cluster
+    }
+
+    /// The indexes of the nodes that are masters now.
+    pub fn masters(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| {
+                self.nodes[i]
+                    .query::<String>(redis::cmd("INFO").arg("replication"))
+                    .is_some_and(|info| info.contains("role:master"))
+            })
+            .collect()
     }
 
     /// Waits until every node says `cluster_state:ok`.

@@ -162,7 +162,7 @@ fn keys_matching(conn: &mut RedisConn, pattern: &str) -> redis::RedisResult<Vec<
             )?;
             let mut masters: Vec<(String, u16)> = Vec::new();
             for (_, _, host, port) in
-                crate::limiter::dispatch::cluster::masters::parse_slots(&slots).unwrap_or_default()
+                crate::limiter::dispatch::cluster::slot::parse_slots(&slots).unwrap_or_default()
             {
                 if !masters.contains(&(host.clone(), port)) {
                     masters.push((host, port));

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 
+use super::slot::{parse_slots, SLOTS};
 use crate::limiter::breaker::Breaker;
 use crate::limiter::clock::RedisClock;
 use crate::limiter::DISPATCHERS;
@@ -148,6 +149,12 @@ impl MasterHealths {
             };
             match answered {
                 Ok(()) => health.breaker.close(),
+                // Its replica took over (or its slots moved): it is no
+                // master of this cluster any more, and readiness does not
+                // wait for it, with or without traffic to read the new map.
+                Err(_) if self.left_the_map(&host, port, timeout) => {
+                    self.map().remove(&(host, port));
+                }
                 Err(e) => failed = Some(format!("cluster master {host}:{port}: {e}")),
             }
         }
@@ -155,6 +162,40 @@ impl MasterHealths {
             Some(why) => Err(LimiterError::Other(why)),
             None => Ok(()),
         }
+    }
+}
+
+impl MasterHealths {
+    /// Whether a whole slot map, as another known master answers it, no
+    /// longer names `host:port` as a master. False when none answers or its
+    /// map leaves a slot without a master (a failover under way).
+    fn left_the_map(&self, host: &str, port: u16, timeout: Duration) -> bool {
+        let Some(base) = &self.base else {
+            return false;
+        };
+        let others: Vec<(String, u16)> = self
+            .map()
+            .keys()
+            .filter(|(h, p)| !(h == host && *p == port))
+            .cloned()
+            .collect();
+        for (h, p) in others {
+            let reply = open_master(base, &h, p, timeout).and_then(|mut c| {
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query::<redis::Value>(&mut c)
+            });
+            let Some(ranges) = reply.ok().as_ref().and_then(parse_slots) else {
+                continue;
+            };
+            let covered: u32 = ranges
+                .iter()
+                .map(|(start, end, _, _)| u32::from(end.saturating_sub(*start)) + 1)
+                .sum();
+            return covered == u32::from(SLOTS)
+                && !ranges.iter().any(|(_, _, h, p)| h == host && *p == port);
+        }
+        false
     }
 }
 

@@ -72,7 +72,7 @@ mod give_back;
 mod groups;
 pub(crate) mod health;
 pub(crate) mod masters;
-mod slot;
+pub(crate) mod slot;
 
 /// Gives back what the allowed groups of a denied request took.
 const GIVE_BACK_SCRIPT: &str = crate::limiter::wire::CLUSTER_GIVE_BACK_SOURCE;

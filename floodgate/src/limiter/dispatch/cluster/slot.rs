@@ -2,8 +2,49 @@
 //! function, so this is the CRC16 of the Redis Cluster specification,
 //! checked against what `CLUSTER KEYSLOT` answers.
 
+use redis::Value;
+
 /// Number of hash slots in a Redis Cluster.
 pub(crate) const SLOTS: u16 = 16384;
+
+/// `CLUSTER SLOTS` as (first slot, last slot, master host, master port);
+/// `None` if the reply is not shaped like one. Ranges whose master has no
+/// known address (an empty host) are left out.
+pub(crate) fn parse_slots(value: &Value) -> Option<Vec<(u16, u16, String, u16)>> {
+    let Value::Array(ranges) = value else {
+        return None;
+    };
+    let mut out = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            return None;
+        };
+        let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(master))) =
+            (fields.first(), fields.get(1), fields.get(2))
+        else {
+            return None;
+        };
+        let host = match master.first() {
+            Some(Value::BulkString(b)) => String::from_utf8(b.clone()).ok()?,
+            Some(Value::SimpleString(s)) => s.clone(),
+            _ => return None,
+        };
+        let Some(Value::Int(port)) = master.get(1) else {
+            return None;
+        };
+        let (Ok(start), Ok(end), Ok(port)) = (
+            u16::try_from(*start),
+            u16::try_from(*end),
+            u16::try_from(*port),
+        ) else {
+            return None;
+        };
+        if !host.is_empty() && host != "?" {
+            out.push((start, end, host, port));
+        }
+    }
+    Some(out)
+}
 
 /// The cluster hash slot of a key: CRC16 (XMODEM) of the key, or of its
 /// hash tag (the part between the first `{` and the next `}`, when not
