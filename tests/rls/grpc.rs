@@ -925,6 +925,13 @@ async fn calls_that_never_finish_are_bounded_and_the_rest_refused_at_once() {
             .connect()
             .await
             .unwrap();
+        // One call answered first: the client then has the server's
+        // settings (1024 streams a connection). Before them it opens 100
+        // at most, and the streams past those may wait for good.
+        floodgate_site::rls::proto::RateLimitClient::new(channel.clone())
+            .should_rate_limit(call("warm-up", &[&[("k", "v")]], 1))
+            .await
+            .unwrap();
         for _ in 0..512 {
             let mut grpc = tonic::client::Grpc::new(channel.clone());
             let path = path.clone();
