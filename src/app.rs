@@ -18,6 +18,12 @@ macro_rules! repeated {
 }
 pub(crate) use repeated;
 
+/// GET, or HEAD (answered as GET is, without the body): the methods of a
+/// page and of a probe, on the site's listener and the Envoy service's.
+pub(crate) fn get_or_head() -> impl actix_web::guard::Guard {
+    actix_web::guard::Any(actix_web::guard::Get()).or(actix_web::guard::Head())
+}
+
 /// The site's own kinds of repeated warnings.
 pub mod log_kinds {
     use floodgate::logging::Repeats;

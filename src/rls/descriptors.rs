@@ -52,25 +52,17 @@ where
         Some(Flag::Bool(b)) => return Ok(b),
         Some(Flag::Word(w)) => w,
     };
-    let spellings = |w: &str| [w.to_string(), capitalized(w), w.to_uppercase()];
-    let is = |words: &[&str]| words.iter().any(|w| spellings(w).contains(&word));
-    if is(&["true", "yes", "on", "y"]) {
-        Ok(true)
-    } else if is(&["false", "no", "off", "n"]) {
-        Ok(false)
-    } else {
-        Err(serde::de::Error::custom(format!(
+    match word.as_str() {
+        "true" | "True" | "TRUE" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" | "y" | "Y" => {
+            Ok(true)
+        }
+        "false" | "False" | "FALSE" | "no" | "No" | "NO" | "off" | "Off" | "OFF" | "n" | "N" => {
+            Ok(false)
+        }
+        _ => Err(serde::de::Error::custom(format!(
             "expected true or false, got {word:?}"
-        )))
+        ))),
     }
-}
-
-/// `word` with its first letter in capitals.
-fn capitalized(word: &str) -> String {
-    let mut c = word.chars();
-    c.next()
-        .map(|f| f.to_uppercase().chain(c).collect())
-        .unwrap_or_default()
 }
 
 /// One descriptor as written.

@@ -63,8 +63,14 @@ pub fn start(rls: Arc<Rls>, config: &RlsConfig) -> std::io::Result<Http> {
                     App::new()
                         .app_data(state.clone())
                         // Load balancers probe with HEAD as well as GET.
-                        .route("/healthz", web::route().guard(get_or_head()).to(healthz))
-                        .route("/readyz", web::route().guard(get_or_head()).to(readyz))
+                        .route(
+                            "/healthz",
+                            web::route().guard(crate::get_or_head()).to(healthz),
+                        )
+                        .route(
+                            "/readyz",
+                            web::route().guard(crate::get_or_head()).to(readyz),
+                        )
                         .route("/metrics", web::get().to(metrics))
                         .service(web::scope("/admin").default_service(web::to(admin)))
                 })
@@ -97,11 +103,6 @@ fn text(status: StatusCode, body: &'static str) -> HttpResponse {
     HttpResponse::build(status)
         .content_type("text/plain; charset=utf-8")
         .body(body)
-}
-
-/// GET, or HEAD (answered as GET is, without the body).
-fn get_or_head() -> impl actix_web::guard::Guard {
-    actix_web::guard::Any(actix_web::guard::Get()).or(actix_web::guard::Head())
 }
 
 async fn healthz() -> HttpResponse {

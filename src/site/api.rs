@@ -34,11 +34,12 @@ pub async fn send_code(
     mut payload: web::Payload,
 ) -> Result<HttpResponse, SiteError> {
     if !is_utf8_json(&req) {
-        give_back_all(&req).await;
-        return Ok(error(
+        return Ok(refused(
+            &req,
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported_media_type",
-        ));
+        )
+        .await);
     }
     let max = site.config.filter.server.max_form;
     let mut body = web::BytesMut::new();
@@ -52,16 +53,14 @@ pub async fn send_code(
         body.extend_from_slice(&chunk);
     }
     let Ok(sent) = serde_json::from_slice::<SendCode>(&body) else {
-        give_back_all(&req).await;
-        return Ok(error(StatusCode::BAD_REQUEST, "invalid_json"));
+        return Ok(refused(&req, StatusCode::BAD_REQUEST, "invalid_json").await);
     };
     let phone = match sent.phone {
         Some(serde_json::Value::String(typed)) => Phone::parse(&typed, site.region()),
         _ => None,
     };
     let Some(phone) = phone else {
-        give_back_all(&req).await;
-        return Ok(error(StatusCode::BAD_REQUEST, "invalid_phone"));
+        return Ok(refused(&req, StatusCode::BAD_REQUEST, "invalid_phone").await);
     };
     // Redis failing: a JSON answer too, as the client reads no other.
     let visitor = match Visitor::of(&site, &req).await {
@@ -98,6 +97,13 @@ fn is_utf8_json(req: &HttpRequest) -> bool {
             .is_ok_and(|c| c.trim().eq_ignore_ascii_case("identity"))
     });
     json && utf8 && !coded
+}
+
+/// [`error`] for a request refused before any code is sent: what the rules
+/// took for it is given back (see [`give_back_all`]).
+async fn refused(req: &HttpRequest, status: StatusCode, what: &str) -> HttpResponse {
+    give_back_all(req).await;
+    error(status, what)
 }
 
 /// `{"error":WHAT}` with `status`.

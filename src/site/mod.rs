@@ -318,7 +318,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
 /// A page's route: GET, and HEAD, answered as GET is without the body
 /// (as link checkers and uptime probes ask).
 fn page() -> actix_web::Route {
-    web::route().guard(get_or_head())
+    web::route().guard(crate::get_or_head())
 }
 
 /// `303 See Other` to `path`.
@@ -326,11 +326,6 @@ async fn see_other(path: &'static str) -> HttpResponse {
     HttpResponse::SeeOther()
         .insert_header((header::LOCATION, path))
         .finish()
-}
-
-/// GET, or HEAD (answered as GET is, without the body).
-fn get_or_head() -> impl actix_web::guard::Guard {
-    actix_web::guard::Any(actix_web::guard::Get()).or(actix_web::guard::Head())
 }
 
 async fn api_ping() -> HttpResponse {

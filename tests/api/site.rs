@@ -242,13 +242,13 @@ async fn password_sign_in_and_sign_out() {
         .post("/account/password", &[("password", "short")])
         .await;
     assert_eq!(res.status(), 400);
-    let res = user
-        .post(
+    let set = || {
+        user.post(
             "/account/password",
             &[("password", "correct horse battery")],
         )
-        .await;
-    assert_eq!(res.status(), 200);
+    };
+    assert_eq!(set().await.status(), 200);
     // The account's other session is signed out; this one stays.
     assert_eq!(
         header(&elsewhere.get("/account").await, "location").as_deref(),
@@ -257,20 +257,9 @@ async fn password_sign_in_and_sign_out() {
     assert_eq!(user.get("/account").await.status(), 200);
     // Each change costs a hash: 5 per 15 minutes for one account.
     for _ in 0..3 {
-        let res = user
-            .post(
-                "/account/password",
-                &[("password", "correct horse battery")],
-            )
-            .await;
-        assert_eq!(res.status(), 200);
+        assert_eq!(set().await.status(), 200);
     }
-    let res = user
-        .post(
-            "/account/password",
-            &[("password", "correct horse battery")],
-        )
-        .await;
+    let res = set().await;
     assert_eq!(res.status(), 303);
     assert!(header(&res, "location")
         .unwrap()

@@ -348,8 +348,8 @@ impl Limiter {
             let queued = lane.flushes();
             if lane.gathered.add(job) {
                 // Every request made ready in this tick joins the batch.
-                let (lane, gathered) = (Arc::clone(&lane), Arc::clone(&lane));
-                super::tick::after_tick(move || gathered.gathered.len(), move || lane.flush());
+                let (counted, lane) = (Arc::clone(&lane), Arc::clone(&lane));
+                super::tick::after_tick(move || counted.gathered.len(), move || lane.flush());
             }
             // Most answers come in the flush itself: those need no timer.
             match Self::lane_answer(&mut answer, &lane, queued).await {
