@@ -802,9 +802,17 @@ async fn a_refusal_is_json_unless_the_client_asks_for_html() {
     };
     let form = "application/x-www-form-urlencoded";
     let big = || format!("phone=1&pad={}", "a".repeat(2000));
-    // 413, 400 (a key member twice: the rule's key is at fault).
-    let cases: [(&str, String, u16, &str, Option<&str>); 2] = [
+    // 413, 400 (a key member twice: the rule's key is at fault), 415 (a
+    // type both `Form` and `Json` take: the handler may read either).
+    let cases: [(&str, String, u16, &str, Option<&str>); 3] = [
         (form, big(), 413, "body_too_large", None),
+        (
+            "application/x-www-form-urlencoded+json",
+            r#"{"phone":"1","x":"&phone=2&y="}"#.into(),
+            415,
+            "unsupported_media_type",
+            None,
+        ),
         (
             "application/json",
             r#"{"phone":"1","phone":"2"}"#.into(),

@@ -147,6 +147,11 @@ pub(super) enum Input {
     BodyTooLarge(usize),
     /// 400: a body that broke off before its end.
     BrokenBody,
+    /// 415: a `Content-Type` that both a form reader and a JSON reader
+    /// take (`application/x-www-form-urlencoded+json`, to axum's `Form`
+    /// and `Json`), so that the filter cannot know which one the handler
+    /// reads the body with.
+    AmbiguousBody,
 }
 
 /// Whether `path` (as received) is `page` (as the rules read paths, decoded).
@@ -306,6 +311,11 @@ impl Refused<'_> {
                 StatusCode::BAD_REQUEST,
                 "bad_request",
                 "the body could not be read to its end",
+            ),
+            Refused::Input(Input::AmbiguousBody) => plain(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "the Content-Type names both a form and JSON; send one of them",
             ),
             Refused::Unreadable(values::Unreadable::Malformed(why), rule) => Refusal {
                 rule: rule.map(|r| r.name.as_str()),
@@ -500,6 +510,11 @@ mod tests {
             ),
             (Refused::Input(Input::BadPath), 400, "bad_request"),
             (Refused::Input(Input::BrokenBody), 400, "bad_request"),
+            (
+                Refused::Input(Input::AmbiguousBody),
+                415,
+                "unsupported_media_type",
+            ),
             (
                 Refused::Unreadable(
                     values::Unreadable::Malformed("a key field is repeated"),

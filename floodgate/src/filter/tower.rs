@@ -368,6 +368,16 @@ where
 {
     let wants_form = matched.iter().any(|r| r.key.reads_form());
     let wants_json = matched.iter().any(|r| r.key.reads_json());
+    // A body both of axum's extractors take (`Content-Type:
+    // application/x-www-form-urlencoded+json`) could be read by the
+    // handler either way, and the filter's key would not be the handler's
+    // value: refused, as a body in a charset the filter cannot read.
+    if (wants_form || wants_json)
+        && axum_reads_form_body(&parts.headers)
+        && axum_reads_json(&parts.headers)
+    {
+        return Err(Refused::Input(Input::AmbiguousBody));
+    }
     // axum's `Form` reads a GET's query string (a HEAD's body, as any
     // other method's); `Json` reads the body whatever the method.
     let json_body = wants_json && axum_reads_json(&parts.headers);
