@@ -207,10 +207,14 @@ pub fn list(
 pub fn searched_rules(rules: &[floodgate::rule::Rule], value: &str) -> Vec<Searched> {
     rules
         .iter()
-        .map(|rule| Searched {
-            name: rule.name().to_string(),
-            parts: floodgate::rule::id_parts_of(rule, value),
-            inspect: rule.check(String::new()),
+        .map(|rule| {
+            let forms = floodgate::rule::id_forms_of(rule, value);
+            Searched {
+                name: rule.name().to_string(),
+                parts: forms.parts,
+                wholes: forms.wholes,
+                inspect: rule.check(String::new()),
+            }
         })
         .collect()
 }
@@ -228,9 +232,10 @@ pub fn known_limits(matcher: &crate::rls::matcher::Matcher) -> Vec<Known> {
 /// What `find` looks for in each of the service's limits: `value` as a
 /// descriptor value, as written or as it is escaped in an ID.
 pub fn searched_limits(matcher: &crate::rls::matcher::Matcher, value: &str) -> Vec<Searched> {
-    let escaped = value.replace('%', "%25").replace('|', "%7C");
-    let mut parts = vec![value.to_string(), escaped];
-    parts.dedup();
+    // One descriptor value is the ID as it is; several are escaped and
+    // joined (see `matcher.rs`).
+    let parts = vec![value.replace('%', "%25").replace('|', "%7C")];
+    let wholes = vec![floodgate::rule::stored_id(value)];
     matcher
         .limits()
         .iter()
@@ -238,6 +243,7 @@ pub fn searched_limits(matcher: &crate::rls::matcher::Matcher, value: &str) -> V
             Some(Searched {
                 name: l.name.clone(),
                 parts: parts.clone(),
+                wholes: wholes.clone(),
                 inspect: Check::new(String::new(), l.algorithm?).with_enforce(!l.shadow),
             })
         })
@@ -250,8 +256,10 @@ pub fn searched_limits(matcher: &crate::rls::matcher::Matcher, value: &str) -> V
 pub struct Searched {
     /// The rule's name.
     pub name: String,
-    /// The forms the value takes as one part of an ID (none: not searched).
+    /// The forms the value takes as one part of a composite ID.
     pub parts: Vec<String>,
+    /// The forms the value takes as a whole ID (a rule keyed by one kind).
+    pub wholes: Vec<String>,
     /// The rule's check, without a key.
     pub inspect: Check,
 }
@@ -264,15 +272,19 @@ pub fn find_in(
     searched: &[Searched],
 ) -> Result<Vec<Value>, LimiterError> {
     let mut found = Vec::new();
-    for rule in searched.iter().filter(|s| !s.parts.is_empty()) {
+    for rule in searched
+        .iter()
+        .filter(|s| !(s.parts.is_empty() && s.wholes.is_empty()))
+    {
         for key in limiter.state_keys_blocking(prefix, &rule.name)? {
             let Some((_, _, id)) = split_state_key(prefix, &key) else {
                 continue;
             };
-            if !id
-                .split('|')
-                .any(|part| rule.parts.iter().any(|p| p == part))
-            {
+            let holds = rule.wholes.iter().any(|w| w == id)
+                || id
+                    .split('|')
+                    .any(|part| rule.parts.iter().any(|p| p == part));
+            if !holds {
                 continue;
             }
             let check = rule.inspect.clone().with_key(key.clone());

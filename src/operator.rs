@@ -336,9 +336,10 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
 
 /// `ban | unban | reset --all-rules VALUE`: the action on the identity
 /// VALUE under every enforce rule keyed by that one kind of value: an
-/// address under every `ip` rule; any other value under every rule keyed
-/// by one value of the request (a header, query, form, JSON or body field,
-/// the session) that takes it. Prints each rule's view, one per line.
+/// address under every `ip` rule; a path (it starts with `/`) under every
+/// `path` rule; any other value under every rule keyed by one value of the
+/// request (a header, query, form, JSON or body field, the session) that
+/// takes it. Prints each rule's view, one per line.
 fn run_all_rules(
     command: &str,
     args: &Args<'_>,
@@ -354,6 +355,7 @@ fn run_all_rules(
         return bad("--all-rules takes one value (and no rule)");
     };
     let is_address = value.parse::<std::net::IpAddr>().is_ok();
+    let is_path = value.starts_with('/');
     let hash_tags = !config.redis.cluster.is_empty();
     let checks: Vec<(&str, floodgate::limiter::Check)> = config
         .rules
@@ -361,6 +363,7 @@ fn run_all_rules(
         .filter(|r| r.mode() == Mode::Enforce)
         .filter(|r| match r.key().single() {
             Some(KeyKind::Ip) => is_address,
+            Some(KeyKind::Path) => is_path,
             Some(
                 KeyKind::Header(_)
                 | KeyKind::Query(_)
@@ -368,7 +371,7 @@ fn run_all_rules(
                 | KeyKind::Json(_)
                 | KeyKind::Body(_)
                 | KeyKind::Session,
-            ) => !is_address,
+            ) => !is_address && !is_path,
             _ => false,
         })
         .filter_map(|r| {

@@ -1639,7 +1639,8 @@ async fn bans_overrides_and_the_audit_trail_are_listed() {
 
 /// `--all-rules VALUE` acts under every enforce rule keyed by that one kind
 /// of value: an address under every `ip` rule (not a shadow one, not a
-/// rule keyed by two values), a phone under the rules keyed by a field.
+/// rule keyed by two values), a path under the `path` rules, a phone under
+/// the rules keyed by a field.
 #[test]
 fn all_rules_bans_one_value_under_every_rule_keyed_by_it() {
     const RULES: &str = r#"
@@ -1677,6 +1678,13 @@ key = "body:phone"
 normalize = "e164"
 limit = 1
 window = "1m"
+
+[[rule]]
+name = "page"
+paths = ["/user/:id"]
+key = "path"
+limit = 9
+window = "1m"
 "#;
     let redis = RedisServer::start();
     let config = config_file("all-rules", RULES);
@@ -1707,6 +1715,14 @@ window = "1m"
     ));
     assert_eq!(rules(&phone), ["phone"]);
     assert_eq!(phone[0]["key"], "floodgate:phone:body:+15550109999");
+    // A path goes to the rules keyed by the path, not to the field rules.
+    let path = objects(floodgate(
+        &config,
+        &url,
+        &["ban", "--all-rules", "/user/42", "--for", "1m"],
+    ));
+    assert_eq!(rules(&path), ["page"]);
+    assert_eq!(path[0]["key"], "floodgate:page:path:/user/42");
     let unbanned = objects(floodgate(
         &config,
         &url,

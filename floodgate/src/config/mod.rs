@@ -582,13 +582,20 @@ mod tests {
         let key = crate::rule::identity_key(p, &["/p/%61%20b"], "fg", false).unwrap();
         assert_eq!(key, "fg:p:path:/p/a b");
         assert!(crate::rule::identity_key(p, &["/p/%ff"], "fg", false).is_err());
-        assert_eq!(crate::rule::id_parts_of(h, "203.0.113.7"), ["203.0.113.7"]);
-        let v6 = crate::rule::id_parts_of(h, "2001:db8::1");
+        let wholes = |rule, value| crate::rule::id_forms_of(rule, value).wholes;
+        assert_eq!(wholes(h, "203.0.113.7"), ["203.0.113.7"]);
+        let v6 = wholes(h, "2001:db8::1");
         assert_eq!(
             v6.len(),
             2,
             "the header's text and the address's /64: {v6:?}"
         );
-        assert!(crate::rule::id_parts_of(p, "/p/x").contains(&"/p/x".to_string()));
+        assert_eq!(wholes(p, "/p/x"), ["/p/x"]);
+        // One kind's ID is the value as it is (hashed when long); only a
+        // composite ID's parts are escaped.
+        assert_eq!(wholes(h, "a|b%c"), ["a|b%c"]);
+        let long = "k".repeat(65);
+        assert_eq!(wholes(h, &long), [crate::rule::stored_id(&long)]);
+        assert!(crate::rule::id_forms_of(h, "a").parts.is_empty());
     }
 }

@@ -170,6 +170,11 @@ mod tests {
             redis_key_for(false, "fg", "r", "ip", "1.2.3.4"),
             "fg:r:ip:1.2.3.4"
         );
+        // A value written as `~` and that hash is hashed in turn: it never
+        // shares the long value's counter.
+        let forged = redis_key_for(false, "fg", "r", "header", id);
+        assert_ne!(forged, k);
+        assert_eq!(forged.rsplit(':').next().unwrap().len(), 41);
     }
 
     #[test]

@@ -54,35 +54,56 @@ pub(crate) fn identity_key(
     Ok(rule.state_key(hash_tags, key_prefix, &kind, &id))
 }
 
-/// What `value`, written as a request carries it, is as one part of an ID
-/// of `rule`'s key: for each of its kinds that takes such a value, the part
-/// as the ID holds it (normalized, then escaped as a composite ID's parts
-/// are). Empty for a rule whose IDs are hashed (`hash_key`): a part of
-/// them cannot be recognized. What `floodgate find` looks for.
+/// Where `value`, written as a request carries it, shows in the IDs of
+/// `rule`'s identities: what `floodgate find` looks for. Empty for a rule
+/// whose IDs are hashed (`hash_key`): they cannot be recognized.
 #[doc(hidden)] // the floodgate binary's, not part of the API
-pub fn id_parts_of(rule: &Rule, value: &str) -> Vec<String> {
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct IdForms {
+    /// A composite key's: for each of its kinds that takes such a value,
+    /// one part of the ID (normalized, then escaped as the parts are).
+    pub parts: Vec<String>,
+    /// Whole IDs: a key of one kind's (normalized, not escaped, hashed when
+    /// over 64 bytes); and, under a key that may fall back to the client
+    /// address, the address's.
+    pub wholes: Vec<String>,
+}
+
+#[doc(hidden)] // the floodgate binary's, not part of the API
+pub fn id_forms_of(rule: &Rule, value: &str) -> IdForms {
     if rule.hash_key {
-        return Vec::new();
+        return IdForms::default();
     }
-    let mut parts: Vec<String> = rule
-        .key
-        .kinds()
-        .iter()
-        .filter(|k| !matches!(k, KeyKind::Global | KeyKind::Custom(_)))
-        .filter_map(|k| identity_value(k, rule.normalize, value).ok())
-        .map(|v| v.replace('%', "%25").replace('|', "%7C"))
-        .collect();
-    // A request without the value a kind reads (or with one that does not
-    // normalize) is keyed by its client address under the same rule: an
-    // address is looked for in those IDs too.
-    if rule.key.kinds().iter().any(may_fall_back) {
-        if let Ok(ip) = value.trim().parse::<IpAddr>() {
-            parts.push(crate::net::ip_id(ip));
+    let kinds = rule.key.kinds();
+    let read = |k: &KeyKind| {
+        if matches!(k, KeyKind::Global | KeyKind::Custom(_)) {
+            return None;
+        }
+        identity_value(k, rule.normalize, value).ok()
+    };
+    let mut forms = IdForms::default();
+    match kinds {
+        [one] => forms.wholes.extend(read(one).map(|v| super::stored_id(&v))),
+        many => {
+            forms.parts = many
+                .iter()
+                .filter_map(read)
+                .map(|v| v.replace('%', "%25").replace('|', "%7C"))
+                .collect();
         }
     }
-    parts.sort();
-    parts.dedup();
-    parts
+    // A request without the value a kind reads (or with one that does not
+    // normalize) is keyed by its client address under the same rule.
+    if kinds.iter().any(may_fall_back) {
+        if let Ok(ip) = value.trim().parse::<IpAddr>() {
+            forms.wholes.push(crate::net::ip_id(ip));
+        }
+    }
+    for list in [&mut forms.parts, &mut forms.wholes] {
+        list.sort();
+        list.dedup();
+    }
+    forms
 }
 
 /// Whether a request may lack the value `kind` reads, and be keyed by its

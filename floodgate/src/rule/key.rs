@@ -482,8 +482,10 @@ pub(crate) fn rule_of_segment(segment: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// `PREFIX:RULE:KIND:ID`, with the rule name's `:`, `{`, `}` and `%`
-/// percent-encoded in RULE, and an ID longer than 64 bytes replaced by `~`
-/// and 40 hex digits of its SHA-256; with `hash_tag` (Redis Cluster) the ID in braces,
+/// percent-encoded in RULE, and an ID longer than 64 bytes, or one that
+/// starts with `~`, replaced by `~` and 40 hex digits of its SHA-256 (so
+/// that no value written as `~` and a hash shares the counter of the long
+/// value it is the hash of); with `hash_tag` (Redis Cluster) the ID in braces,
 /// `PREFIX:RULE:KIND:{ID}`: Redis Cluster then places a key by its ID
 /// alone, so the rules that key one request by the same value share a slot
 /// (and are decided in one atomic call), while different IDs spread over
@@ -491,14 +493,23 @@ pub(crate) fn rule_of_segment(segment: &str) -> std::borrow::Cow<'_, str> {
 #[doc(hidden)] // the floodgate binary's, not part of the API
 pub fn redis_key_for(hash_tag: bool, prefix: &str, rule: &str, kind: &str, id: &str) -> String {
     let hashed;
-    let id = if id.len() <= MAX_ID_BYTES {
+    let id = if is_stored_as_is(id) {
         id
     } else {
-        let digest = Sha256::digest(id.as_bytes());
-        let hex: String = digest[..20].iter().map(|b| format!("{b:02x}")).collect();
-        hashed = format!("~{hex}");
+        hashed = hashed_id(id);
         &hashed
     };
+    key_of_stored_id(hash_tag, prefix, rule, kind, id)
+}
+
+/// [`redis_key_for`] with an ID already as the key holds it.
+pub(crate) fn key_of_stored_id(
+    hash_tag: bool,
+    prefix: &str,
+    rule: &str,
+    kind: &str,
+    id: &str,
+) -> String {
     // Built in one allocation of the right size (a `format!` grows its
     // buffer as it goes): this runs for every check of every request.
     let braces = if hash_tag { 2 } else { 0 };
@@ -518,6 +529,23 @@ pub fn redis_key_for(hash_tag: bool, prefix: &str, rule: &str, kind: &str, id: &
         key.push_str(id);
     }
     key
+}
+
+/// An ID as a Redis key holds it (see [`redis_key_for`]): as it is, or
+/// hashed when over 64 bytes or starting with `~`.
+#[doc(hidden)] // the floodgate binary's, not part of the API
+pub fn stored_id(id: &str) -> String {
+    if is_stored_as_is(id) {
+        id.to_string()
+    } else {
+        hashed_id(id)
+    }
+}
+
+/// Whether an ID is kept as it is in a key name: at most 64 bytes, and
+/// not starting with `~`, which marks a hash.
+fn is_stored_as_is(id: &str) -> bool {
+    id.len() <= MAX_ID_BYTES && !id.starts_with('~')
 }
 
 /// An ID that is not to be read in Redis (an API key, say): `~` and 40

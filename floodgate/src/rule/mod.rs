@@ -11,9 +11,9 @@ mod path;
 pub(crate) mod policy;
 pub(crate) mod spec;
 
-pub use self::identity::id_parts_of;
 pub(crate) use self::identity::identity_key;
-pub use self::key::{compose, redis_key_for, CustomKey, KeyKind};
+pub use self::identity::{id_forms_of, IdForms};
+pub use self::key::{compose, redis_key_for, stored_id, CustomKey, KeyKind};
 pub(crate) use self::key::{hashed_id, rule_of_segment, rule_segment, Key};
 #[cfg(feature = "e164")]
 pub use self::normalize::{e164, Region};
@@ -319,7 +319,7 @@ impl Rule {
     /// `hash_key` hashes the value for both and no secret reaches a key name.
     pub(crate) fn state_key(&self, hash_tags: bool, prefix: &str, kind: &str, id: &str) -> String {
         if self.hash_key {
-            redis_key_for(hash_tags, prefix, &self.name, kind, &hashed_id(id))
+            key::key_of_stored_id(hash_tags, prefix, &self.name, kind, &hashed_id(id))
         } else {
             redis_key_for(hash_tags, prefix, &self.name, kind, id)
         }
