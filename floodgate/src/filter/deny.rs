@@ -150,7 +150,9 @@ pub(super) enum Input {
     /// 415: a `Content-Type` that both a form reader and a JSON reader
     /// take (`application/x-www-form-urlencoded+json`, to axum's `Form`
     /// and `Json`), so that the filter cannot know which one the handler
-    /// reads the body with.
+    /// reads the body with. (The actix door's form reader takes only
+    /// `application/x-www-form-urlencoded` itself.)
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     AmbiguousBody,
 }
 
