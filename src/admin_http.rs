@@ -49,8 +49,9 @@ pub fn bearer(req: &HttpRequest) -> Option<&[u8]> {
     scheme.eq_ignore_ascii_case(b"bearer ").then(|| &value[7..])
 }
 
-/// Failed authentications (no or a wrong token) one client address may
-/// make in [`FAILURE_WINDOW`]; more get 429 until the oldest leaves it.
+/// Failed authentications (no or a wrong token) one client address other
+/// than loopback may make in [`FAILURE_WINDOW`]; more get 429 until the
+/// oldest leaves it.
 pub const FAILURES: u32 = 5;
 
 /// The window [`FAILURES`] are counted in.
@@ -133,7 +134,10 @@ pub fn action_of(what: &str, body: &ActionBody) -> Result<Action, String> {
 }
 
 /// A request without the right token: 401, or 429 once its address has
-/// failed [`FAILURES`] times in [`FAILURE_WINDOW`]. Failures are counted in
+/// failed [`FAILURES`] times in [`FAILURE_WINDOW`]. A loopback client (this
+/// machine: an operator's shell, a check script) always gets 401 and is
+/// not counted: whoever can reach loopback can read the token's file
+/// anyway, and its scripts must see a wrong token as 401. Failures are counted in
 /// Redis through the library's [`Limiter`] (a sliding
 /// window keyed by the address), so every serving process shares one
 /// count and the process keeps nothing per address; a request with the
@@ -145,6 +149,9 @@ pub async fn refuse_authentication(
     req: &HttpRequest,
     client: IpAddr,
 ) -> HttpResponse {
+    if client.is_loopback() {
+        return unauthorized(req, client);
+    }
     let key = floodgate::rule::redis_key_for(
         limiter.hash_tags(),
         prefix,
@@ -186,6 +193,11 @@ pub async fn refuse_authentication(
             .insert(header::RETRY_AFTER, header::HeaderValue::from(retry));
         return res;
     }
+    unauthorized(req, client)
+}
+
+/// 401, asking for a bearer token.
+fn unauthorized(req: &HttpRequest, client: IpAddr) -> HttpResponse {
     crate::repeated!(
         &crate::log_kinds::ADMIN_REFUSED,
         "admin: {} from {client}: refused (no or wrong token)",

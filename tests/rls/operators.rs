@@ -280,12 +280,12 @@ async fn ban_inspect_override_reset_by_rule_name_and_values() {
     );
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("reset takes no \\\"limit\\\""), "{text}");
-    // ...and wrong tokens are counted: 429 after five a minute.
-    let statuses: Vec<u16> = (0..6)
+    // ...and a wrong token from this machine is 401 however often it comes
+    // (other addresses get 429 after five a minute, as from the site).
+    let statuses: Vec<u16> = (0..7)
         .map(|_| http_request(svc.http, &request("/admin/inspect", "wrong")).0)
         .collect();
-    // (One wrong token was sent above.)
-    assert_eq!(statuses, [401, 401, 401, 401, 429, 429]);
+    assert_eq!(statuses, [401; 7]);
 }
 
 /// `floodgate top` and `find` on the service's limits: the identities its
