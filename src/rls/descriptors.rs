@@ -253,6 +253,11 @@ pub fn warnings(path: &Path, matcher: &Matcher) -> Vec<String> {
             )
         })
         .collect();
+    for (path, name) in matcher.renamed() {
+        out.push(format!(
+            "descriptor {path:?}: its limit is named {name:?}: another limit has the name its path makes"
+        ));
+    }
     if matcher.domains().is_empty() {
         out.push(format!(
             "{}: no descriptor file: every call is answered OK without a limit",
@@ -452,6 +457,7 @@ fn check_rate_limit(
     }
     let mut limit = Limit {
         name,
+        named: rl.name.is_some(),
         domain: ctx.domain.to_string(),
         path: path.to_string(),
         requests_per_unit: 0,
@@ -767,6 +773,32 @@ descriptors:
         let e =
             load_one("domain: d\ndescriptors:\n  - key: a\n    shadow_mode: maybe\n").unwrap_err();
         assert!(e.contains("expected true or false, got \"maybe\""), "{e}");
+    }
+
+    /// Paths can make one name (`a_b` = `c` and `a` = `b_c`; `a.b` and `a`
+    /// then `b`), or a given name: the file is read as envoyproxy/ratelimit
+    /// reads it, and the later unnamed limits get `#2`, `#3`, with a warning.
+    #[test]
+    fn unnamed_limits_whose_paths_meet_are_numbered() {
+        let rl = "rate_limit: {unit: minute, requests_per_unit: 3}";
+        let text = format!(
+            "domain: x\ndescriptors:\n  - key: a_b\n    value: c\n    {rl}\n  - key: a\n    value: b_c\n    {rl}\n  - key: q\n    rate_limit: {{name: x.a_b_c#3, unit: minute, requests_per_unit: 3}}\n  - key: r\n    rate_limit: {{name: x.a, unit: minute, requests_per_unit: 3}}\n  - key: a\n    {rl}\n"
+        );
+        let m = load_one(&text).unwrap();
+        let names: Vec<&str> = m.limits().iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["x.a_b_c", "x.a_b_c#2", "x.a_b_c#3", "x.a", "x.a#2"]);
+        let dir = std::env::temp_dir().join(format!("fg-rls-names-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("x.yaml"), &text).unwrap();
+        let w = warnings(&dir, &load(&dir, "sliding_window").unwrap());
+        assert_eq!(
+            w,
+            [
+                "descriptor \"x.a_b_c\": its limit is named \"x.a_b_c#2\": another limit has the name its path makes",
+                "descriptor \"x.a\": its limit is named \"x.a#2\": another limit has the name its path makes",
+            ]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// What a folder holds besides its descriptor files is named, as is an

@@ -94,8 +94,12 @@ impl NodeKind {
 /// One limit of the descriptor files, checked.
 #[derive(Debug, Clone)]
 pub struct Limit {
-    /// Its rule name: `name`, else the descriptor path.
+    /// Its rule name: `name`, else the descriptor path (with `#2`, `#3`...
+    /// after it when an earlier limit, or a given name, has that name
+    /// already: see [`Matcher::check_names`]).
     pub name: String,
+    /// Whether the file gave the name.
+    pub named: bool,
     /// Its domain.
     pub domain: String,
     /// The descriptor path, `DOMAIN.KEY_VALUE.KEY`.
@@ -155,6 +159,9 @@ pub struct Matcher {
     /// The file that gave each domain (for the message refusing another).
     domain_files: HashMap<String, String>,
     limits: Vec<Limit>,
+    /// The limits without a name whose path was another's name already:
+    /// (path, the name they were given).
+    renamed: Vec<(String, String)>,
 }
 
 /// A descriptor key whose value names an identity, with the pattern the
@@ -298,12 +305,15 @@ impl Matcher {
         Ok(at)
     }
 
-    /// Refuses two limits with one name (they would share counters):
-    /// `(WHERE, WHAT)`.
-    pub fn check_names(&self) -> Result<(), (String, String)> {
-        let mut seen: HashMap<&str, &Limit> = HashMap::new();
-        for l in &self.limits {
-            if let Some(other) = seen.insert(&l.name, l) {
+    /// Names must be unique: they name the counters. Two names a file
+    /// gives are refused: `(WHERE, WHAT)`. A limit without a name is named
+    /// by its path, and paths can meet (`a_b` = `c` and `a` = `b_c` both
+    /// make `D.a_b_c`), or meet a given name: then, in file order, the
+    /// later ones are named `PATH#2`, `PATH#3`... (see [`Matcher::renamed`]).
+    pub fn check_names(&mut self) -> Result<(), (String, String)> {
+        let mut given: HashMap<&str, &Limit> = HashMap::new();
+        for l in self.limits.iter().filter(|l| l.named) {
+            if let Some(other) = given.insert(&l.name, l) {
                 return Err((
                     format!("descriptor {:?}", l.path),
                     format!(
@@ -313,7 +323,29 @@ impl Matcher {
                 ));
             }
         }
+        let mut taken: std::collections::HashSet<String> =
+            given.into_keys().map(str::to_string).collect();
+        self.renamed.clear();
+        for l in self.limits.iter_mut().filter(|l| !l.named) {
+            let mut name = l.path.clone();
+            let mut n = 1;
+            while taken.contains(&name) {
+                n += 1;
+                name = format!("{}#{n}", l.path);
+            }
+            if n > 1 {
+                self.renamed.push((l.path.clone(), name.clone()));
+            }
+            taken.insert(name.clone());
+            l.name = name;
+        }
         Ok(())
+    }
+
+    /// The limits without a name that could not be named by their path
+    /// alone: (path, name).
+    pub fn renamed(&self) -> &[(String, String)] {
+        &self.renamed
     }
 
     /// Every limit, in file order.
