@@ -386,7 +386,10 @@ impl Rls {
                     Some((l.requests_per_unit, unit, unit_length(unit)?))
                 });
                 if let Some((rpu, unit, window)) = own {
-                    // The descriptor's own limit replaces the configured one.
+                    // The descriptor's own limit replaces the configured one
+                    // (past 10^9 it is 10^9, the most any algorithm counts,
+                    // and `current_limit` says so).
+                    let rpu = rpu.min(MAX_HITS as u32);
                     let (name, metric, values) = match matched {
                         Some(m) => (Cow::Borrowed(m.limit.name.as_str()), m.metric, m.values),
                         // Named, shown and counted in metrics under its
@@ -399,7 +402,7 @@ impl Rls {
                             (Cow::Owned(keys.clone()), keys, values)
                         }
                     };
-                    let algorithm = NonZeroU32::new(rpu.min(MAX_HITS as u32)).and_then(|n| {
+                    let algorithm = NonZeroU32::new(rpu).and_then(|n| {
                         algorithm_for(None, &self.settings.algorithm, n, window).ok()
                     });
                     // Its own counter, apart from the configured limit's

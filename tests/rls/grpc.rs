@@ -380,6 +380,16 @@ async fn hits_and_a_descriptors_own_limit() {
     });
     let r = c.should_rate_limit(other).await.unwrap();
     assert_eq!(codes(&r), [("OK", 2)]);
+    // Past 10^9 an own limit is 10^9, and the answer says so.
+    let mut huge = own.clone();
+    huge.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: u32::MAX,
+        unit: Unit::Second as i32,
+    });
+    let r = c.should_rate_limit(huge).await.unwrap();
+    let l = r.statuses[0].current_limit.clone().unwrap();
+    assert_eq!(l.requests_per_unit, 1_000_000_000);
+    assert_eq!(codes(&r), [("OK", 999_999_999)]);
     // Even for a descriptor of the domain that matches no configured limit.
     let mut loose = call("another", &[&[("k", &w)]], 1);
     loose.descriptors[0].limit = Some(RateLimitOverride {
