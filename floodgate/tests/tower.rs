@@ -532,6 +532,15 @@ on_redis_error = "deny"
     let res = get_json(&base, "/check").await;
     assert_eq!(res.status(), 503);
     assert_eq!(header(&res, "retry-after").unwrap(), "1");
+    assert_eq!(header(&res, "cache-control").unwrap(), "no-store");
+    // JSON as the filter's other refusals, or a page for a browser.
+    let v: Value = res.json().await.unwrap();
+    assert_eq!(v["error"], "unavailable", "{v}");
+    let res = get_with(&base, "/check", &[("accept", BROWSER)]).await;
+    assert_eq!(res.status(), 503);
+    assert!(header(&res, "content-type")
+        .unwrap()
+        .starts_with("text/html"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

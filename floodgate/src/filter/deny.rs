@@ -82,7 +82,7 @@ impl Denied<'_> {
                 let banned = is_banned(rule, rules, outcomes);
                 denial(filter, req, rule, *retry, banned)
             }
-            Denied::Unavailable(_) => unavailable(),
+            Denied::Unavailable(_) => unavailable(req.headers()),
         }
     }
 }
@@ -257,17 +257,21 @@ pub(crate) fn answer(
 }
 
 /// The answer to a request no one could decide, under a rule whose
-/// `on_redis_error` is `deny`.
-pub(crate) fn unavailable() -> Answer {
-    Answer::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        vec![
-            ("retry-after", "1".to_string()),
-            ("cache-control", "no-store".to_string()),
-            ("content-type", "text/plain; charset=utf-8".to_string()),
-        ],
-        "the rate limiter is unavailable; try again in a second\n".to_string(),
-    )
+/// `on_redis_error` is `deny`: 503 with `Retry-After: 1`, its body as a
+/// refusal's (JSON `{"error":"unavailable",...}`, or a page for a browser).
+pub(crate) fn unavailable(headers: &impl HeaderLines) -> Answer {
+    let told = Refusal {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        error: "unavailable",
+        rule: None,
+        detail: "the rate limiter is unavailable; try again in a second".to_string(),
+        key: None,
+    };
+    let mut answer = told_answer(&told, headers);
+    if let Ok(v) = http::HeaderValue::try_from("1") {
+        answer.headers.insert(http::header::RETRY_AFTER, v);
+    }
+    answer
 }
 
 /// What a refused request is told: its status, the `error` code of the
@@ -360,11 +364,15 @@ impl Refused<'_> {
 /// missing key), or a small HTML page saying the same to a client whose
 /// `Accept` (in `headers`) names `text/html`.
 pub(crate) fn refusal(refused: &Refused<'_>, headers: &impl HeaderLines) -> Answer {
-    let told = refused.told();
+    told_answer(&refused.told(), headers)
+}
+
+/// A refusal's answer, JSON or a page as `headers` ask.
+fn told_answer(told: &Refusal<'_>, headers: &impl HeaderLines) -> Answer {
     let mut fields = vec![("cache-control", "no-store".to_string())];
     if wants_html(headers) {
         fields.push(("content-type", "text/html; charset=utf-8".to_string()));
-        return Answer::new(told.status, fields, refusal_page(&told));
+        return Answer::new(told.status, fields, refusal_page(told));
     }
     let body = match &told.key {
         Some(key) => serde_json::json!({
