@@ -1,7 +1,9 @@
 //! An axum 0.8 app whose every route is behind one tower layer built from a
 //! floodgate configuration file: `[server] bind`, `trusted_proxies`,
 //! `proxy_header` and `max_form`, `[redis]`, `[limiter]`, `[defaults]` and
-//! the `[[rule]]`s.
+//! the `[[rule]]`s. The demo site's own settings (`[server] workers`,
+//! `secret`, `body_timeout`, `[sms]`, `[site]`) are checked as the site
+//! checks them, and not used.
 //!
 //! ```sh
 //! cargo run --release -p floodgate-limiter --example axum -- config/default.toml
@@ -18,13 +20,14 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use axum::extract::{FromRequest, Request};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Form, Json, Router};
-use floodgate_limiter::config::{AppConfig, Config, ConfigError};
+use floodgate_limiter::config::{duration_at_most, AppConfig, Config, ConfigError};
 use floodgate_limiter::Filter;
 use serde_json::{json, Value};
 
@@ -33,30 +36,80 @@ struct Server {
     bind: String,
 }
 
+/// (The site's settings are only deserialized, to check them.)
 #[derive(serde::Deserialize)]
+#[allow(dead_code)]
 struct RawFile {
     #[serde(default)]
     server: RawServer,
+    #[serde(default)]
+    sms: RawSms,
+    #[serde(default)]
+    site: RawSite,
 }
 
+/// `[server]` beyond the library's keys: `bind`, and the demo site's own
+/// (checked as the site checks them, so that a file one refuses the other
+/// refuses too, and not used: the example has no workers to size, no
+/// cookies, and leaves slow bodies to the server in front of it).
 #[derive(serde::Deserialize, Default)]
+#[allow(dead_code)]
 struct RawServer {
     bind: Option<String>,
+    workers: Option<usize>,
+    secret: Option<String>,
+    body_timeout: Option<String>,
+}
+
+/// The demo site's `[sms]`, checked and not used.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct RawSms {
+    provider: Option<SmsProvider>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum SmsProvider {
+    Outbox,
+    Log,
+}
+
+/// The demo site's `[site]`, checked and not used.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct RawSite {
+    title: Option<String>,
+    secure_cookies: Option<bool>,
+    public_outbox: Option<bool>,
 }
 
 /// The file may be the demo site's own (`config/default.toml`): the site's
-/// settings are accepted and left to the site.
+/// settings are accepted when the site would accept them.
 impl AppConfig for Server {
     const SECTIONS: &'static [&'static str] = &["sms", "site"];
     const SERVER_KEYS: &'static [&'static str] = &["bind", "workers", "secret", "body_timeout"];
     type Raw = RawFile;
 
-    fn check(raw: RawFile, _: &str) -> Result<Server, ConfigError> {
+    fn check(raw: RawFile, file: &str) -> Result<Server, ConfigError> {
+        let err = |place: &str, what: String| ConfigError {
+            file: file.to_string(),
+            place: place.to_string(),
+            what,
+        };
+        let s = raw.server;
+        if let Some(n) = s.workers.filter(|&n| n > 512) {
+            let what = format!("must be between 0 and 512 (0 = one per CPU core), got {n}");
+            return Err(err("[server] workers", what));
+        }
+        if let Some(text) = &s.body_timeout {
+            duration_at_most(text, Duration::from_secs(3600))
+                .map_err(|what| err("[server] body_timeout", what))?;
+        }
         Ok(Server {
-            bind: raw
-                .server
-                .bind
-                .unwrap_or_else(|| "127.0.0.1:8080".to_string()),
+            bind: s.bind.unwrap_or_else(|| "127.0.0.1:8080".to_string()),
         })
     }
 }
