@@ -53,9 +53,9 @@ fn main() -> ExitCode {
         ["rls"] => rls(default_path_or(RLS_DEFAULT_PATH)),
         ["rls", "--config", file] => rls(PathBuf::from(file)),
         ["check-config"] => check_config(default_path()),
-        ["check-config", file] | ["check-config", "--config", file] => {
-            check_config(PathBuf::from(file))
-        }
+        // (A FILE that starts with `-` is an option mistyped or without its file.)
+        ["check-config", file] if !file.starts_with('-') => check_config(PathBuf::from(file)),
+        ["check-config", "--config", file] => check_config(PathBuf::from(file)),
         [command @ ("inspect" | "reset" | "ban" | "unban" | "override"), rest @ ..] => {
             init_audit_log();
             operator::run(command, rest, default_path())
