@@ -186,6 +186,15 @@ fn cost_over_limit() {
 }
 
 #[test]
+fn normalize_on_a_key_that_reads_no_value() {
+    assert_refused(
+        "normalize_without_value_key.toml",
+        "rule \"check\" (rule 1): normalize applies to header, query, form, json and body keys; \
+         key = [\"ip\", \"path\"] reads none",
+    );
+}
+
+#[test]
 fn bad_cidr_in_trusted_proxies() {
     assert_refused(
         "bad_cidr.toml",

@@ -322,6 +322,22 @@ impl Key {
             .any(|k| matches!(k, KeyKind::Json(_) | KeyKind::Body(_)))
     }
 
+    /// Whether any part reads a value a rule's `normalize` applies to.
+    pub(crate) fn normalizes(&self) -> bool {
+        self.0.iter().any(|k| match k {
+            KeyKind::Header(_)
+            | KeyKind::Query(_)
+            | KeyKind::Form(_)
+            | KeyKind::Json(_)
+            | KeyKind::Body(_) => true,
+            KeyKind::Ip
+            | KeyKind::Global
+            | KeyKind::Path
+            | KeyKind::Session
+            | KeyKind::Custom(_) => false,
+        })
+    }
+
     /// The only kind, when the key is not composite.
     pub fn single(&self) -> Option<&KeyKind> {
         match self.0.as_slice() {

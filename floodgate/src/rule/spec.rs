@@ -160,6 +160,12 @@ fn check(r: RuleSpec, earlier: &[Rule]) -> Result<Rule, String> {
     let paths = check_paths(&r.paths)?;
     let methods = check_methods(&r.methods)?;
     check_key(&r.key)?;
+    if !matches!(r.normalize, Normalize::None) && !r.key.normalizes() {
+        return Err(format!(
+            "normalize applies to header, query, form, json and body keys; key = {} reads none",
+            r.key
+        ));
+    }
     let exempt = check_exempt(&r.exempt).map_err(|e| format!("exempt: {e}"))?;
 
     let algorithm = match r.amount {
