@@ -5,7 +5,9 @@
 //! Redis decides every limit in one all-or-nothing call; else (Redis
 //! failed, or the breaker is open) each limit's `on_redis_error` does:
 //! `deny` refuses the request, `local` has this process enforce the limit
-//! alone, `allow` lets it pass. Every outcome is counted in [`Metrics`]
+//! alone, `allow` lets it pass. A limit whose own state or parameters
+//! Redis cannot use fails alone: when it lets requests pass, Redis decides
+//! the others without it ([`Verdict::Partial`]). Every outcome is counted in [`Metrics`]
 //! under its limit's name, as the filter counts its rules', and the time
 //! the decision took goes into the latency histogram.
 //!
@@ -82,6 +84,21 @@ pub enum Verdict {
     /// limits with `local` were decided by this process, the others let
     /// the request pass.
     Fallback(Fallback),
+    /// Redis decided some of the limits; it could not decide the others
+    /// (their state or parameters made its script fail), and those let the
+    /// request pass: one limit cannot hurt another.
+    Partial(Partial),
+}
+
+/// What [`decide`] did when some limits could not be decided.
+#[derive(Debug)]
+pub struct Partial {
+    /// The limits Redis decided (indexes into the limits given), in order.
+    pub decided: Vec<usize>,
+    /// Redis's decision on them: one outcome per entry of `decided`.
+    pub decision: Decision,
+    /// Why Redis could not decide the others ([`LimiterError::Check`]).
+    pub error: LimiterError,
 }
 
 /// A denial answered from the denial cache.
@@ -183,7 +200,70 @@ async fn decide_at<'a>(
             count_redis(metrics, limit, checks, &decision);
             Verdict::Redis(decision)
         }
+        Err(error @ LimiterError::Check(_)) if checks.len() > 1 => {
+            without_undecidable(limiter, metrics, checks, limit, started, error).await
+        }
         Err(error) => fallback(limiter, metrics, checks, limit, error),
+    }
+}
+
+/// A request of several limits that Redis could not decide because of
+/// some of them (their state or parameters make the script fail): those,
+/// found by peeking each limit alone, fail alone. When their
+/// `on_redis_error` lets the request pass (`allow`, or a limit that does
+/// not enforce), Redis decides the others, all or nothing among
+/// themselves; a failing limit that says `deny` or `local` makes it
+/// the whole request's failure, as when Redis is away.
+async fn without_undecidable<'a>(
+    limiter: &Limiter,
+    metrics: &Metrics,
+    checks: &[Check],
+    limit: &impl Fn(usize) -> Named<'a>,
+    started: Instant,
+    mut error: LimiterError,
+) -> Verdict {
+    let passes = |i: usize| !checks[i].enforce() || limit(i).on_redis_error == OnRedisError::Allow;
+    let mut left: Vec<usize> = (0..checks.len()).collect();
+    let mut failed: Vec<usize> = Vec::new();
+    loop {
+        let mut failing = Vec::new();
+        for &i in &left {
+            if let Err(LimiterError::Check(_)) = limiter.peek(vec![checks[i].clone()]).await {
+                failing.push(i);
+            }
+        }
+        if failing.is_empty() || !failing.iter().all(|&i| passes(i)) {
+            return fallback(limiter, metrics, checks, limit, error);
+        }
+        left.retain(|i| !failing.contains(i));
+        failed.extend(failing);
+        let sub: Vec<Check> = left.iter().map(|&i| checks[i].clone()).collect();
+        let decided = if sub.is_empty() {
+            Ok(Decision {
+                outcomes: Vec::new(),
+                allowed: true,
+            })
+        } else {
+            limiter.decide(sub.clone()).await
+        };
+        match decided {
+            Ok(decision) => {
+                let of = |j: usize| limit(left[j]);
+                let eligible = |j: usize| sub[j].enforce() && of(j).certain;
+                limiter.remember_denials(&sub, &decision, eligible, started);
+                count_redis(metrics, &of, &sub, &decision);
+                for &i in &failed {
+                    metrics.decision(limit(i).name, Counted::ErrorAllowed);
+                }
+                return Verdict::Partial(Partial {
+                    decided: left,
+                    decision,
+                    error,
+                });
+            }
+            Err(e @ LimiterError::Check(_)) if left.len() > 1 => error = e,
+            Err(e) => return fallback(limiter, metrics, checks, limit, e),
+        }
     }
 }
 

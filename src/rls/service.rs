@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use floodgate::gate::{self, Fallback, Named, Remembered, Verdict};
+use floodgate::gate::{self, Fallback, Named, Partial, Remembered, Verdict};
 use floodgate::limiter::Limiter;
 use floodgate::limiter::{Action, Check, Decision, LimiterError, Outcome};
 use floodgate::metrics::Metrics;
@@ -610,6 +610,22 @@ impl Rls {
                 Ok(self.response(applied, statuses))
             }
             Verdict::Unavailable(error) => self.without_redis(applied, statuses, &of_check, &error),
+            // The limits Redis could not decide let the call pass, shown
+            // without a limit; the others as Redis decided them.
+            Verdict::Partial(Partial {
+                decided,
+                decision,
+                error,
+            }) => {
+                floodgate::logging::flush();
+                log::debug!("rls: redis could not decide some limits: {error}");
+                for &i in &of_check {
+                    statuses[i] = no_limit();
+                }
+                let of_decided: Vec<usize> = decided.iter().map(|&j| of_check[j]).collect();
+                self.answer_each(applied, &mut statuses, &of_decided, &decision);
+                Ok(self.response(applied, statuses))
+            }
             Verdict::Fallback(Fallback {
                 error,
                 local,

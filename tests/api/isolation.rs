@@ -98,3 +98,81 @@ on_redis_error = "deny"
         "{metrics}"
     );
 }
+
+/// Several rules on one request: the broken one fails alone. One that
+/// lets requests pass (`allow`) is left out, and Redis decides the others
+/// all or nothing among themselves; one that says `deny` refuses the
+/// request, and nothing is charged to the others.
+#[actix_web::test]
+async fn a_broken_rule_leaves_the_other_rules_of_its_requests_to_redis() {
+    let app = spawn_app(
+        r#"
+[[rule]]
+name = "lenient"
+paths = ["/two"]
+key = "global"
+limit = 5
+window = "1m"
+deny = "status"
+on_redis_error = "allow"
+
+[[rule]]
+name = "strict"
+paths = ["/two"]
+limit = 3
+window = "1m"
+deny = "status"
+on_redis_error = "deny"
+
+[[rule]]
+name = "shut"
+paths = ["/three"]
+key = "global"
+limit = 5
+window = "1m"
+deny = "status"
+on_redis_error = "deny"
+
+[[rule]]
+name = "counted"
+paths = ["/three"]
+limit = 3
+window = "1m"
+deny = "status"
+"#,
+    )
+    .await;
+    for key in ["floodgate:lenient:global:all", "floodgate:shut:global:all"] {
+        redis::cmd("HSET")
+            .arg(key)
+            .arg("x")
+            .arg("1")
+            .query::<()>(&mut app.redis.connection())
+            .unwrap();
+    }
+    for left in [2, 1, 0] {
+        let res = app.get("/two").await;
+        assert_eq!(res.status(), 404);
+        assert_eq!(remaining(&res, "strict"), Some(left));
+        assert_eq!(remaining(&res, "lenient"), None);
+    }
+    let res = app.get("/two").await;
+    assert_eq!(res.status(), 429);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["rule"], "strict", "{body}");
+    assert_eq!(app.redis.units("floodgate:strict:ip:127.0.0.1"), 3);
+    let res = app.get("/three").await;
+    assert_eq!(res.status(), 503);
+    assert_eq!(app.redis.units("floodgate:counted:ip:127.0.0.1"), 0);
+    let metrics = app.metrics().await;
+    let m = |rule: &str, d: &str| {
+        metric(
+            &metrics,
+            &format!("floodgate_decisions_total{{rule=\"{rule}\",decision=\"{d}\"}}"),
+        )
+    };
+    assert_eq!(m("strict", "allowed"), Some(3), "{metrics}");
+    assert_eq!(m("strict", "denied"), Some(1), "{metrics}");
+    assert_eq!(m("lenient", "error_allowed"), Some(4), "{metrics}");
+    assert_eq!(m("shut", "error_denied"), Some(1), "{metrics}");
+}

@@ -746,6 +746,42 @@ async fn without_redis_allow_deny_and_local() {
     }
 }
 
+/// One limit whose state the script cannot read fails alone: under
+/// `allow` it shows no limit and takes nothing, and the other descriptors
+/// of the same call are decided by Redis (here, over their limit).
+#[tokio::test]
+async fn a_broken_limit_leaves_the_others_of_its_call_to_redis() {
+    let redis = RedisServer::start();
+    let svc = Service::start(
+        &redis,
+        &[("another.yaml", ANOTHER)],
+        "on_redis_error = \"allow\"",
+        "",
+    );
+    let mut c = svc.client().await;
+    let v = unique();
+    redis::cmd("HSET")
+        .arg(format!("floodgate:another.key2:rls:{v}"))
+        .arg("x")
+        .arg("1")
+        .query::<()>(&mut redis.connection())
+        .unwrap();
+    let two = || call("another", &[&[("key2", &v)], &[("key3", &v)]], 1);
+    let mut seen = Vec::new();
+    for _ in 0..11 {
+        let r = c.should_rate_limit(two()).await.unwrap();
+        assert!(r.statuses[0].current_limit.is_none(), "{r:?}");
+        seen.push(codes(&r)[1]);
+    }
+    let want: Vec<(&str, u32)> = (0..10)
+        .rev()
+        .map(|left| ("OK", left))
+        .chain([("OVER_LIMIT", 0)])
+        .collect();
+    assert_eq!(seen, want);
+    assert_eq!(redis.units(&format!("floodgate:another.key3:rls:{v}")), 10);
+}
+
 #[tokio::test]
 async fn reloads_on_a_file_change_and_sighup_and_keeps_the_old_set_on_error() {
     let redis = RedisServer::start();

@@ -10,7 +10,7 @@ use std::time::Instant;
 use super::deny::{denying, noted, summary, DecidedBy, Denied, Input, Refused};
 use super::head::Head;
 use super::{json, usage, values, Filter, Usage, MAX_HEADER_BYTES};
-use crate::gate::{self, Fallback, Named, Remembered, Verdict};
+use crate::gate::{self, Fallback, Named, Partial, Remembered, Verdict};
 use crate::limiter::{Check, Decision, Outcome};
 use crate::logging::{self, Escaped};
 use crate::net::{self, HeaderLines};
@@ -406,6 +406,41 @@ pub(super) fn settle<'r>(
             }
         }
         Verdict::Unavailable(e) => Denied::Unavailable(e),
+        Verdict::Partial(Partial {
+            decided,
+            decision,
+            error,
+        }) => {
+            // The rules Redis could not decide let the request pass: only
+            // the others have outcomes.
+            let rules: Vec<&Rule> = decided.iter().map(|&i| matched[i]).collect();
+            let checks: Vec<Check> = decided.iter().map(|&i| checks[i].clone()).collect();
+            crate::logging::repeated!(
+                &logging::NO_DECISION,
+                "{method} {}: no decision for {} of its rules ({}); the others decided",
+                Escaped(path),
+                matched.len() - rules.len(),
+                Escaped(&error.to_string())
+            );
+            if decision.allowed {
+                return Settled::Admitted(Admitted {
+                    rules,
+                    decision,
+                    checks,
+                    here: None,
+                });
+            }
+            match denying(&rules, &decision) {
+                Some((rule, outcome)) => Denied::Limited {
+                    rule,
+                    retry: outcome.retry_after_secs(),
+                    rules,
+                    outcomes: decision.outcomes,
+                    by: DecidedBy::Redis,
+                },
+                None => return Settled::Admitted(Admitted::untouched()),
+            }
+        }
         Verdict::Fallback(Fallback {
             error,
             local,
