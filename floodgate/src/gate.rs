@@ -92,6 +92,7 @@ pub enum Verdict {
 
 /// What [`decide`] did when some limits could not be decided.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Partial {
     /// The limits Redis decided (indexes into the limits given), in order.
     pub decided: Vec<usize>,

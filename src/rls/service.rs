@@ -616,6 +616,7 @@ impl Rls {
                 decided,
                 decision,
                 error,
+                ..
             }) => {
                 floodgate::logging::flush();
                 log::debug!("rls: redis could not decide some limits: {error}");
