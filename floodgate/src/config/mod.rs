@@ -526,7 +526,7 @@ mod tests {
             Normalize::E164(Region::parse("GB").unwrap())
         );
         assert_eq!(r[0].count, Count::Failures);
-        let base = "[[rule]]\nname = \"a\"\npaths = [\"/a\"]\nlimit = 1\nwindow = \"1m\"\n";
+        let base = "[[rule]]\nname = \"a\"\npaths = [\"/a\"]\nkey = \"header:x-id\"\nlimit = 1\nwindow = \"1m\"\n";
         for (extra, says) in [
             ("region = \"XX\"\n", "unknown region \"XX\""),
             ("count = \"some\"\n", "line 6, column 9: unknown variant \"some\", expected \"all\" or \"failures\""),
@@ -547,7 +547,7 @@ mod tests {
     #[test]
     #[cfg(not(feature = "e164"))]
     fn phone_numbers_need_the_e164_feature() {
-        let base = "[[rule]]\nname = \"a\"\npaths = [\"/a\"]\nlimit = 1\nwindow = \"1m\"\n";
+        let base = "[[rule]]\nname = \"a\"\npaths = [\"/a\"]\nkey = \"header:x-id\"\nlimit = 1\nwindow = \"1m\"\n";
         assert_eq!(
             rules(&format!("{base}normalize = \"e164\"\n")).unwrap_err(),
             "t.toml: rule \"a\" (rule 1): normalize = \"e164\": this build of floodgate has \
