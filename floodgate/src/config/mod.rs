@@ -526,7 +526,7 @@ mod tests {
             Normalize::E164(Region::parse("GB").unwrap())
         );
         assert_eq!(r[0].count, Count::Failures);
-        let base = "[[rule]]\nname = \"a\"\npaths = [\"/a\"]\nkey = \"header:x-id\"\nlimit = 1\nwindow = \"1m\"\n";
+        let base = "[[rule]]\nname = \"a\"\npaths = [\"/a\"]\nlimit = 1\nwindow = \"1m\"\n";
         for (extra, says) in [
             ("region = \"XX\"\n", "unknown region \"XX\""),
             ("count = \"some\"\n", "line 6, column 9: unknown variant \"some\", expected \"all\" or \"failures\""),
