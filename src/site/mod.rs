@@ -312,7 +312,42 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/readyz", page().to(readyz))
         .route("/metrics", page().to(metrics))
         .route("/static/{file}", page().to(static_file));
+    // Any other method on a known address: 405, naming the methods it takes.
+    const PAGE: &str = "GET, HEAD";
+    const FORM: &str = "GET, HEAD, POST";
+    for (path, allow) in [
+        ("/", PAGE),
+        ("/check", PAGE),
+        ("/login", PAGE),
+        ("/sms/send", FORM),
+        ("/login/sms", FORM),
+        ("/login/password", FORM),
+        ("/logout", FORM),
+        ("/account", PAGE),
+        ("/account/password", FORM),
+        ("/password/reset", FORM),
+        ("/password/reset/confirm", FORM),
+        ("/limits", PAGE),
+        ("/dev/outbox", PAGE),
+        ("/err", PAGE),
+        ("/api/ping", PAGE),
+        ("/api/sms/send", "POST"),
+        ("/healthz", PAGE),
+        ("/readyz", PAGE),
+        ("/metrics", PAGE),
+        ("/static/{file}", PAGE),
+    ] {
+        cfg.route(path, web::route().to(move || method_not_allowed(allow)));
+    }
     admin::routes(cfg);
+}
+
+/// `405 Method Not Allowed`, with the methods the address takes.
+async fn method_not_allowed(allow: &'static str) -> HttpResponse {
+    HttpResponse::MethodNotAllowed()
+        .insert_header((header::ALLOW, allow))
+        .content_type("text/plain; charset=utf-8")
+        .body("method not allowed\n")
 }
 
 /// A page's route: GET, and HEAD, answered as GET is without the body

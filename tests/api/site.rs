@@ -477,6 +477,26 @@ async fn head_form_addresses_not_found_and_caching() {
         .unwrap();
     assert_eq!(res.status(), 404);
     assert!(res.text().await.unwrap().contains("Page not found"));
+    // A known address asked with a method it does not take: 405, naming
+    // the ones it does.
+    for (method, path, allow) in [
+        (reqwest::Method::PUT, "/login", "GET, HEAD"),
+        (reqwest::Method::PATCH, "/sms/send", "GET, HEAD, POST"),
+        (reqwest::Method::DELETE, "/api/sms/send", "POST"),
+    ] {
+        let res = app
+            .client
+            .request(method.clone(), app.url(path))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 405, "{method} {path}");
+        assert_eq!(
+            header(&res, "allow").as_deref(),
+            Some(allow),
+            "{method} {path}"
+        );
+    }
     assert_eq!(
         app.get("/no/such/page").await.text().await.unwrap(),
         "not found\n"
