@@ -147,7 +147,8 @@ impl FromRequest for Visitor {
 /// A POST form whose CSRF token belongs to the session cookie it came
 /// with. Without one the request is answered 403 with an opaque page, and
 /// the handler never runs: a POST with no form at all (no body, or a body
-/// of another type) has no token either, so it gets the 403 too.
+/// of another type), or one that cannot be read (a field given twice), has
+/// no token either, so it gets the 403 too.
 pub struct CsrfPost {
     /// Who sent it.
     pub visitor: Visitor,
@@ -163,17 +164,25 @@ impl FromRequest for CsrfPost {
         let form = web::Form::<Fields>::from_request(req, payload);
         let req = req.clone();
         Box::pin(async move {
+            use actix_web::error::UrlencodedError;
             let fields = match form.await {
                 Ok(form) => form.into_inner(),
-                Err(e)
-                    if matches!(
-                        e.as_error::<actix_web::error::UrlencodedError>(),
-                        Some(actix_web::error::UrlencodedError::ContentType)
-                    ) =>
-                {
-                    Fields::default()
-                }
-                Err(e) => return Err(e),
+                Err(e) => match e.as_error::<UrlencodedError>() {
+                    // Not a form, or one that cannot be read (a field
+                    // twice, text that is not UTF-8): no valid token
+                    // either, so the 403 below, and nothing spent.
+                    Some(
+                        UrlencodedError::ContentType
+                        | UrlencodedError::Parse(_)
+                        | UrlencodedError::Encoding,
+                    ) => Fields::default(),
+                    // Too large, or broken off: refused as it is, and
+                    // nothing spent either.
+                    _ => {
+                        give_back_all(&req).await;
+                        return Err(e);
+                    }
+                },
             };
             let site = site_of(&req)?;
             let visitor = Visitor::of(&site, &req).await?;

@@ -544,6 +544,16 @@ async fn forged_forms_and_unreadable_numbers_take_no_quota() {
         assert_eq!(res.status(), 403);
         let res = user.post("/sms/send", &[("phone", "555 010")]).await;
         assert_eq!(res.status(), 400);
+        // A form that cannot be read (a field twice) has no valid token.
+        let res = app
+            .client
+            .post(app.url("/sms/send"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body("csrf=x&csrf=y&phone=%2B15550106667")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 403);
     }
     // The JSON API: another type (a page on another site can send
     // text/plain without asking), unreadable JSON, an unreadable number.
