@@ -2,10 +2,10 @@
 //! `/password/reset/confirm` (the code and a new password).
 
 use actix_web::http::{header, StatusCode};
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse};
 
 use super::codes::{code_error, text_code};
-use super::forms::{Page, PhoneForm, PhonePost, Reset, ResetCode};
+use super::forms::{give_back_all, Page, PhoneForm, PhonePost, Reset, ResetCode};
 use super::password::{check_password, hash_password};
 use super::store::{CodeCheck, Purpose, CODE_TTL_SECS};
 use super::{Site, SiteError, Visitor};
@@ -45,6 +45,7 @@ pub async fn reset_request(
 /// `POST /password/reset/confirm`: code + new password. Signs out every
 /// other session of the account and does not sign anyone in.
 pub async fn reset_confirm(
+    req: HttpRequest,
     site: web::Data<Site>,
     post: PhonePost<ResetCode>,
 ) -> Result<HttpResponse, SiteError> {
@@ -57,6 +58,8 @@ pub async fn reset_confirm(
     } = post;
     let password = fields.password();
     if let Err(e) = check_password(&password) {
+        // The code was not tried: its try goes back.
+        give_back_all(&req).await;
         return Ok(form.refuse(Page::Reset, &visitor, e));
     }
     let code = fields.code();

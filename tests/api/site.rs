@@ -310,6 +310,17 @@ async fn reset_changes_the_password_and_signs_every_session_out() {
         .as_str()
         .unwrap()
         .contains("reset"));
+    // A password too short, more often than the 5 wrong codes allowed:
+    // the code is not tried, and no try is spent.
+    for _ in 0..7 {
+        let res = stranger
+            .post(
+                "/password/reset/confirm",
+                &[("phone", phone), ("code", &code), ("password", "short")],
+            )
+            .await;
+        assert_eq!(res.status(), 400);
+    }
     let res = stranger
         .post(
             "/password/reset/confirm",
