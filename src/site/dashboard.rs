@@ -11,7 +11,7 @@ use super::{Site, SiteError, Visitor};
 use crate::config::{format_duration, human_duration};
 use floodgate::limiter::{Action, Check, Outcome};
 use floodgate::rule::Algorithm;
-use floodgate::rule::{HeaderDialect, KeyKind, Mode, Rule};
+use floodgate::rule::{KeyKind, Mode, Rule};
 
 /// Width of the SVG drawings, in user units.
 const WIDTH: f64 = 600.0;
@@ -247,13 +247,9 @@ pub async fn limits(site: web::Data<Site>, req: HttpRequest) -> Result<HttpRespo
     let rules = site.filter.rules();
     let mut plan: Vec<(usize, Subject)> = Vec::new();
     let mut views = Vec::new();
-    // A rule whose fields are hidden (`headers = "none"`: an abuse
-    // threshold) is not shown here either.
-    for (at, rule) in rules
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| r.headers() != HeaderDialect::None)
-    {
+    // Every rule, the abuse thresholds too (`headers = "none"`: no
+    // response's fields show them, but the visitor may see them here).
+    for (at, rule) in rules.iter().enumerate() {
         let (subs, note) = subjects(&site, rule, &req, &visitor);
         plan.extend(subs.into_iter().map(|s| (at, s)));
         views.push(RuleView {

@@ -101,14 +101,7 @@ pub fn render(t: &impl Template, status: StatusCode) -> HttpResponse {
 
 /// `GET /`
 pub async fn home(site: web::Data<Site>, req: HttpRequest) -> HttpResponse {
-    // Rules whose fields are hidden (`headers = "none"`) are not listed.
-    let rules = site
-        .filter
-        .rules()
-        .iter()
-        .filter(|r| r.headers() != floodgate::rule::HeaderDialect::None)
-        .map(RuleRow::new)
-        .collect();
+    let rules = site.filter.rules().iter().map(RuleRow::new).collect();
     render(
         &HomePage {
             site_title: site.config.site.title.clone(),
