@@ -94,13 +94,22 @@ async fn handle(site: web::Data<Site>, req: HttpRequest, payload: web::Payload) 
         Ok(body) => body,
         Err(refused) => return refused,
     };
+    // A refusal before the action is logged as its outcome is.
+    let refused = |e: &str| {
+        log::info!(
+            "{}: refused ({})",
+            Escaped(&format!("admin {what} from {client}")),
+            Escaped(e)
+        );
+        error(StatusCode::BAD_REQUEST, e)
+    };
     let body: ActionBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
-        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("bad JSON body: {e}")),
+        Err(e) => return refused(&format!("bad JSON body: {e}")),
     };
     let action = match action_of(what, &body) {
         Ok(a) => a,
-        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+        Err(e) => return refused(&e),
     };
     let result = run(&site, &body, action, client).await;
     let shown = format!(

@@ -83,6 +83,43 @@ fn metrics_in(expr: &str) -> BTreeSet<String> {
     found
 }
 
+/// Every label name `expr` selects on or groups by (`{name=..}`,
+/// `by (a, b)`), and that a legend (`{{name}}`) shows.
+fn labels_in(expr: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let name = |s: &str| -> String {
+        s.trim()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut rest = expr;
+    while let Some(open) = rest.find('{') {
+        let Some(close) = rest[open..].find('}') else {
+            break;
+        };
+        let inside = &rest[open + 1..open + close];
+        let inside = inside.trim_start_matches('{');
+        for part in inside.split(',') {
+            let n = name(part);
+            if !n.is_empty() {
+                found.insert(n);
+            }
+        }
+        rest = &rest[open + close + 1..];
+    }
+    for word in ["by (", "without ("] {
+        let mut rest = expr;
+        while let Some(at) = rest.find(word) {
+            let after = &rest[at + word.len()..];
+            let list = after.split(')').next().unwrap_or("");
+            found.extend(list.split(',').map(name).filter(|n| !n.is_empty()));
+            rest = after;
+        }
+    }
+    found
+}
+
 #[actix_web::test]
 async fn the_dashboard_and_alerts_read_metrics_the_app_serves() {
     let app = spawn_app_with(RULES, |_| {}).await;
@@ -127,6 +164,37 @@ async fn the_dashboard_and_alerts_read_metrics_the_app_serves() {
     }
     let missing: Vec<&String> = read.difference(&served).collect();
     assert!(missing.is_empty(), "not served: {missing:?}\n{text}");
+    // ...and only labels that the app's series carry (or that Prometheus
+    // adds: instance, job), in selectors, groupings and legends alike.
+    let mut labelled: BTreeSet<String> = ["instance", "job"].map(String::from).into();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        if let (Some(open), Some(close)) = (line.find('{'), line.find('}')) {
+            labelled.extend(
+                line[open + 1..close]
+                    .split(',')
+                    .filter_map(|kv| kv.split('=').next())
+                    .map(str::to_string),
+            );
+        }
+    }
+    let legends = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter())
+        .filter_map(|t| t["legendFormat"].as_str());
+    for expr in exprs
+        .iter()
+        .map(String::as_str)
+        .chain(rules.iter().map(|r| r["expr"].as_str().unwrap()))
+        .chain(legends)
+    {
+        let unknown: Vec<String> = labels_in(expr).difference(&labelled).cloned().collect();
+        assert!(
+            unknown.is_empty(),
+            "{expr}: no series has {unknown:?}\n{text}"
+        );
+    }
     for needed in ["floodgate_bans_active", "floodgate_overrides_active"] {
         assert!(
             read.contains(needed),

@@ -374,21 +374,25 @@ fn told_answer(told: &Refusal<'_>, headers: &impl HeaderLines) -> Answer {
         fields.push(("content-type", "text/html; charset=utf-8".to_string()));
         return Answer::new(told.status, fields, refusal_page(told));
     }
-    let body = match &told.key {
-        Some(key) => serde_json::json!({
-            "error": told.error,
-            "rule": told.rule,
-            "key": key,
-            "detail": told.detail,
-        }),
-        None => serde_json::json!({
-            "error": told.error,
-            "rule": told.rule,
-            "detail": told.detail,
-        }),
+    // The fields in the documented order (a struct keeps its order; a
+    // JSON map would sort them).
+    #[derive(serde::Serialize)]
+    struct Body<'a> {
+        error: &'a str,
+        rule: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        key: Option<&'a str>,
+        detail: &'a str,
+    }
+    let body = Body {
+        error: told.error,
+        rule: told.rule,
+        key: told.key.as_deref(),
+        detail: &told.detail,
     };
+    let body = serde_json::to_string(&body).unwrap_or_default();
     fields.push(("content-type", "application/json".to_string()));
-    Answer::new(told.status, fields, body.to_string())
+    Answer::new(told.status, fields, body)
 }
 
 /// The page a browser is shown for a refusal: the status, and why.
