@@ -133,6 +133,18 @@ pub fn action_of(what: &str, body: &ActionBody) -> Result<Action, String> {
     }
 }
 
+/// 400 for an action refused before it runs (a body that is not JSON, a
+/// field the action does not take, a bad value), logged as an action's
+/// outcome is.
+pub fn refused_action(what: &str, client: IpAddr, why: &str) -> HttpResponse {
+    log::info!(
+        "{}: refused ({})",
+        Escaped(&format!("admin {what} from {client}")),
+        Escaped(why)
+    );
+    error(StatusCode::BAD_REQUEST, why)
+}
+
 /// A request without the right token: 401, or 429 once its address has
 /// failed [`FAILURES`] times in [`FAILURE_WINDOW`]. A loopback client (this
 /// machine: an operator's shell, a check script) always gets 401 and is

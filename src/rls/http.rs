@@ -19,7 +19,7 @@ use super::config::RlsConfig;
 use super::service::Rls;
 use crate::admin_http::{
     action_of, audit, bearer, error, json, listing, read_body, refuse_authentication,
-    token_matches, ActionBody,
+    refused_action, token_matches, ActionBody,
 };
 
 /// The running listener.
@@ -178,15 +178,7 @@ async fn admin(state: web::Data<State>, req: HttpRequest, payload: web::Payload)
         Ok(body) => body,
         Err(refused) => return refused,
     };
-    // A refusal before the action is logged as its outcome is.
-    let refused = |e: &str| {
-        log::info!(
-            "{}: refused ({})",
-            Escaped(&format!("admin {what} from {client}")),
-            Escaped(e)
-        );
-        error(StatusCode::BAD_REQUEST, e)
-    };
+    let refused = |e: &str| refused_action(what, client, e);
     let body: ActionBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => return refused(&format!("bad JSON body: {e}")),

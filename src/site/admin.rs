@@ -22,8 +22,8 @@ use std::sync::Arc;
 
 use super::Site;
 use crate::admin_http::{
-    action_of, audit, bearer, error, json, read_body, refuse_authentication, token_matches,
-    ActionBody,
+    action_of, audit, bearer, error, json, read_body, refuse_authentication, refused_action,
+    token_matches, ActionBody,
 };
 use crate::listings;
 use floodgate::limiter::Action;
@@ -94,15 +94,7 @@ async fn handle(site: web::Data<Site>, req: HttpRequest, payload: web::Payload) 
         Ok(body) => body,
         Err(refused) => return refused,
     };
-    // A refusal before the action is logged as its outcome is.
-    let refused = |e: &str| {
-        log::info!(
-            "{}: refused ({})",
-            Escaped(&format!("admin {what} from {client}")),
-            Escaped(e)
-        );
-        error(StatusCode::BAD_REQUEST, e)
-    };
+    let refused = |e: &str| refused_action(what, client, e);
     let body: ActionBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => return refused(&format!("bad JSON body: {e}")),

@@ -355,17 +355,8 @@ pub(super) fn settle<'r>(
                 here: None,
             });
         }
-        Verdict::Redis(decision) => match denying(&matched, &decision) {
-            // The denying rule that frees last names the denial, so that
-            // Retry-After holds for every rule.
-            Some((rule, outcome)) => Denied::Limited {
-                rule,
-                retry: outcome.retry_after_secs(),
-                rules: matched,
-                outcomes: decision.outcomes,
-                by: DecidedBy::Redis,
-            },
-            // Not reachable: a request is denied only by an enforce rule.
+        Verdict::Redis(decision) => match limited(matched, decision, DecidedBy::Redis) {
+            Some(denied) => denied,
             None => return Settled::Admitted(Admitted::untouched()),
         },
         Verdict::Remembered(Remembered {
@@ -430,14 +421,8 @@ pub(super) fn settle<'r>(
                     here: None,
                 });
             }
-            match denying(&rules, &decision) {
-                Some((rule, outcome)) => Denied::Limited {
-                    rule,
-                    retry: outcome.retry_after_secs(),
-                    rules,
-                    outcomes: decision.outcomes,
-                    by: DecidedBy::Redis,
-                },
+            match limited(rules, decision, DecidedBy::Redis) {
+                Some(denied) => denied,
                 None => return Settled::Admitted(Admitted::untouched()),
             }
         }
@@ -465,20 +450,29 @@ pub(super) fn settle<'r>(
                     here: Some(at),
                 });
             }
-            match denying(&rules, &decision) {
-                Some((rule, outcome)) => Denied::Limited {
-                    rule,
-                    retry: outcome.retry_after_secs(),
-                    rules,
-                    outcomes: decision.outcomes,
-                    by: DecidedBy::Here(error),
-                },
+            match limited(rules, decision, DecidedBy::Here(error)) {
+                Some(denied) => denied,
                 None => return Settled::Admitted(Admitted::untouched()),
             }
         }
     };
     noted(method, path, &denied);
     Settled::Denied(denied)
+}
+
+/// The denial of `rules`, whose `decision` (by Redis, or here) denied the
+/// request: named by the denying rule that frees last, so that
+/// Retry-After holds for every rule. `None` when no enforce rule denied
+/// (not reachable: only an enforce rule denies a request).
+fn limited<'r>(rules: Vec<&'r Rule>, decision: Decision, by: DecidedBy) -> Option<Denied<'r>> {
+    let (rule, outcome) = denying(&rules, &decision)?;
+    Some(Denied::Limited {
+        rule,
+        retry: outcome.retry_after_secs(),
+        rules,
+        outcomes: decision.outcomes,
+        by,
+    })
 }
 
 impl Admitted<'_> {
