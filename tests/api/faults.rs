@@ -21,8 +21,8 @@ use floodgate::limiter::LimiterOptions;
 use floodgate_site::config::Config;
 
 use crate::helpers::{
-    header, is_script_call, metric, raw_request, remaining, spawn_app, RedisServer, Relay, TestApp,
-    ToClient, ToRedis,
+    decisions, header, is_script_call, metric, raw_request, remaining, spawn_app, RedisServer,
+    Relay, TestApp, ToClient, ToRedis,
 };
 
 /// The configured Redis timeout, and what a decision may take on top of it.
@@ -119,12 +119,7 @@ async fn redis_down_applies_the_error_policy_in_time_and_recovers() {
     assert_eq!(res.status(), 503);
     assert!(took <= TIMEOUT + MARGIN, "/readyz took {took:?}");
     let metrics = app.metrics().await;
-    let m = |rule: &str, d: &str| {
-        metric(
-            &metrics,
-            &format!("floodgate_decisions_total{{rule=\"{rule}\",decision=\"{d}\"}}"),
-        )
-    };
+    let m = |rule: &str, d: &str| decisions(&metrics, rule, d);
     assert_eq!(m("soft", "error_allowed"), Some(4), "{metrics}");
     assert_eq!(m("hard", "error_denied"), Some(4), "{metrics}");
     // The first failure opens the breaker; the requests after it are not

@@ -286,6 +286,14 @@ pub fn metric(text: &str, name: &str) -> Option<u64> {
         .map(|v| v.trim().parse().unwrap())
 }
 
+/// `floodgate_decisions_total{rule,decision}` in a Prometheus text.
+pub fn decisions(text: &str, rule: &str, decision: &str) -> Option<u64> {
+    metric(
+        text,
+        &format!("floodgate_decisions_total{{rule=\"{rule}\",decision=\"{decision}\"}}"),
+    )
+}
+
 /// A response read off a raw connection.
 #[derive(Debug)]
 pub struct RawResponse {

@@ -4,7 +4,7 @@
 //! cost of one decision and a broken check failing alone in its batch are
 //! the library's own tests: floodgate/tests/isolation.rs.)
 
-use crate::helpers::{header, metric, remaining, spawn_app};
+use crate::helpers::{decisions, header, metric, remaining, spawn_app};
 
 #[actix_web::test]
 async fn a_broken_rule_answers_its_own_requests_by_its_error_policy_only() {
@@ -83,12 +83,7 @@ on_redis_error = "deny"
     assert_eq!(healthy, (90..100).collect::<Vec<u64>>());
     assert_eq!(app.redis.units("floodgate:healthy:ip:127.0.0.1"), 10);
     let metrics = app.metrics().await;
-    let m = |rule: &str, d: &str| {
-        metric(
-            &metrics,
-            &format!("floodgate_decisions_total{{rule=\"{rule}\",decision=\"{d}\"}}"),
-        )
-    };
+    let m = |rule: &str, d: &str| decisions(&metrics, rule, d);
     assert_eq!(m("broken", "error_denied"), Some(10), "{metrics}");
     assert_eq!(m("lenient", "error_allowed"), Some(10), "{metrics}");
     assert_eq!(m("healthy", "allowed"), Some(10), "{metrics}");
@@ -165,12 +160,7 @@ deny = "status"
     assert_eq!(res.status(), 503);
     assert_eq!(app.redis.units("floodgate:counted:ip:127.0.0.1"), 0);
     let metrics = app.metrics().await;
-    let m = |rule: &str, d: &str| {
-        metric(
-            &metrics,
-            &format!("floodgate_decisions_total{{rule=\"{rule}\",decision=\"{d}\"}}"),
-        )
-    };
+    let m = |rule: &str, d: &str| decisions(&metrics, rule, d);
     assert_eq!(m("strict", "allowed"), Some(3), "{metrics}");
     assert_eq!(m("strict", "denied"), Some(1), "{metrics}");
     assert_eq!(m("lenient", "error_allowed"), Some(4), "{metrics}");

@@ -113,16 +113,19 @@ pub(crate) fn after_tick(
     pending: impl Fn() -> usize + Send + 'static,
     flush: impl FnOnce() + Send + 'static,
 ) {
-    let mut seen = pending();
     let more = if waits_for_more() { MORE_TICKS } else { 0 };
+    // (The batch is counted only where it may wait: an actix worker's
+    // flush takes no lock for it.)
+    let mut seen = if more > 0 { pending() } else { 0 };
     let task = async move {
-        for _ in 0..=more {
-            tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        for _ in 0..more {
             let now = pending();
             if now == seen || now >= MAX_BATCH {
                 break;
             }
             seen = now;
+            tokio::task::yield_now().await;
         }
         flush();
     };
