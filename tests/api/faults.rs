@@ -246,6 +246,47 @@ async fn an_idle_redis_restart_fails_no_decision_and_counts_each_admission_once(
     assert_eq!(app.redis.llen("floodgate:exact:ip:127.0.0.1"), 5);
 }
 
+/// After an outage, the first request once the breaker's period is over
+/// probes Redis; the requests that come while that probe is on its way wait
+/// for it, and are decided by the Redis that is back instead of failing.
+#[actix_web::test]
+async fn requests_beside_the_breakers_probe_are_decided_once_redis_is_back() {
+    let mut app = spawn_app(
+        r#"
+[redis]
+timeout = "250ms"
+
+[limiter]
+breaker = "200ms"
+
+[[rule]]
+name = "many"
+paths = ["/check"]
+limit = 1000
+window = "1m"
+deny = "status"
+on_redis_error = "deny"
+"#,
+    )
+    .await;
+    assert_eq!(app.get("/check").await.status(), 200);
+    app.redis.stop();
+    assert_eq!(app.get("/check").await.status(), 503, "the outage");
+    app.redis.restart();
+    // The breaker's period, started by the failure above, runs out.
+    actix_web::rt::time::sleep(Duration::from_millis(400)).await;
+    let burst: Vec<_> = (0..24)
+        .map(|_| actix_web::rt::spawn(app.client.get(app.url("/check")).send()))
+        .collect();
+    let mut statuses = Vec::new();
+    for res in burst {
+        statuses.push(res.await.unwrap().unwrap().status().as_u16());
+    }
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    // Each of them counted once, on the Redis that is back.
+    assert_eq!(remaining(&app.get("/check").await, "many"), Some(1000 - 25));
+}
+
 #[actix_web::test]
 async fn an_idle_redis_restart_fails_no_page_and_no_readiness_check() {
     let mut app = spawn_app(RESTARTED).await;

@@ -1,5 +1,6 @@
 //! The breaker: after a call failed, no call is made for a while, then one
-//! call probes Redis.
+//! call probes Redis, and the requests that come while it is on its way
+//! wait briefly for what it comes to.
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,6 +16,13 @@ use super::{Decision, LimiterError};
 /// guard is dropped, whatever became of the call (answered, failed, or its
 /// caller gone while it waited), so a probe can never keep the breaker
 /// from probing again.
+///
+/// A request that comes while the probe is on its way waits for it, up to
+/// [`PROBE_WAIT`] ([`Gate::Probing`]): once Redis is back (a restart, a
+/// failover), the probe reconnects and closes the breaker within a few
+/// milliseconds, and the requests that came meanwhile are decided by Redis
+/// instead of failing. While Redis stays stalled, they get the error policy's
+/// answer after that wait.
 #[derive(Debug)]
 pub(crate) struct Breaker {
     period: Duration,
@@ -23,7 +31,16 @@ pub(crate) struct Breaker {
     open_until: AtomicU64,
     /// A probe is on its way.
     probing: AtomicBool,
+    /// Woken when a probe has come to something.
+    probed: tokio::sync::Notify,
 }
+
+/// The longest a request waits for a probe on its way (or the limiter's
+/// timeout, if shorter): a Redis that is back answers a probe, new
+/// connection, reloaded script and all, well within it, even on a busy
+/// machine; a stalled one holds the requests that come during its probe no
+/// longer than this, once per breaker period.
+pub(crate) const PROBE_WAIT: Duration = Duration::from_millis(100);
 
 /// What the breaker lets a request do.
 pub(crate) enum Gate<B: Deref<Target = Breaker>> {
@@ -34,6 +51,9 @@ pub(crate) enum Gate<B: Deref<Target = Breaker>> {
     Probe(Probing<B>),
     /// Do not ask.
     Open,
+    /// The period is over and a probe is on its way: wait for it
+    /// ([`Breaker::await_probe`]), then ask again.
+    Probing,
 }
 
 /// The right to probe an open breaker, held while the probe is on its way;
@@ -43,6 +63,7 @@ pub(crate) struct Probing<B: Deref<Target = Breaker>>(B);
 impl<B: Deref<Target = Breaker>> Drop for Probing<B> {
     fn drop(&mut self) {
         self.0.probing.store(false, Ordering::Release);
+        self.0.probed.notify_waiters();
     }
 }
 
@@ -53,6 +74,7 @@ impl Breaker {
             epoch: Instant::now(),
             open_until: AtomicU64::new(0),
             probing: AtomicBool::new(false),
+            probed: tokio::sync::Notify::new(),
         }
     }
 
@@ -74,8 +96,21 @@ impl Breaker {
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
         {
             Ok(_) => Gate::Probe(Probing(breaker)),
-            Err(_) => Gate::Open,
+            Err(_) => Gate::Probing,
         }
+    }
+
+    /// Waits until the probe on its way has come to something, or `wait`
+    /// has passed (at once if no probe is on its way).
+    pub(crate) async fn await_probe(&self, wait: Duration) {
+        let probed = self.probed.notified();
+        tokio::pin!(probed);
+        // Registered before the look, so a probe ending in between wakes it.
+        probed.as_mut().enable();
+        if !self.probing.load(Ordering::Acquire) {
+            return;
+        }
+        let _ = tokio::time::timeout(wait, probed).await;
     }
 
     /// Whether calls are held back now (the period has not run out).

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::breaker::{Breaker, Gate};
+use super::breaker::{Breaker, Gate, PROBE_WAIT};
 use super::clock::{deadline_margin, RedisClock};
 use super::conn::{manager, pool_of, spoils, Manager, Pool};
 use super::deny_cache::{DenyCache, Remembered};
@@ -316,6 +316,16 @@ impl Limiter {
             Gate::Closed => None,
             Gate::Probe(probing) => Some(probing),
             Gate::Open => return Err(LimiterError::BreakerOpen),
+            Gate::Probing => {
+                // Another request probes Redis: what it comes to decides
+                // this one's way (a Redis that is back fails no decision).
+                breaker.await_probe(PROBE_WAIT.min(self.timeout)).await;
+                match Breaker::gate(breaker) {
+                    Gate::Closed => None,
+                    Gate::Probe(probing) => Some(probing),
+                    Gate::Open | Gate::Probing => return Err(LimiterError::BreakerOpen),
+                }
+            }
         };
         let result = self.call(checks, now_ms, probing.is_some()).await;
         breaker.observe(&result, probing.is_some());

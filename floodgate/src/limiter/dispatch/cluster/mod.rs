@@ -486,7 +486,8 @@ impl Cluster {
             match Breaker::gate(Arc::clone(&health.breaker)) {
                 Gate::Closed => {}
                 Gate::Probe(probe) => probing.push(probe),
-                Gate::Open => {
+                // (A dispatcher thread does not wait for another's probe.)
+                Gate::Open | Gate::Probing => {
                     for &g in &gs {
                         replies[g] = Reply::Failed(LimiterError::BreakerOpen);
                     }
