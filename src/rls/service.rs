@@ -707,7 +707,9 @@ impl Rls {
                     ..a.current()
                 });
             }
-            s.duration_until_reset = Some(denial.wait.into());
+            // (In whole ms, as Redis's answers are.)
+            let ms = denial.wait.as_nanos().div_ceil(1_000_000);
+            s.duration_until_reset = Some(Duration::from_millis(ms as u64).into());
             statuses[of_check[n]] = s;
         }
         let others: Vec<usize> = (0..checks.len()).filter(|&m| m != n).collect();
@@ -780,14 +782,12 @@ impl Rls {
             None => (a.requests_per_unit, a.unit),
         };
         let over = !o.allowed && !a.shadow;
-        let remaining = if o.allowed && !charged {
-            // Nothing was taken: what is left now.
-            (o.remaining + u64::from(a.hits)).min(u64::from(limit))
-        } else if o.allowed {
-            o.remaining
-        } else {
-            0
-        };
+        let mut o = *o;
+        if let (true, false, Some(algorithm)) = (o.allowed, charged, &a.algorithm) {
+            // Nothing was taken: what it holds now.
+            o.uncharge(a.hits, algorithm);
+        }
+        let remaining = if o.allowed { o.remaining } else { 0 };
         DescriptorStatus {
             code: if over { Code::OverLimit } else { Code::Ok } as i32,
             current_limit: Some(RateLimit {

@@ -260,6 +260,73 @@ window = "1m"
     assert!(header(&res, "retry-after").is_some());
 }
 
+/// A denial says no units are left in a one-rule dialect, even when the
+/// rule that denied hides its numbers; and in the lists, a token bucket
+/// that would have admitted the request says what it holds now.
+#[actix_web::test]
+async fn a_denial_shows_none_left_and_a_bucket_as_it_stands() {
+    let app = spawn_app(
+        r#"
+[defaults]
+deny = "status"
+
+[[rule]]
+name = "shown"
+paths = ["/d"]
+limit = 5
+window = "1m"
+headers = "draft-6"
+
+[[rule]]
+name = "hid"
+paths = ["/d"]
+limit = 2
+window = "1m"
+headers = "none"
+
+[[rule]]
+name = "hid-too"
+paths = ["/b"]
+limit = 2
+window = "1m"
+headers = "none"
+
+[[rule]]
+name = "tb"
+paths = ["/b"]
+algorithm = "token_bucket"
+rate = 0.05
+burst = 3
+"#,
+    )
+    .await;
+    for left in [4, 3] {
+        let res = app.get("/d").await;
+        assert_eq!(res.status(), 404);
+        assert_eq!(header(&res, "ratelimit-remaining"), Some(left.to_string()));
+    }
+    let res = app.get("/d").await;
+    assert_eq!(res.status(), 429, "denied by the hidden rule");
+    assert_eq!(header(&res, "ratelimit-remaining").as_deref(), Some("0"));
+    assert_eq!(header(&res, "ratelimit-limit").as_deref(), Some("5"));
+
+    // The bucket: 20 s a token; two taken, full again in 40 s.
+    let mut reset = 0;
+    for left in [2, 1] {
+        let res = app.get("/b").await;
+        let items = sf_items(&header(&res, "ratelimit").unwrap());
+        assert_eq!((items[0].0.as_str(), items[0].1["r"]), ("tb", left));
+        reset = items[0].1["t"];
+    }
+    assert_eq!(reset, 40);
+    let res = app.get("/b").await;
+    assert_eq!(res.status(), 429, "denied by the hidden rule");
+    let items = sf_items(&header(&res, "ratelimit").unwrap());
+    assert_eq!(items.len(), 1, "{items:?}");
+    assert_eq!((items[0].0.as_str(), items[0].1["r"]), ("tb", 1));
+    assert!(items[0].1["t"] <= 40, "{items:?}");
+}
+
 #[actix_web::test]
 async fn an_html_429_carries_the_fields_too() {
     let app = spawn_app(

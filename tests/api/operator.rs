@@ -611,9 +611,14 @@ deny = "status"
         .unwrap();
     // Burst 10 at rate 5/s: 2 s to refill from empty, as the rule's 2 at 1/s.
     assert_eq!((seen.limit, seen.window_s, seen.remaining), (10, 2, 10));
+    assert_eq!(seen.reset_s, 0, "a full bucket");
     for _ in 0..10 {
         assert_eq!(status(&app, "/api/ping").await, 200);
     }
+    // Emptied: full again within the 2 s a whole refill takes (what it
+    // holds, not what one more request would leave).
+    let seen = inspect(&app, "api", &["127.0.0.1"]).await;
+    assert!(seen.reset_s <= 2, "{seen:?}");
 }
 
 /// `POST /admin/ACTION` with `body`, as `token` (None: no Authorization).

@@ -105,6 +105,55 @@ async fn two_descriptors_and_the_first_frozen_once_the_second_is_over() {
     }
 }
 
+/// Where units come back one by one (token bucket, GCRA), a limit that
+/// admits a call another limit refuses says what it holds now: its reset
+/// is the one the last admission answered, not one more unit's later.
+#[tokio::test]
+async fn beside_a_refusal_a_bucket_says_when_it_is_full_as_it_stands() {
+    const BUCKETS: &str = "domain: b\ndescriptors:\n  - key: one\n    rate_limit:\n      unit: minute\n      requests_per_unit: 1\n  - key: tb\n    rate_limit:\n      unit: minute\n      requests_per_unit: 3\n      algorithm: token_bucket\n  - key: g\n    rate_limit:\n      unit: minute\n      requests_per_unit: 3\n      algorithm: gcra\n";
+    let redis = RedisServer::start();
+    let svc = Service::start(&redis, &[("b.yaml", BUCKETS)], "", "");
+    let mut c = svc.client().await;
+    let v = unique();
+    let reset = |r: &floodgate_site::rls::proto::RateLimitResponse, i: usize| {
+        let d = r.statuses[i].duration_until_reset.unwrap();
+        d.seconds as f64 + f64::from(d.nanos) / 1e9
+    };
+    // Two of three units taken: full again 40 s from now (20 s a unit).
+    let mut last = (0.0, 0.0);
+    for _ in 0..2 {
+        let r = c
+            .should_rate_limit(call("b", &[&[("tb", &v)], &[("g", &v)]], 1))
+            .await
+            .unwrap();
+        assert_eq!(codes(&r)[0].0, "OK");
+        last = (reset(&r, 0), reset(&r, 1));
+    }
+    assert!((39.0..=40.0).contains(&last.0), "{last:?}");
+    assert!((39.0..=40.0).contains(&last.1), "{last:?}");
+    let r = c
+        .should_rate_limit(call("b", &[&[("one", &v)]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r), [("OK", 0)]);
+    // Refused by `one`: nothing charged, and the buckets say what they hold.
+    let r = c
+        .should_rate_limit(call("b", &[&[("one", &v)], &[("tb", &v)], &[("g", &v)]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(&r), [("OVER_LIMIT", 0), ("OK", 1), ("OK", 1)]);
+    assert!(
+        reset(&r, 1) <= last.0 && reset(&r, 1) > 35.0,
+        "{} {last:?}",
+        reset(&r, 1)
+    );
+    assert!(
+        reset(&r, 2) <= last.1 && reset(&r, 2) > 35.0,
+        "{} {last:?}",
+        reset(&r, 2)
+    );
+}
+
 #[tokio::test]
 async fn bad_calls_are_refused_and_charge_nothing() {
     let redis = RedisServer::start();

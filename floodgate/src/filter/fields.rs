@@ -272,9 +272,10 @@ pub(crate) fn expose_unavailable(
 
 /// Writes the fields of `rules` (with their `outcomes`, one each) into a
 /// response's `headers`, after what an `inner` filter showed. `denied`: the
-/// request took nothing from any of these rules (it was denied): a rule
-/// that denied shows 0 remaining, one that would have admitted it shows its
-/// units as still there. `exposed`: the request has an `Origin`, and the
+/// request took nothing from any of these rules (it was denied): in the
+/// IETF lists a rule that denied shows 0 remaining, one that would have
+/// admitted it what it holds now (its units still there); a one-rule
+/// dialect's rule shows 0 remaining, as a denial says. `exposed`: the request has an `Origin`, and the
 /// fields the response then carries are named in
 /// `Access-Control-Expose-Headers` ([`expose`]). Returns what a filter
 /// around this one must know of the one-rule dialects shown, when any was.
@@ -330,14 +331,12 @@ fn fields_of(
             if r.mode != Mode::Enforce || r.headers == HeaderDialect::None {
                 continue;
             }
+            let mut o = *o;
+            if o.allowed && denied {
+                o.uncharge(r.cost, &r.algorithm);
+            }
             let quota = o.limit(&r.algorithm);
-            let remaining = if !o.allowed {
-                0
-            } else if denied {
-                (o.remaining + u64::from(r.cost)).min(u64::from(quota))
-            } else {
-                o.remaining
-            };
+            let remaining = if o.allowed { o.remaining } else { 0 };
             if r.headers == HeaderDialect::Ietf {
                 if !policy.is_empty() {
                     policy.push_str(", ");
@@ -387,6 +386,15 @@ fn fields_of(
         if names(*dialect).iter().any(|n| headers.has(n)) {
             continue;
         }
+        // A denial says 0 remaining, whichever rule the dialect shows.
+        let pick = if denied {
+            Pick {
+                remaining: 0,
+                ..pick
+            }
+        } else {
+            pick
+        };
         for (name, value) in fields(*dialect, pick) {
             headers.set(name, value);
         }

@@ -555,8 +555,7 @@ impl Admitted<'_> {
                 {
                     if r.count == Count::Failures && o.allowed {
                         local.give_back(c, at);
-                        o.remaining =
-                            (o.remaining + u64::from(c.cost)).min(u64::from(o.limit(&r.algorithm)));
+                        o.uncharge(c.cost, &r.algorithm);
                     }
                 }
             }
@@ -586,8 +585,7 @@ pub(super) async fn give_back(
         Ok(_) => {
             for i in places {
                 if let (Some(o), Some(r)) = (decision.outcomes.get_mut(i), matched.get(i)) {
-                    o.remaining =
-                        (o.remaining + u64::from(r.cost)).min(u64::from(o.limit(&r.algorithm)));
+                    o.uncharge(r.cost, &r.algorithm);
                 }
             }
         }

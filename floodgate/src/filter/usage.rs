@@ -215,8 +215,7 @@ impl Usage {
                 .iter_mut()
                 .find(|x| x.check.key == e.check.key)
             {
-                entry.outcome.remaining = (entry.outcome.remaining + u64::from(e.check.cost))
-                    .min(u64::from(entry.outcome.limit(&e.algorithm)));
+                entry.outcome.uncharge(e.check.cost, &e.algorithm);
             }
         }
         Ok(given)

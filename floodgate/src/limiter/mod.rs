@@ -261,6 +261,28 @@ impl Outcome {
         }
     }
 
+    /// Makes an allowed outcome say what its rule holds now for a request
+    /// that was not charged after all (another rule denied it, or its units
+    /// were given back): `cost` more units remaining (at most the quota),
+    /// and, where units come back one by one (token bucket, GCRA), a reset
+    /// sooner by the time `cost` units take to come back.
+    pub fn uncharge(&mut self, cost: u32, algorithm: &Algorithm) {
+        let limit = self.limit(algorithm);
+        self.remaining = (self.remaining + u64::from(cost)).min(u64::from(limit));
+        let window = match (self.quota, algorithm) {
+            (Some(q), Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. }) => q.window,
+            (None, Algorithm::TokenBucket { rate, burst, .. }) => {
+                Duration::try_from_secs_f64(f64::from(burst.get()) / rate).unwrap_or(Duration::MAX)
+            }
+            (None, Algorithm::Gcra { window, .. }) => *window,
+            (_, Algorithm::SlidingWindow { .. })
+            | (_, Algorithm::FixedWindow { .. })
+            | (_, Algorithm::SlidingCounter { .. }) => return,
+        };
+        let back = window.mul_f64(f64::from(cost) / f64::from(limit.max(1)));
+        self.wait = self.wait.saturating_sub(back);
+    }
+
     /// `wait` in whole seconds, rounded up, at least 1 (for `Retry-After`).
     pub fn retry_after_secs(&self) -> u64 {
         (self.wait.as_millis().div_ceil(1000) as u64).max(1)

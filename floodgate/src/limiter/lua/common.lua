@@ -88,6 +88,9 @@ end
 --   commit(key, now, p1, p2, cost, state)
 --   give_back(key, now, p1, p2, cost)  units given back (see give_back_fn.lua)
 --   quota(p1, p2)                    limit, window in ms (the RateLimit fields)
+--   refills                          true when an admission's reset is the
+--                                    time its units take to come back (token
+--                                    bucket, GCRA): each unit adds window/limit
 --   override(p1, p2, ol, ow)         the parameters under an operator's
 --                                    override of limit ol, window ow (nil:
 --                                    the rule's), or nil: it does not apply

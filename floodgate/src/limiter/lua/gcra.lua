@@ -89,6 +89,7 @@ define(4, 'string', nil, function()
     valid = window_valid(MAX_LARGE_LIMIT),
     peek = gcra_peek,
     commit = gcra_commit,
+    refills = true,
     give_back = gcra_give_back,
     quota = window_quota,
     override = window_override(MAX_LARGE_LIMIT),

@@ -68,12 +68,17 @@ local function look()
   local op = ops_read(key)
   p1, p2 = ops_params(op, alg, p1, p2, cost, now)
   local allowed, remaining, ms = read_only_peek(alg, key, now, p1, p2, cost)
-  -- What is left now, before a request of `cost`.
+  local limit, window = ALGORITHMS[alg].quota(p1, p2)
+  -- What is left now, before a request of `cost` (an admission's answer
+  -- counts that request in, and where units come back one by one, the time
+  -- they take too).
   local left = remaining
   if allowed then
     left = remaining + cost
+    if ALGORITHMS[alg].refills then
+      ms = ms - cost * window / limit
+    end
   end
-  local limit, window = ALGORITHMS[alg].quota(p1, p2)
   local ol, ow, oe = ops_override(op, now)
   local o1, o2, o3 = -1, -1, -1
   if ol then

@@ -101,6 +101,7 @@ define(3, 'hash', 'tokens', function()
     end,
     peek = token_bucket_peek,
     commit = token_bucket_commit,
+    refills = true,
     give_back = token_bucket_give_back,
     quota = function(rate, burst)
       return burst, burst * 1000 / rate
