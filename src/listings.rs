@@ -219,6 +219,23 @@ pub fn searched_rules(rules: &[floodgate::rule::Rule], value: &str) -> Vec<Searc
         .collect()
 }
 
+/// Adds to `searched` (made by [`searched_rules`] from the same `rules`)
+/// the forms of the account ID `id` in the rules with a `session` kind.
+pub fn search_session_id(searched: &mut [Searched], rules: &[floodgate::rule::Rule], id: &str) {
+    for (s, rule) in searched.iter_mut().zip(rules) {
+        let session = rule
+            .key()
+            .kinds()
+            .iter()
+            .any(|k| matches!(k, floodgate::rule::KeyKind::Session));
+        if session {
+            let forms = floodgate::rule::id_forms_of(rule, id);
+            s.parts.extend(forms.parts);
+            s.wholes.extend(forms.wholes);
+        }
+    }
+}
+
 /// The limits of the rate-limit service's descriptor files as the
 /// listings know them.
 pub fn known_limits(matcher: &crate::rls::matcher::Matcher) -> Vec<Known> {

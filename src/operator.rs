@@ -15,6 +15,8 @@ use floodgate::limiter::{Action, Dispatch, LimiterOptions};
 use floodgate::{ban_action, operator_check, override_action};
 use floodgate_site::config::Config;
 use floodgate_site::listings;
+use floodgate_site::site::session::Secret;
+use floodgate_site::site::store::{session_position, Store};
 
 /// The arguments of one command, as written.
 #[derive(Default)]
@@ -193,6 +195,37 @@ fn command_limiter(command: &str, redis: &RedisConfig) -> Result<Limiter, ExitCo
     })
 }
 
+/// The ID a `session` rule keys the account `value` names by (its phone
+/// number, or the ID itself), or why it names none; exit 1 when Redis
+/// cannot say.
+fn session_id(
+    command: &str,
+    limiter: &Limiter,
+    config: &floodgate::config::Config,
+    secret: &str,
+    value: &str,
+) -> Result<Result<String, String>, ExitCode> {
+    let fail = |code: u8, what: &str| {
+        eprintln!("floodgate {command}: {what}");
+        ExitCode::from(code)
+    };
+    let store = Secret::new(secret)
+        .map(|s| {
+            Store::new(&config.redis.key_prefix, s).clustered(!config.redis.cluster.is_empty())
+        })
+        .map_err(|e| fail(1, &format!("no randomness for the site's secret: {e}")))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| fail(1, &format!("cannot start: {e}")))?;
+    let (value, region) = (value.to_string(), config.region);
+    match runtime.block_on(limiter.with_redis(move |conn| store.session_id(conn, &value, region))) {
+        Ok(Ok(named)) => Ok(named),
+        Ok(Err(e)) => Err(fail(1, &format!("redis: {e}"))),
+        Err(e) => Err(fail(1, &e.to_string())),
+    }
+}
+
 /// Runs `action` and prints what the rule holds afterwards; records it in
 /// the audit trail.
 fn act(
@@ -240,6 +273,8 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
     }
     let path = args.config.map_or(default, PathBuf::from);
     let mut site_rules = Vec::new();
+    // The site's file (its secret), for an account `find` names by phone.
+    let mut site_config = None;
     // What `find` searches of a rate-limit service's limits: a descriptor
     // value is an ID's part as it is (escaped as a composite ID's parts are).
     let mut rls_limits: Vec<listings::Searched> = Vec::new();
@@ -261,8 +296,10 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
         match Config::load(&path) {
             Ok(c) => {
                 let known = listings::known(&c.filter.rules);
-                site_rules = c.filter.rules;
-                (c.filter.redis, known)
+                site_rules = c.filter.rules.clone();
+                let redis = c.filter.redis.clone();
+                site_config = Some((c.filter, c.server.secret));
+                (redis, known)
             }
             Err(e) => {
                 eprintln!("{e}");
@@ -308,7 +345,25 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
     // `find`'s one value: what each rule (or limit) is searched for.
     let searched = match (command, rule) {
         ("find", Some(value)) if rls_limits.is_empty() => {
-            listings::searched_rules(&site_rules, value)
+            let mut searched = listings::searched_rules(&site_rules, value);
+            // An account named by its phone number: the session rules are
+            // searched for its ID too.
+            let session_rules = site_rules.iter().any(|r| {
+                r.key()
+                    .kinds()
+                    .iter()
+                    .any(|k| matches!(k, floodgate::rule::KeyKind::Session))
+            });
+            if let (true, Some((config, secret))) = (session_rules, &site_config) {
+                match session_id(command, &limiter, config, secret, value) {
+                    Ok(Ok(id)) if id != *value => {
+                        listings::search_session_id(&mut searched, &site_rules, &id)
+                    }
+                    Ok(_) => {}
+                    Err(code) => return code,
+                }
+            }
+            searched
         }
         _ => rls_limits,
     };
@@ -344,6 +399,7 @@ fn run_all_rules(
     command: &str,
     args: &Args<'_>,
     config: &floodgate::config::Config,
+    secret: &str,
     action: Action,
 ) -> ExitCode {
     use floodgate::rule::{KeyKind, Mode};
@@ -357,6 +413,26 @@ fn run_all_rules(
     let is_address = value.parse::<std::net::IpAddr>().is_ok();
     let is_path = value.starts_with('/');
     let hash_tags = !config.redis.cluster.is_empty();
+    // The account a `session` rule keys the value by (its phone number
+    // names it), asked of Redis only when such a rule takes the value.
+    let mut limiter = None;
+    let mut account = None;
+    let session_rules = config
+        .rules
+        .iter()
+        .any(|r| r.mode() == Mode::Enforce && matches!(r.key().single(), Some(KeyKind::Session)));
+    if session_rules && !is_address && !is_path {
+        let l = match command_limiter(command, &config.redis) {
+            Ok(l) => l,
+            Err(code) => return code,
+        };
+        // (One that names no account leaves the session rules out.)
+        account = match session_id(command, &l, config, secret, value) {
+            Ok(named) => named.ok(),
+            Err(code) => return code,
+        };
+        limiter = Some(l);
+    }
     let checks: Vec<(&str, floodgate::limiter::Check)> = config
         .rules
         .iter()
@@ -375,12 +451,17 @@ fn run_all_rules(
             _ => false,
         })
         .filter_map(|r| {
+            let named = match r.key().single() {
+                // A value that names no account reaches no session rule.
+                Some(KeyKind::Session) if !is_address => account.as_deref()?,
+                _ => *value,
+            };
             let check = operator_check(
                 &config.rules,
                 &config.redis.key_prefix,
                 hash_tags,
                 r.name(),
-                &[value],
+                &[named],
                 &action,
             );
             check.ok().map(|c| (r.name(), c))
@@ -391,7 +472,7 @@ fn run_all_rules(
             "no enforce rule is keyed by one value like {value:?}"
         ));
     }
-    let limiter = match command_limiter(command, &config.redis) {
+    let limiter = match limiter.map_or_else(|| command_limiter(command, &config.redis), Ok) {
         Ok(l) => l,
         Err(code) => return code,
     };
@@ -432,8 +513,8 @@ pub fn run(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
         return run_rls(command, &args, &path);
     }
     // The same file as `serve` (the site's own sections included).
-    let config = match Config::load(&path) {
-        Ok(c) => c.filter,
+    let (config, secret) = match Config::load(&path) {
+        Ok(c) => (c.filter, c.server.secret),
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::from(2);
@@ -444,24 +525,39 @@ pub fn run(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
         Err(e) => return bad(&e),
     };
     if args.all_rules {
-        return run_all_rules(command, &args, &config, action);
+        return run_all_rules(command, &args, &config, &secret, action);
     }
     let Some((rule, values)) = args.positional.split_first() else {
         return bad("name a rule (and its key values)");
     };
+    let mut values: Vec<String> = values.iter().map(|v| v.to_string()).collect();
+    let mut limiter = None;
+    if let Some(i) = session_position(&config.rules, rule, values.len()) {
+        let l = match command_limiter(command, &config.redis) {
+            Ok(l) => l,
+            Err(code) => return code,
+        };
+        values[i] = match session_id(command, &l, &config, &secret, &values[i]) {
+            Ok(Ok(id)) => id,
+            Ok(Err(why)) => return bad(&why),
+            Err(code) => return code,
+        };
+        limiter = Some(l);
+    }
+    let values: Vec<&str> = values.iter().map(String::as_str).collect();
     let hash_tags = !config.redis.cluster.is_empty();
     let check = match operator_check(
         &config.rules,
         &config.redis.key_prefix,
         hash_tags,
         rule,
-        values,
+        &values,
         &action,
     ) {
         Ok(c) => c,
         Err(e) => return bad(&e),
     };
-    let limiter = match command_limiter(command, &config.redis) {
+    let limiter = match limiter.map_or_else(|| command_limiter(command, &config.redis), Ok) {
         Ok(l) => l,
         Err(code) => return code,
     };

@@ -143,7 +143,21 @@ async fn run(
     action: Action,
     client: IpAddr,
 ) -> Result<String, OperatorError> {
-    let values: Vec<&str> = body.values.iter().map(String::as_str).collect();
+    let mut values = body.values.clone();
+    // A `session` rule's account, named by its phone number: its ID.
+    let rules = site.filter.rules();
+    if let Some(i) = super::store::session_position(&rules, &body.rule, values.len()) {
+        let (store, value, region) = (site.store.clone(), values[i].clone(), site.region());
+        let id = site
+            .filter
+            .limiter()
+            .with_redis(move |conn| store.session_id(conn, &value, region))
+            .await
+            .map_err(OperatorError::Redis)?
+            .map_err(|e| OperatorError::Redis(e.into()))?;
+        values[i] = id.map_err(OperatorError::Input)?;
+    }
+    let values: Vec<&str> = values.iter().map(String::as_str).collect();
     let seen = site.filter.operate(&body.rule, &values, action).await?;
     audit(
         Arc::clone(site.filter.limiter()),

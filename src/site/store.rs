@@ -141,6 +141,33 @@ impl Store {
         }))
     }
 
+    /// The ID a `session` rule keys the account `value` names by, as an
+    /// operator names an account: its phone number (in any spelling the
+    /// sign-in form takes, read in `region`), or its ID as it is (32 hex
+    /// digits); the address of a visitor nobody signed in as is kept as it
+    /// is too (their requests are keyed by it). `Ok(Err(why))`: the value
+    /// names no account.
+    pub fn session_id(
+        &self,
+        conn: &mut RedisConn,
+        value: &str,
+        region: floodgate::rule::Region,
+    ) -> RedisResult<Result<String, String>> {
+        let is_id = value.len() == 32 && value.bytes().all(|b| b.is_ascii_hexdigit());
+        if is_id || value.trim().parse::<std::net::IpAddr>().is_ok() {
+            return Ok(Ok(value.to_string()));
+        }
+        let Some(phone) = Phone::parse(value, region) else {
+            return Ok(Err(format!(
+                "{value:?} names no account: give its phone number or its ID"
+            )));
+        };
+        Ok(match self.account(conn, &phone)? {
+            Some(account) => Ok(account.id),
+            None => Err(format!("no account has the phone number {}", phone.e164())),
+        })
+    }
+
     /// The account of a phone, created on first sign-in.
     pub fn find_or_create(&self, conn: &mut RedisConn, phone: &Phone) -> RedisResult<Account> {
         let key = self.account_key(phone);
@@ -371,4 +398,22 @@ fn io_error(e: getrandom::Error) -> redis::RedisError {
         "no randomness from the OS",
         e.to_string(),
     ))
+}
+
+/// Where the `session` value is among the `values` values of an operator's
+/// action under the rule `rule`, which [`Store::session_id`] then reads:
+/// none when the rule has no `session` kind (or is unknown, or the values
+/// are not one per kind: the action refuses those itself).
+pub fn session_position(
+    rules: &[floodgate::rule::Rule],
+    rule: &str,
+    values: usize,
+) -> Option<usize> {
+    let kinds = rules.iter().find(|r| r.name() == rule)?.key().kinds();
+    if kinds.len() != values {
+        return None;
+    }
+    kinds
+        .iter()
+        .position(|k| matches!(k, floodgate::rule::KeyKind::Session))
 }

@@ -152,6 +152,60 @@ fn retry_after(res: &RawResponse) -> Option<u64> {
     })
 }
 
+/// A `session` rule keys the signed-in account by its ID; an operator
+/// names the account by its phone number (any spelling), or by that ID.
+#[test]
+fn a_session_rules_account_is_named_by_its_phone_number() {
+    let redis = RedisServer::start();
+    let config = config_file(
+        "session",
+        "[[rule]]\nname = \"pw\"\npaths = [\"/account/password\"]\nkey = \"session\"\nlimit = 3\nwindow = \"1h\"\n",
+    );
+    let url = redis.url();
+    let id = "0123456789abcdef0123456789abcdef";
+    let _: () = redis::cmd("HSET")
+        .arg("floodgate:@site:account:+15550101234")
+        .arg("id")
+        .arg(id)
+        .arg("phone")
+        .arg("+15550101234")
+        .query(&mut redis.connection())
+        .unwrap();
+    let key = format!("floodgate:pw:session:{id}");
+    let ran = floodgate(
+        &config,
+        &url,
+        &["ban", "pw", "+1 (555) 010-1234", "--for", "1m"],
+    );
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert_eq!(ran.json()["key"], key.as_str());
+    let seen = floodgate(&config, &url, &["inspect", "pw", id]).json();
+    assert_eq!(
+        (seen["key"].as_str(), seen["banned_s"].as_u64()),
+        (Some(key.as_str()), Some(60))
+    );
+    let ran = floodgate(&config, &url, &["unban", "--all-rules", "+15550101234"]);
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert_eq!(ran.json()["key"], key.as_str());
+    // A phone with no account, or a value that is neither: refused.
+    let ran = floodgate(&config, &url, &["inspect", "pw", "+15550109999"]);
+    assert_eq!(ran.code, 2);
+    assert!(
+        ran.stderr
+            .contains("no account has the phone number +15550109999"),
+        "{}",
+        ran.stderr
+    );
+    let ran = floodgate(&config, &url, &["inspect", "pw", "somebody"]);
+    assert_eq!(ran.code, 2);
+    assert!(ran.stderr.contains("names no account"), "{}", ran.stderr);
+    // `find` by the phone number finds the account's identity.
+    let _ = floodgate(&config, &url, &["ban", "pw", id, "--for", "1m"]);
+    let found = floodgate(&config, &url, &["find", "+1 555 010 1234"]);
+    assert_eq!(found.code, 0, "{}", found.stderr);
+    assert!(found.stdout.contains(&key), "{}", found.stdout);
+}
+
 #[test]
 fn operator_commands_print_the_rules_view_and_exit_0_2_or_1() {
     let redis = RedisServer::start();
@@ -652,6 +706,29 @@ async fn admin(
 }
 
 const TOKEN: &str = "s3cret-token-for-tests";
+
+/// The admin API names a `session` rule's account by its phone number too.
+#[actix_web::test]
+async fn the_admin_api_names_an_account_by_its_phone_number() {
+    let toml = format!(
+        "{TWO_RULES}\n[[rule]]\nname = \"pw\"\npaths = [\"/account/password\"]\nkey = \"session\"\nlimit = 3\nwindow = \"1h\"\n"
+    );
+    let app = spawn_app_with(&toml, |_| {}).await;
+    let id = "00112233445566778899aabbccddeeff";
+    let _: () = redis::cmd("HSET")
+        .arg("floodgate:@site:account:+15550101234")
+        .arg("id")
+        .arg(id)
+        .query(&mut app.redis.connection())
+        .unwrap();
+    let body = r#"{"rule":"pw","values":["+1 555 010 1234"]}"#;
+    let (status, v, _) = admin(&app, "inspect", Some(TOKEN), body).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["key"], format!("floodgate:pw:session:{id}").as_str());
+    let body = r#"{"rule":"pw","values":["+1 555 010 9999"]}"#;
+    let (status, v, _) = admin(&app, "inspect", Some(TOKEN), body).await;
+    assert_eq!(status, 400, "{v}");
+}
 
 #[actix_web::test]
 async fn the_admin_api_needs_its_token_and_an_allowed_address_and_is_never_counted() {
