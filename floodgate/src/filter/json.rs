@@ -111,7 +111,7 @@ pub(crate) fn check_json_headers(headers: &impl HeaderLines) -> Result<(), Unrea
 }
 
 /// The member `name` of a JSON object body: a string as is, a number as
-/// its JSON text, `None` for any other value, for no such member, or for
+/// its JSON text in one spelling per value ([`number_text`]), `None` for any other value, for no such member, or for
 /// a body that is valid JSON but no object. Refused (400): a body that is
 /// not valid JSON (as serde_json reads it: no byte-order mark, UTF-8, one
 /// value), and an object that names `name` twice (serde_json's map would
@@ -135,14 +135,39 @@ pub(crate) fn json_value(body: &[u8], name: &str) -> Result<Option<String>, Unre
     }
 }
 
-/// A string's value, or a number's JSON text.
+/// A string's value, or a number's JSON text ([`number_text`]).
 fn scalar(raw: &RawValue) -> Option<String> {
     let text = raw.get();
     match text.as_bytes().first()? {
         b'"' => serde_json::from_str::<String>(text).ok(),
-        b'-' | b'0'..=b'9' => Some(text.to_string()),
+        b'-' | b'0'..=b'9' => Some(number_text(text)),
         _ => None,
     }
+}
+
+/// A JSON number's text, one spelling per number a handler reads: `77`,
+/// `77.0`, `7.7e1` and `770e-1` are all `77` (a handler's `f64` is the
+/// same for each, so one counter is), and `-0` is `0`. A whole number as
+/// written when an `i64` or `u64` holds it (every digit counts); any other
+/// number as the shortest text that reads back as the same `f64`.
+fn number_text(text: &str) -> String {
+    let whole = !text.contains(['.', 'e', 'E']);
+    if whole && (text.parse::<i64>().is_ok() || text.parse::<u64>().is_ok()) {
+        return if text == "-0" {
+            "0".to_string()
+        } else {
+            text.to_string()
+        };
+    }
+    // (Valid JSON, checked before: it reads as a finite f64.)
+    let Ok(x) = text.parse::<f64>() else {
+        return text.to_string();
+    };
+    // Whole and within ±2^53, where every whole number is exact.
+    if x.fract() == 0.0 && x.abs() <= 9_007_199_254_740_992.0 {
+        return format!("{}", x as i64);
+    }
+    format!("{x}")
 }
 
 enum Found {
@@ -224,7 +249,25 @@ mod tests {
             v(r#"{"phone":15550109999}"#),
             Ok(Some("15550109999".into()))
         );
-        assert_eq!(v(r#"{"phone":-1.50e3}"#), Ok(Some("-1.50e3".into())));
+        assert_eq!(v(r#"{"phone":-1.50e3}"#), Ok(Some("-1500".into())));
+        // One spelling per number a handler reads: respelling a number
+        // never makes another counter.
+        for (spelled, keyed) in [
+            ("77", "77"),
+            ("77.0", "77"),
+            ("7.7e1", "77"),
+            ("770E-1", "77"),
+            ("-0", "0"),
+            ("-0.0", "0"),
+            ("1.50", "1.5"),
+            ("15e-2", "0.15"),
+            ("18446744073709551615", "18446744073709551615"),
+            ("-9223372036854775808", "-9223372036854775808"),
+            ("1e300", &format!("1{}", "0".repeat(300))),
+        ] {
+            let body = format!(r#"{{"phone":{spelled}}}"#);
+            assert_eq!(v(&body), Ok(Some(keyed.to_string())), "{spelled}");
+        }
         for absent in [
             r#"{"phone":null}"#,
             r#"{"phone":true}"#,
