@@ -178,10 +178,9 @@ async fn main() -> std::process::ExitCode {
 
 /// 200 while Redis answers the library's readiness PING, else 503.
 async fn readyz(filter: Filter) -> Response {
-    let limiter = filter.limiter().clone();
-    match tokio::task::spawn_blocking(move || limiter.ping()).await {
-        Ok(Ok(())) => (StatusCode::OK, "ready").into_response(),
-        _ => (StatusCode::SERVICE_UNAVAILABLE, "redis is not answering").into_response(),
+    match filter.limiter().ready().await {
+        Ok(()) => (StatusCode::OK, "ready").into_response(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "redis is not answering").into_response(),
     }
 }
 

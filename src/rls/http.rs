@@ -111,10 +111,9 @@ async fn healthz() -> HttpResponse {
 
 /// 200 when Redis answers PING within the timeout, else 503.
 async fn readyz(state: web::Data<State>) -> HttpResponse {
-    let limiter = Arc::clone(&state.rls.limiter);
-    match web::block(move || limiter.ping()).await {
-        Ok(Ok(())) => text(StatusCode::OK, "ready\n"),
-        _ => text(StatusCode::SERVICE_UNAVAILABLE, "redis unavailable\n"),
+    match state.rls.limiter.ready().await {
+        Ok(()) => text(StatusCode::OK, "ready\n"),
+        Err(_) => text(StatusCode::SERVICE_UNAVAILABLE, "redis unavailable\n"),
     }
 }
 

@@ -262,11 +262,7 @@ async fn watch_files(rls: Arc<Rls>, mut seen: Signature) {
 async fn watch_health(rls: Arc<Rls>, reporter: tonic_health::server::HealthReporter) {
     let mut last = None;
     loop {
-        let limiter = Arc::clone(&rls.limiter);
-        let ready = matches!(
-            tokio::task::spawn_blocking(move || limiter.ping()).await,
-            Ok(Ok(()))
-        );
+        let ready = rls.limiter.ready().await.is_ok();
         if last != Some(ready) {
             let status = if ready {
                 tonic_health::ServingStatus::Serving

@@ -246,6 +246,30 @@ async fn an_idle_redis_restart_fails_no_decision_and_counts_each_admission_once(
     assert_eq!(app.redis.llen("floodgate:exact:ip:127.0.0.1"), 5);
 }
 
+/// A stalled Redis gets `/readyz` its 503 within the timeout, even when the
+/// pool holds idle connections (whose check at checkout, and then the
+/// PING, could each take the whole timeout).
+#[actix_web::test]
+async fn readiness_is_answered_within_the_timeout_when_redis_stalls() {
+    let app = spawn_app(RESTARTED).await;
+    use_every_connection(&app).await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(3000)
+        .arg("ALL")
+        .query(&mut app.redis.connection())
+        .unwrap();
+    for _ in 0..2 {
+        let (res, took) = timed_get(&app, "/readyz").await;
+        assert_eq!(res.status(), 503);
+        // (250 ms: the config's timeout.)
+        assert!(
+            took <= Duration::from_millis(250 + 150),
+            "/readyz took {took:?}"
+        );
+    }
+}
+
 /// After an outage, the first request once the breaker's period is over
 /// probes Redis; the requests that come while that probe is on its way wait
 /// for it, and are decided by the Redis that is back instead of failing.

@@ -447,6 +447,21 @@ impl Limiter {
         self.timeout
     }
 
+    /// [`Limiter::ping`] on the runtime's blocking threads, answered within
+    /// the timeout whatever the PING takes (on a stalled Redis, a pooled
+    /// connection's check at checkout and then the PING can each take the
+    /// whole timeout): what a readiness endpoint asks. Past the timeout,
+    /// [`LimiterError::Timeout`].
+    pub async fn ready(self: &Arc<Self>) -> Result<(), LimiterError> {
+        let limiter = Arc::clone(self);
+        let ping = tokio::task::spawn_blocking(move || limiter.ping());
+        match tokio::time::timeout(self.timeout, ping).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => Err(LimiterError::Other(e.to_string())),
+            Err(_) => Err(LimiterError::Timeout),
+        }
+    }
+
     /// Whether Redis is ready for decisions: PING through the pool, bounded
     /// by the timeout. Blocking.
     ///
