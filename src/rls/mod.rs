@@ -65,9 +65,19 @@ pub fn warnings(config: &RlsConfig, matcher: &Matcher) -> Vec<String> {
     descriptors::warnings(&config.rls.descriptors, matcher)
 }
 
-/// Each descriptor file's path, length, modification time and inode (a
-/// file replaced by a rename is a new inode).
-type Signature = Vec<(PathBuf, u64, Option<SystemTime>, u64)>;
+/// Each descriptor file's path, length, modification time, inode (a file
+/// replaced by a rename is a new inode) and a hash of its contents (a file
+/// rewritten in place at its old length, within the clock's granularity or
+/// with its time put back, as `cp -p` and `rsync -t --inplace` do).
+type Signature = Vec<(PathBuf, u64, Option<SystemTime>, u64, u64)>;
+
+/// A hash of the file's contents (0 when it cannot be read).
+fn contents_hash(path: &Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::fs::read(path).unwrap_or_default().hash(&mut h);
+    h.finish()
+}
 
 /// The inode of a file (0 where there is none).
 fn inode(meta: &std::fs::Metadata) -> u64 {
@@ -82,8 +92,8 @@ fn inode(meta: &std::fs::Metadata) -> u64 {
     }
 }
 
-/// What the descriptor files look like on disk now: each file's path,
-/// length and modification time (a change to any is a reload).
+/// What the descriptor files look like on disk now (a change to any part
+/// of it is a reload).
 fn signature(path: &Path) -> Signature {
     descriptors::files_of(path)
         .unwrap_or_default()
@@ -93,7 +103,8 @@ fn signature(path: &Path) -> Signature {
             let len = meta.as_ref().map_or(0, std::fs::Metadata::len);
             let ino = meta.as_ref().map_or(0, inode);
             let modified = meta.and_then(|m| m.modified().ok());
-            (f, len, modified, ino)
+            let hash = contents_hash(&f);
+            (f, len, modified, ino, hash)
         })
         .collect()
 }

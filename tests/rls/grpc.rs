@@ -889,6 +889,36 @@ async fn reloads_on_a_file_change_and_sighup_and_keeps_the_old_set_on_error() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Once the watcher has seen the fixed file too (its second reload),
+    // rewritten in place at the same length, its time put back: still a
+    // change, picked up without a signal.
+    wait_until(PATIENCE, "the watcher's reload of the fixed file", || {
+        svc.log()
+            .iter()
+            .filter(|l| l.contains("descriptors reloaded (the files changed)"))
+            .count()
+            == 2
+    });
+    svc.rewrite_in_place("new.yaml", "domain: new\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 8}\n");
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let r = c
+            .should_rate_limit(call("new", &[&[("k", "c")]], 1))
+            .await
+            .unwrap();
+        if r.statuses[0]
+            .current_limit
+            .as_ref()
+            .is_some_and(|l| l.requests_per_unit == 8)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the file rewritten in place was not picked up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]

@@ -193,6 +193,21 @@ impl Service {
         std::fs::rename(&tmp, &path).unwrap();
     }
 
+    /// Rewrites the descriptor file `name` in place (same inode) with
+    /// `text`, then puts its modification time back, as `cp -p` and
+    /// `rsync -t --inplace` leave a file.
+    pub fn rewrite_in_place(&self, name: &str, text: &str) {
+        let path = self.dir.join("descriptors").join(name);
+        let was = std::fs::metadata(&path).unwrap().modified().unwrap();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut &file, text.as_bytes()).unwrap();
+        file.set_modified(was).unwrap();
+    }
+
     /// Sends `signal` (`TERM`, `HUP`).
     pub fn signal(&self, signal: &str) {
         let pid = self.child.as_ref().unwrap().id();
