@@ -89,10 +89,20 @@ pub fn override_action(
     window: Option<&str>,
     lasts: Option<&str>,
 ) -> Result<Action, String> {
-    let limit = u32::try_from(limit)
-        .ok()
-        .filter(|l| *l >= 1)
-        .ok_or_else(|| format!("limit must be a whole number of at least 1, got {limit}"))?;
+    let limit = match u32::try_from(limit) {
+        Ok(l) if l >= 1 => l,
+        _ if limit > 0 => {
+            return Err(format!(
+                "limit must be at most {} (and the rule's own bound), got {limit}",
+                u32::MAX
+            ))
+        }
+        _ => {
+            return Err(format!(
+                "limit must be a whole number of at least 1, got {limit}"
+            ))
+        }
+    };
     let window = window
         .map(|w| crate::config::operator_duration("window", w))
         .transpose()?;
