@@ -288,6 +288,12 @@ fn operator_commands_print_the_rules_view_and_exit_0_2_or_1() {
     assert_eq!(reset["used"], 0);
     // Nothing is left but the audit trail of what was done.
     assert_eq!(redis.keys("*"), vec!["floodgate:audit".to_string()]);
+    // Which expires too, 400 days after its newest entry.
+    let ttl = redis.pttl("floodgate:audit");
+    assert!(
+        ttl > 399 * 24 * 3600 * 1000 && ttl <= 400 * 24 * 3600 * 1000,
+        "{ttl}"
+    );
 
     // Bad input: exit 2, one line on stderr, nothing on stdout.
     for args in [

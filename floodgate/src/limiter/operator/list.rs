@@ -21,6 +21,10 @@ use crate::rule::{rule_of_segment, rule_segment};
 /// The newest entries the audit trail keeps.
 pub(crate) const AUDIT_KEEP: usize = 10_000;
 
+/// How long the audit trail lives after its newest entry (every key the
+/// limiter writes has a TTL): a trail nobody adds to for this long goes.
+const AUDIT_LASTS_MS: u64 = 400 * 24 * 3600 * 1000;
+
 /// An identity with a ban or an override in force under one rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -269,6 +273,10 @@ impl Limiter {
             .arg(0)
             .arg(AUDIT_KEEP - 1)
             .ignore()
+            .cmd("PEXPIRE")
+            .arg(&key)
+            .arg(AUDIT_LASTS_MS)
+            .ignore()
             .query(&mut *conn);
         conn.note(&written);
         written.map_err(LimiterError::from)
@@ -352,6 +360,10 @@ fn write_penalties(pool: &Pool, prefix: &str, bans: &[(String, u64)]) {
         .arg(audit_key(prefix))
         .arg(0)
         .arg(AUDIT_KEEP - 1)
+        .ignore()
+        .cmd("PEXPIRE")
+        .arg(audit_key(prefix))
+        .arg(AUDIT_LASTS_MS)
         .ignore();
     let written = pool.get().map_err(|e| e.to_string()).and_then(|mut conn| {
         let written: redis::RedisResult<()> = pipe.query(&mut *conn);
