@@ -870,25 +870,7 @@ async fn reloads_on_a_file_change_and_sighup_and_keeps_the_old_set_on_error() {
     // Fixed, then SIGHUP: reloaded.
     svc.write_file("new.yaml", "domain: new\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 9}\n");
     svc.signal("HUP");
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let r = c
-            .should_rate_limit(call("new", &[&[("k", "b")]], 1))
-            .await
-            .unwrap();
-        if r.statuses[0]
-            .current_limit
-            .as_ref()
-            .is_some_and(|l| l.requests_per_unit == 9)
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the fixed file was not picked up"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_limit(&mut c, "b", 9, "the fixed file").await;
     // Once the watcher has seen the fixed file too (its second reload),
     // rewritten in place at the same length, its time put back: still a
     // change, picked up without a signal.
@@ -900,23 +882,31 @@ async fn reloads_on_a_file_change_and_sighup_and_keeps_the_old_set_on_error() {
             == 2
     });
     svc.rewrite_in_place("new.yaml", "domain: new\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 8}\n");
+    until_limit(&mut c, "c", 8, "the file rewritten in place").await;
+}
+
+/// Calls domain `new`, key `k`, value `value` until its limit is
+/// `limit` a minute (the reload of `what` picked up), within [`PATIENCE`].
+async fn until_limit(
+    c: &mut floodgate_site::rls::proto::RateLimitClient,
+    value: &str,
+    limit: u32,
+    what: &str,
+) {
     let deadline = Instant::now() + PATIENCE;
     loop {
         let r = c
-            .should_rate_limit(call("new", &[&[("k", "c")]], 1))
+            .should_rate_limit(call("new", &[&[("k", value)]], 1))
             .await
             .unwrap();
         if r.statuses[0]
             .current_limit
             .as_ref()
-            .is_some_and(|l| l.requests_per_unit == 8)
+            .is_some_and(|l| l.requests_per_unit == limit)
         {
-            break;
+            return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the file rewritten in place was not picked up"
-        );
+        assert!(Instant::now() < deadline, "{what} was not picked up");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
