@@ -292,6 +292,21 @@ window = "1m"
 headers = "none"
 
 [[rule]]
+name = "hid-e"
+paths = ["/e"]
+limit = 2
+window = "1m"
+headers = "none"
+
+[[rule]]
+name = "tb6"
+paths = ["/e"]
+algorithm = "token_bucket"
+rate = 1.0
+burst = 60
+headers = "draft-6"
+
+[[rule]]
 name = "tb"
 paths = ["/b"]
 algorithm = "token_bucket"
@@ -309,6 +324,25 @@ burst = 3
     assert_eq!(res.status(), 429, "denied by the hidden rule");
     assert_eq!(header(&res, "ratelimit-remaining").as_deref(), Some("0"));
     assert_eq!(header(&res, "ratelimit-limit").as_deref(), Some("5"));
+    // Again, answered from the memory of denials: the same fields.
+    let res = app.get("/d").await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(header(&res, "ratelimit-remaining").as_deref(), Some("0"));
+    assert_eq!(header(&res, "ratelimit-limit").as_deref(), Some("5"));
+    // A bucket shown in a one-rule dialect beside a hidden rule's denial:
+    // 0 left, reset no sooner than the retry (the bucket alone would be
+    // full in 2 s).
+    for _ in 0..2 {
+        assert_eq!(app.get("/e").await.status(), 404);
+    }
+    for _ in 0..2 {
+        let res = app.get("/e").await;
+        assert_eq!(res.status(), 429);
+        assert_eq!(header(&res, "ratelimit-remaining").as_deref(), Some("0"));
+        let reset: u64 = header(&res, "ratelimit-reset").unwrap().parse().unwrap();
+        let retry: u64 = header(&res, "retry-after").unwrap().parse().unwrap();
+        assert!(reset >= retry && retry > 50, "reset {reset}, retry {retry}");
+    }
 
     // The bucket: 20 s a token; two taken, full again in 40 s.
     let mut reset = 0;

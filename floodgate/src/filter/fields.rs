@@ -92,6 +92,12 @@ fn slot(dialect: HeaderDialect) -> Option<usize> {
     SINGLE.iter().position(|d| *d == dialect)
 }
 
+/// Whether `dialect` shows one rule (the most restrictive) rather than a
+/// list of them.
+pub(crate) fn is_one_rule(dialect: HeaderDialect) -> bool {
+    slot(dialect).is_some()
+}
+
 /// A response's header fields, whatever the framework's header map: what
 /// the fields are written into.
 pub(crate) trait FieldMap {
@@ -275,7 +281,8 @@ pub(crate) fn expose_unavailable(
 /// request took nothing from any of these rules (it was denied): in the
 /// IETF lists a rule that denied shows 0 remaining, one that would have
 /// admitted it what it holds now (its units still there); a one-rule
-/// dialect's rule shows 0 remaining, as a denial says. `exposed`: the request has an `Origin`, and the
+/// dialect's rule shows 0 remaining and a reset no sooner than the retry,
+/// as a denial says. `exposed`: the request has an `Origin`, and the
 /// fields the response then carries are named in
 /// `Access-Control-Expose-Headers` ([`expose`]). Returns what a filter
 /// around this one must know of the one-rule dialects shown, when any was.
@@ -303,6 +310,14 @@ fn fields_of(
     denied: bool,
 ) -> Option<Shown> {
     use std::fmt::Write as _;
+    // A denial's retry (the longest wait of the enforce rules that denied).
+    let retry = rules
+        .iter()
+        .zip(outcomes)
+        .filter(|(r, o)| r.mode == Mode::Enforce && !o.allowed)
+        .map(|(_, o)| o.retry_after_secs())
+        .max()
+        .unwrap_or(0);
     // An inner filter's one-rule fields are rewritten from its notes.
     let mut shown = Shown::default();
     if let Some(inner) = inner {
@@ -386,10 +401,12 @@ fn fields_of(
         if names(*dialect).iter().any(|n| headers.has(n)) {
             continue;
         }
-        // A denial says 0 remaining, whichever rule the dialect shows.
+        // A denial says 0 remaining, whichever rule the dialect shows, and
+        // a reset no sooner than the retry.
         let pick = if denied {
             Pick {
                 remaining: 0,
+                reset: pick.reset.max(retry),
                 ..pick
             }
         } else {

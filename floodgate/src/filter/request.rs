@@ -386,14 +386,32 @@ pub(super) fn settle<'r>(
                         by: DecidedBy::Remembered,
                     }
                 }
-                // Otherwise only the denying rule's state is known.
-                None => Denied::Limited {
-                    rule: matched[rule],
-                    retry,
-                    rules: vec![matched[rule]],
-                    outcomes: vec![remembered],
-                    by: DecidedBy::Remembered,
-                },
+                // Otherwise only the denying rule's state is known; a rule
+                // shown in a one-rule dialect says what a denial says of
+                // the request's quota (0 left until the retry) whatever it
+                // holds, so those rules show too.
+                None => {
+                    let mut rules = vec![matched[rule]];
+                    let mut outcomes = vec![remembered];
+                    for (i, r) in matched.iter().enumerate() {
+                        let one_rule = super::fields::is_one_rule(r.headers);
+                        if i != rule && one_rule && r.mode == Mode::Enforce {
+                            rules.push(r);
+                            outcomes.push(Outcome {
+                                banned: false,
+                                quota: None,
+                                ..remembered
+                            });
+                        }
+                    }
+                    Denied::Limited {
+                        rule: matched[rule],
+                        retry,
+                        rules,
+                        outcomes,
+                        by: DecidedBy::Remembered,
+                    }
+                }
             }
         }
         Verdict::Unavailable(e) => Denied::Unavailable(e),
