@@ -143,9 +143,9 @@ impl Store {
 
     /// The ID a `session` rule keys the account `value` names by, as an
     /// operator names an account: its phone number (in any spelling the
-    /// sign-in form takes, read in `region`), or its ID as it is (32 hex
-    /// digits); the address of a visitor nobody signed in as is kept as it
-    /// is too (their requests are keyed by it). `Ok(Err(why))`: the value
+    /// sign-in form takes, read in `region`), or its ID (32 hex digits, in
+    /// either case). An address names none: a visitor nobody signed in as
+    /// is counted by address, not as an account. `Ok(Err(why))`: the value
     /// names no account.
     pub fn session_id(
         &self,
@@ -153,9 +153,16 @@ impl Store {
         value: &str,
         region: floodgate::rule::Region,
     ) -> RedisResult<Result<String, String>> {
-        let is_id = value.len() == 32 && value.bytes().all(|b| b.is_ascii_hexdigit());
-        if is_id || value.trim().parse::<std::net::IpAddr>().is_ok() {
-            return Ok(Ok(value.to_string()));
+        let value = value.trim();
+        if value.len() == 32 && value.bytes().all(|b| b.is_ascii_hexdigit()) {
+            // (IDs are written in lowercase.)
+            return Ok(Ok(value.to_ascii_lowercase()));
+        }
+        if value.parse::<std::net::IpAddr>().is_ok() {
+            return Ok(Err(format!(
+                "{value:?} is an address: a session rule's identities are accounts (a visitor \
+                 nobody signed in as is counted by address, under the rule's ip identities)"
+            )));
         }
         let Some(phone) = Phone::parse(value, region) else {
             return Ok(Err(format!(

@@ -184,6 +184,12 @@ fn a_session_rules_account_is_named_by_its_phone_number() {
         (seen["key"].as_str(), seen["banned_s"].as_u64()),
         (Some(key.as_str()), Some(60))
     );
+    let upper = floodgate(&config, &url, &["inspect", "pw", &id.to_uppercase()]).json();
+    assert_eq!(upper["key"], key.as_str());
+    // An address names no account.
+    let ran = floodgate(&config, &url, &["inspect", "pw", "2001:db8::7"]);
+    assert_eq!(ran.code, 2);
+    assert!(ran.stderr.contains("is an address"), "{}", ran.stderr);
     let ran = floodgate(&config, &url, &["unban", "--all-rules", "+15550101234"]);
     assert_eq!(ran.code, 0, "{}", ran.stderr);
     assert_eq!(ran.json()["key"], key.as_str());
