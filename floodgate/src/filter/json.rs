@@ -148,8 +148,10 @@ fn scalar(raw: &RawValue) -> Option<String> {
 /// A JSON number's text, one spelling per number a handler reads: `77`,
 /// `77.0`, `7.7e1` and `770e-1` are all `77` (a handler's `f64` is the
 /// same for each, so one counter is), and `-0` is `0`. A whole number as
-/// written when an `i64` or `u64` holds it (every digit counts); any other
-/// number as the shortest text that reads back as the same `f64`.
+/// written when an `i64` or `u64` holds it (every digit counts: numeric IDs
+/// past 2^53, as snowflake IDs are, stay apart, as a handler reading them
+/// as integers sees them); any other number as the shortest text that
+/// reads back as the same `f64`.
 fn number_text(text: &str) -> String {
     let whole = !text.contains(['.', 'e', 'E']);
     if whole && (text.parse::<i64>().is_ok() || text.parse::<u64>().is_ok()) {
