@@ -266,7 +266,7 @@ pub(super) fn check_topology(
     }
 }
 
-pub(super) fn check_redis_url(text: &str) -> Result<String, String> {
+pub(crate) fn check_redis_url(text: &str) -> Result<String, String> {
     redis::Client::open(text)
         .map(|_| text.to_string())
         .map_err(|e| {

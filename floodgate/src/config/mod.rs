@@ -61,10 +61,11 @@ mod check;
 mod operator;
 mod raw;
 
+pub(crate) use self::check::check_redis_url;
 pub(crate) use self::check::rules_from_raw;
 #[cfg(feature = "e164")]
 use self::check::{check_defaults, Inherited};
-use self::check::{check_redis_url, check_topology, duration_setting};
+use self::check::{check_topology, duration_setting};
 pub use self::operator::{operator_duration, AdminConfig};
 pub(crate) use self::raw::*;
 pub use crate::limiter::redis_config::RedisConfig;

@@ -16,6 +16,27 @@ use crate::net::{Cidr, ProxyHeader};
 use crate::rule::Rule;
 use crate::units::MAX_FORM;
 
+/// The Redis settings of a file given to the builder (none: the defaults),
+/// when code sets none: as for a file read whole
+/// ([`Filter::from_toml_file`]), the environment's `FLOODGATE_REDIS_URL`
+/// (`env_url`, when not empty) overrides the file's URL.
+fn file_redis(
+    file: Option<RedisConfig>,
+    env_url: Option<String>,
+    name: &str,
+) -> Result<Option<RedisConfig>, ConfigError> {
+    let Some(url) = env_url.filter(|v| !v.is_empty()) else {
+        return Ok(file);
+    };
+    let mut redis = file.unwrap_or_else(default_redis);
+    redis.url = crate::config::check_redis_url(&url).map_err(|what| ConfigError {
+        file: name.to_string(),
+        place: "FLOODGATE_REDIS_URL".into(),
+        what,
+    })?;
+    Ok(Some(redis))
+}
+
 impl Filter {
     /// A filter with the rules and settings of a TOML file (the same file
     /// the `floodgate` command reads: `[redis]`, `[server] trusted_proxies`
@@ -372,16 +393,17 @@ impl FilterBuilder {
                     what: format!("is set here and in code ({code}); set it in one place"),
                 }))
             };
-            if let Some(redis) = given.redis {
-                if self.redis.is_some()
-                    || self.redis_url.is_some()
-                    || self.key_prefix.is_some()
-                    || self.timeout.is_some()
-                    || self.pool_size.is_some()
-                {
-                    return both("[redis]", "a FilterBuilder Redis setting");
-                }
-                self.redis = Some(redis);
+            let in_code = self.redis.is_some()
+                || self.redis_url.is_some()
+                || self.key_prefix.is_some()
+                || self.timeout.is_some()
+                || self.pool_size.is_some();
+            if given.redis.is_some() && in_code {
+                return both("[redis]", "a FilterBuilder Redis setting");
+            }
+            if !in_code {
+                let env_url = std::env::var("FLOODGATE_REDIS_URL").ok();
+                self.redis = file_redis(given.redis, env_url, &name)?;
             }
             if let Some(header) = given.proxy_header {
                 if self.proxy_header.is_some() {
@@ -488,5 +510,44 @@ fn default_redis() -> RedisConfig {
         pool_size: 16,
         timeout: Duration::from_millis(250),
         key_prefix: "floodgate".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_environments_redis_url_overrides_a_files() {
+        let file = RedisConfig {
+            url: "redis://10.0.0.1:6379/0".into(),
+            ..default_redis()
+        };
+        let env = Some("redis://127.0.0.1:7000/2".to_string());
+        let got = file_redis(Some(file.clone()), env.clone(), "f.toml").unwrap();
+        assert_eq!(
+            got.map(|r| r.url).as_deref(),
+            Some("redis://127.0.0.1:7000/2")
+        );
+        // No [redis] table: the defaults, with the environment's URL.
+        let got = file_redis(None, env, "f.toml").unwrap();
+        assert_eq!(
+            got.map(|r| r.url).as_deref(),
+            Some("redis://127.0.0.1:7000/2")
+        );
+        // Unset or empty: the file's settings as they are.
+        let kept = file_redis(Some(file.clone()), None, "f.toml").unwrap();
+        assert_eq!(
+            kept.map(|r| r.url).as_deref(),
+            Some("redis://10.0.0.1:6379/0")
+        );
+        assert!(file_redis(None, Some(String::new()), "f.toml")
+            .unwrap()
+            .is_none());
+        let err = file_redis(Some(file), Some("http://x".into()), "f.toml").unwrap_err();
+        assert_eq!(
+            (err.file.as_str(), err.place.as_str()),
+            ("f.toml", "FLOODGATE_REDIS_URL")
+        );
     }
 }
