@@ -34,6 +34,13 @@ pub struct Usage {
     inner: Arc<Mutex<Vec<Entry>>>,
 }
 
+/// The rules' states, as [`Usage::rules`] gives them.
+impl std::fmt::Debug for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.rules()).finish()
+    }
+}
+
 #[derive(Clone)]
 struct Entry {
     /// The rule's name, and its algorithm (what its quota is read from):
