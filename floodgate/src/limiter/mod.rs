@@ -279,7 +279,11 @@ impl Outcome {
             | (_, Algorithm::FixedWindow { .. })
             | (_, Algorithm::SlidingCounter { .. }) => return,
         };
-        let back = window.mul_f64(f64::from(cost) / f64::from(limit.max(1)));
+        let share = f64::from(cost) / f64::from(limit.max(1));
+        // (No panic whatever the numbers: a duration past range gives back
+        // the whole wait.)
+        let back =
+            Duration::try_from_secs_f64(window.as_secs_f64() * share).unwrap_or(Duration::MAX);
         self.wait = self.wait.saturating_sub(back);
     }
 
