@@ -20,7 +20,7 @@ pub mod rule;
 /// The tower door: [`Filter`] is a `tower::Layer` (axum 0.8, tonic, hyper).
 #[cfg(feature = "tower")]
 pub mod tower {
-    pub use crate::filter::tower::{Guarded, GuardedBody};
+    pub use crate::filter::tower::{Guarded, GuardedBody, GuardedRequestBody};
 }
 
 /// The actix-web door: [`Filter`] is a `Transform` (`App::wrap`).

@@ -1018,3 +1018,47 @@ async fn a_banned_identitys_denial_says_banned() {
     let body: Value = res.json().await.unwrap();
     assert_eq!(body["error"], "banned", "{body}");
 }
+
+/// Any body type goes through the layer, as tonic's and hyper's services
+/// take any `http_body::Body`: a plain tower service of a boxed body (no
+/// `From<Bytes>`), called directly with the peer as a `SocketAddr`
+/// extension, is limited by a body key, and gets the body it was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_of_any_body_type_sits_behind_the_layer() {
+    use bytes::Bytes;
+    use floodgate_limiter::tower::GuardedRequestBody;
+    use http_body_util::combinators::BoxBody;
+    use http_body_util::{BodyExt, Full};
+    use std::convert::Infallible;
+    use tower::{Layer, ServiceExt};
+
+    let redis = RedisServer::start();
+    let filter = filter(
+        &redis,
+        "[[rule]]\nname = \"p\"\npaths = [\"/p\"]\nkey = \"form:phone\"\nlimit = 2\nwindow = \"1m\"\ndeny = \"status\"\n",
+    );
+    type In = axum::http::Request<GuardedRequestBody<BoxBody<Bytes, Infallible>>>;
+    let echo = tower::service_fn(|req: In| async move {
+        let sent = req.into_body().collect().await.unwrap().to_bytes();
+        Ok::<_, Infallible>(axum::http::Response::new(Full::new(sent)))
+    });
+    let svc = filter.layer(echo);
+    let send = |phone: &str| {
+        let req = axum::http::Request::builder()
+            .method("POST")
+            .uri("/p")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .extension(SocketAddr::from(([127, 0, 0, 1], 4000)))
+            .body(BoxBody::new(Full::new(Bytes::from(format!("phone={phone}")))))
+            .unwrap();
+        svc.clone().oneshot(req)
+    };
+    for _ in 0..2 {
+        let res = send("555").await.unwrap();
+        assert_eq!(res.status(), 200);
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"phone=555");
+    }
+    assert_eq!(send("555").await.unwrap().status(), 429);
+    assert_eq!(send("556").await.unwrap().status(), 200);
+}

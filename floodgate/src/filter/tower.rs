@@ -54,6 +54,13 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// filter's own answer.
 pub type GuardedBody<B> = Either<B, Full<Bytes>>;
 
+/// The body of the requests the service behind the filter gets: the
+/// request's own (`Left`), or, where a rule read it for a key, the same
+/// bytes again (`Right`). Any body type goes through, so axum's, tonic's
+/// and hyper's services (which take any `http_body::Body`) sit behind the
+/// filter alike.
+pub type GuardedRequestBody<B> = Either<B, Full<Bytes>>;
+
 impl<S> tower_layer::Layer<S> for Filter {
     type Service = Guarded<S>;
 
@@ -83,10 +90,13 @@ impl<S: std::fmt::Debug> std::fmt::Debug for Guarded<S> {
 
 impl<S, B, RB> tower_service::Service<Request<B>> for Guarded<S>
 where
-    S: tower_service::Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    S: tower_service::Service<Request<GuardedRequestBody<B>>, Response = Response<RB>>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    B: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
     RB: Body<Data = Bytes> + Send + 'static,
     RB::Error: Into<BoxError>,
@@ -190,8 +200,8 @@ async fn guard<S, B, RB>(
     req: Request<B>,
 ) -> Result<Response<GuardedBody<RB>>, S::Error>
 where
-    S: tower_service::Service<Request<B>, Response = Response<RB>>,
-    B: Body<Data = Bytes> + From<Bytes>,
+    S: tower_service::Service<Request<GuardedRequestBody<B>>, Response = Response<RB>>,
+    B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
     let rules = filter.rules();
@@ -199,7 +209,7 @@ where
     let guarded = guarding(&filter, &TowerHead::new(&parts), &rules);
     let (matched, path) = match guarded {
         Ok(Some(guarded)) => guarded,
-        Ok(None) => return call(inner, Request::from_parts(parts, body)).await,
+        Ok(None) => return call(inner, Request::from_parts(parts, Either::Left(body))).await,
         Err(refused) => return Ok(written(refusal(&refused, &parts.headers))),
     };
     let (read, body) = match read_body(&filter, &parts, body, &matched).await {
@@ -361,9 +371,9 @@ async fn read_body<B>(
     parts: &Parts,
     body: B,
     matched: &[&Rule],
-) -> Result<(Read, B), Refused<'static>>
+) -> Result<(Read, GuardedRequestBody<B>), Refused<'static>>
 where
-    B: Body<Data = Bytes> + From<Bytes>,
+    B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
     let wants_form = matched.iter().any(|r| r.key.reads_form());
@@ -387,14 +397,14 @@ where
             form: Some(query),
             json: None,
         };
-        return Ok((read, body));
+        return Ok((read, Either::Left(body)));
     }
     let form_wanted = wants_form && axum_reads_form_body(&parts.headers);
     // (As axum's `Json`, whatever charset or content coding the headers
     // name: see `json::check_json_headers`, which the actix door applies.)
     let json_wanted = !form_wanted && json_body;
     if !form_wanted && !json_wanted {
-        return Ok((Read::default(), body));
+        return Ok((Read::default(), Either::Left(body)));
     }
     let max = filter.state.max_form;
     let declared = parts
@@ -422,7 +432,7 @@ where
             json: None,
         }
     };
-    Ok((read, B::from(bytes)))
+    Ok((read, Either::Right(Full::new(bytes))))
 }
 
 #[cfg(feature = "axum")]
