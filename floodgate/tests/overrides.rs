@@ -367,3 +367,37 @@ async fn an_action_no_operators_command_accepts_is_refused_and_does_nothing() {
         .unwrap();
     assert!(seen.banned_s > 365 * 86_400, "{seen:?}");
 }
+
+/// The limiter's own operator entry checks what the filter's does: no
+/// override past the algorithm's largest limit or below the rule's cost,
+/// and no ban or override under a shadow rule (it would never apply).
+#[actix_web::test]
+async fn the_limiters_operate_refuses_what_cannot_apply_under_the_rule() {
+    use floodgate_limiter::limiter::{Check, LimiterError};
+    let redis = RedisServer::start();
+    let filter = toml_filter(&redis, "limit = 5\nwindow = \"1m\"\n");
+    let limiter = filter.limiter();
+    let rule = &filter.rules()[0];
+    let check = rule.check("app:r:ip:0.0.0.0".to_string());
+    for limit in [0, 5_000_000] {
+        let refused = limiter
+            .operate(check.clone(), override_of(limit, None, None))
+            .await;
+        assert!(
+            matches!(refused, Err(LimiterError::Invalid(_))),
+            "{limit}: {refused:?}"
+        );
+    }
+    assert!(limiter
+        .operate(check.clone(), override_of(9, None, None))
+        .await
+        .is_ok());
+    let shadow: Check = check.with_enforce(false);
+    let refused = limiter
+        .operate(shadow, Action::Ban(Duration::from_secs(60)))
+        .await;
+    assert!(
+        matches!(&refused, Err(LimiterError::Invalid(why)) if why.contains("shadow")),
+        "{refused:?}"
+    );
+}

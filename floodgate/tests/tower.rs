@@ -1049,7 +1049,9 @@ async fn a_service_of_any_body_type_sits_behind_the_layer() {
             .uri("/p")
             .header("content-type", "application/x-www-form-urlencoded")
             .extension(SocketAddr::from(([127, 0, 0, 1], 4000)))
-            .body(BoxBody::new(Full::new(Bytes::from(format!("phone={phone}")))))
+            .body(BoxBody::new(Full::new(Bytes::from(format!(
+                "phone={phone}"
+            )))))
             .unwrap();
         svc.clone().oneshot(req)
     };

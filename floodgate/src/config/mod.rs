@@ -324,7 +324,7 @@ impl Config {
 
 /// Checks a duration setting such as `"10s"`: greater than 0 and at most
 /// `max`, with the library's messages ("must be at most 1 hour, got ...").
-#[doc(hidden)] // the floodgate binary's, not part of the API
+/// For an [`AppConfig`]'s own duration settings, as the axum example's.
 pub fn duration_at_most(text: &str, max: Duration) -> Result<Duration, String> {
     duration_setting(text, max).map_err(|e| e.text())
 }

@@ -53,32 +53,15 @@ pub fn operator_check(
     };
     action.check()?;
     let key = identity_key(r, values, key_prefix, hash_tags)?;
-    if r.mode == Mode::Shadow && matches!(action, Action::Ban(_) | Action::Override { .. }) {
-        return Err(format!(
-            "rule {rule:?} is a shadow rule: it counts and reports but never denies, so {} under it would never be enforced",
-            match action {
-                Action::Ban(_) => "a ban",
-                _ => "an override",
-            }
-        ));
-    }
-    if let Action::Override { limit, window, .. } = *action {
-        let max = r.algorithm.max_quota();
-        if limit < r.cost || limit > max {
-            return Err(format!(
-                "limit must be between {} (the rule's cost) and {max}, got {limit}",
-                r.cost
-            ));
-        }
-        r.algorithm.check_override(limit, window)?;
-    }
-    Ok(Check {
+    let check = Check {
         key,
         algorithm: r.algorithm,
         cost: r.cost,
         enforce: r.mode == Mode::Enforce,
         penalty: r.penalty,
-    })
+    };
+    action.fits(&check, Some(rule))?;
+    Ok(check)
 }
 
 /// The override action for `limit` (as written), with an optional window

@@ -148,6 +148,33 @@ impl Action {
         }
     }
 
+    /// Refuses what cannot apply under the rule `check` was made from: a
+    /// ban or an override under a rule that never denies (shadow: it would
+    /// never be enforced), an override's limit outside the rule's cost and
+    /// its algorithm's largest, or a window the algorithm does not take.
+    /// `rule` names the rule in the messages (`None`: "the rule").
+    pub(crate) fn fits(&self, check: &Check, rule: Option<&str>) -> Result<(), String> {
+        let enforced = matches!(self, Action::Ban(_) | Action::Override { .. });
+        if enforced && !check.enforce {
+            let rule = rule.map_or_else(|| "the rule".to_string(), |r| format!("rule {r:?}"));
+            return Err(format!(
+                "{rule} is a shadow rule: it counts and reports but never denies, so {} under it would never be enforced",
+                if self.name() == "ban" { "a ban" } else { "an override" }
+            ));
+        }
+        if let Action::Override { limit, window, .. } = *self {
+            let max = check.algorithm.max_quota();
+            if limit < check.cost || limit > max {
+                return Err(format!(
+                    "limit must be between {} (the rule's cost) and {max}, got {limit}",
+                    check.cost
+                ));
+            }
+            check.algorithm.check_override(limit, window)?;
+        }
+        Ok(())
+    }
+
     /// The action's name, for logs.
     pub fn name(&self) -> &'static str {
         match self {
@@ -367,6 +394,7 @@ impl Limiter {
     /// `redis.timeout`.
     pub async fn operate(&self, check: Check, action: Action) -> Result<Inspection, LimiterError> {
         action.check().map_err(LimiterError::Invalid)?;
+        action.fits(&check, None).map_err(LimiterError::Invalid)?;
         let pool = self.pool().clone();
         let timeout = self.timeout();
         let channel = self.channel().to_string();
@@ -397,6 +425,7 @@ impl Limiter {
         action: Action,
     ) -> Result<Inspection, LimiterError> {
         action.check().map_err(LimiterError::Invalid)?;
+        action.fits(check, None).map_err(LimiterError::Invalid)?;
         let result = operate_blocking(
             self.pool(),
             self.timeout(),
