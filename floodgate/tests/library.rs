@@ -239,6 +239,7 @@ async fn handlers_read_the_decision_and_give_units_back_or_charge_more() {
         .redis_url(&redis.url())
         .rule("/refund", Limit::per_minute(3).name("refund"))
         .rule("/heavy", Limit::per_minute(5).name("heavy"))
+        .rule("/undo", Limit::per_minute(10).name("undo"))
         .build()
         .unwrap();
     let app = test::init_service(
@@ -258,6 +259,16 @@ async fn handlers_read_the_decision_and_give_units_back_or_charge_more() {
                     let charged = limits.charge(3).await.unwrap();
                     HttpResponse::Ok().body(format!("{charged}"))
                 }),
+            )
+            .route(
+                "/undo",
+                web::get().to(|limits: Usage| async move {
+                    // Charged 1 + 4, then all of it given back.
+                    assert!(limits.charge(4).await.unwrap());
+                    let given = limits.give_back().await.unwrap();
+                    let left = limits.get("undo").unwrap().remaining;
+                    HttpResponse::Ok().body(format!("{given} {left}"))
+                }),
             ),
     )
     .await;
@@ -272,6 +283,11 @@ async fn handlers_read_the_decision_and_give_units_back_or_charge_more() {
     assert_eq!(test::call_and_read_body(&app, get("/heavy")).await, "false");
     // Three admissions, one entry each, carrying 5 units in all.
     assert_eq!(redis.llen("floodgate:heavy:ip:0.0.0.0"), 3);
+    // A give-back returns what a charge added too.
+    for _ in 0..3 {
+        let body = test::call_and_read_body(&app, get("/undo")).await;
+        assert_eq!(body, "5 10");
+    }
 }
 
 #[actix_web::test]

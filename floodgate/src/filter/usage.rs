@@ -192,15 +192,23 @@ impl Usage {
             for (e, o) in entries.iter_mut().zip(&decision.outcomes) {
                 e.outcome.remaining = o.remaining;
                 e.outcome.wait = o.wait;
+                // What the request took grows by what this charged: a
+                // give-back returns it too.
+                e.check.cost = e
+                    .check
+                    .cost
+                    .saturating_add(units.min(e.outcome.limit(&e.algorithm)));
             }
         }
         Ok(decision.allowed)
     }
 
     /// Gives back the units this request took from every matched rule
-    /// (once; later calls give nothing). Returns the units given back; a
-    /// key whose give-back is no longer safe (its window has nearly passed)
-    /// stays charged.
+    /// (what the filter took, and what [`Usage::charge`] added; once: later
+    /// calls give nothing). Returns the units given back; a key whose
+    /// give-back is no longer safe (its window has nearly passed) stays
+    /// charged. Every rule's give-back is tried; the first error is
+    /// returned after them all.
     pub async fn give_back(&self) -> Result<u64, LimiterError> {
         let pending: Vec<Entry> = {
             let mut entries = lock(&self.inner);
@@ -215,9 +223,16 @@ impl Usage {
             pending
         };
         let mut given = 0;
+        let mut failed = None;
         for e in pending {
             let refund = refund(&e.check, &e.outcome);
-            given += e.limiter.give_back(vec![refund], e.decided).await?;
+            match e.limiter.give_back(vec![refund], e.decided).await {
+                Ok(n) => given += n,
+                Err(err) => {
+                    failed.get_or_insert(err);
+                    continue;
+                }
+            }
             if let Some(entry) = lock(&self.inner)
                 .iter_mut()
                 .find(|x| x.check.key == e.check.key)
@@ -225,7 +240,10 @@ impl Usage {
                 entry.outcome.uncharge(e.check.cost, &e.algorithm);
             }
         }
-        Ok(given)
+        match failed {
+            Some(err) => Err(err),
+            None => Ok(given),
+        }
     }
 }
 
