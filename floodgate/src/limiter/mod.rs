@@ -2,10 +2,12 @@
 //!
 //! A request that matches several rules becomes one [`Check`] per rule; the
 //! checks of one request go to Redis together and are decided atomically
-//! (all recorded, or none). [`Limiter::decide`] is the whole public surface:
-//! it hands the checks to a dispatcher thread (see `limiter/dispatch/`) and awaits the
-//! answer without ever blocking the caller's thread. [`Limiter::peek`]
-//! answers the same questions without recording anything.
+//! (all recorded, or none). [`Limiter::decide`] is the heart of it: it hands
+//! the checks to the worker's lane or a dispatcher thread (see `lane.rs`
+//! and `limiter/dispatch/`) and awaits the answer. [`Limiter::peek`]
+//! answers the same questions without recording anything; the rest of the
+//! surface is operators' actions and listings, give-backs, readiness and
+//! the application's own Redis work ([`Limiter::with_redis`]).
 
 #[macro_use]
 pub(crate) mod algorithm;

@@ -87,11 +87,14 @@ impl Filter {
         self.client_of(req)
     }
 
-    /// The Redis key a rule uses for a request. `form` is the urlencoded
-    /// body already decoded from its charset (see `form_text`), when one
-    /// was read. A value the rule must read but cannot read exactly as a
-    /// handler would is an error: the request is refused, never keyed by
-    /// something else.
+    /// The Redis key a rule uses for a request, from what this call is
+    /// given: the request's head, and `form`, the urlencoded body as
+    /// `web::Form` reads it (decoded from its charset), when one was read.
+    /// A JSON body and a `Key::lookup` function's answer are not read here:
+    /// a rule keyed by them gives the key of a request without them (its
+    /// client address). A value the rule must read but cannot read exactly
+    /// as a handler would is an error: the request is refused, never keyed
+    /// by something else.
     pub fn key_for(
         &self,
         rule: &Rule,
