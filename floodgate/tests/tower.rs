@@ -858,16 +858,18 @@ async fn a_refusal_is_json_unless_the_client_asks_for_html() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_json_body_is_read_whatever_its_charset_or_coding_says_as_axum_reads_it() {
-    // axum's `Json` reads the bytes as they come: a charset label and a
-    // `Content-Encoding` change nothing, so the filter reads the same value.
+async fn a_json_body_is_read_whatever_its_charset_says_and_a_coded_one_refused() {
+    // axum's `Json` reads the bytes as they come: a charset label changes
+    // nothing, so the filter reads the same value. A body in a content
+    // coding is refused (415): a decompression layer inside the filter
+    // would hand the handler other bytes than the filter read.
     let redis = RedisServer::start();
     let toml = "[[rule]]\nname = \"sms\"\npaths = [\"/echo\"]\nkey = \"body:phone\"\nlimit = 5\nwindow = \"1h\"\ndeny = \"status\"\n";
     let base = serve(app(filter(&redis, toml))).await;
     for (i, (ct, coding)) in [
         ("application/json; charset=latin1", None),
         ("application/json; charset=utf-16", None),
-        ("application/json", Some("gzip")),
+        ("application/json", Some("identity")),
     ]
     .into_iter()
     .enumerate()
@@ -884,6 +886,16 @@ async fn a_json_body_is_read_whatever_its_charset_or_coding_says_as_axum_reads_i
         assert_eq!(res.text().await.unwrap(), format!(r#"{{"phone":"7{i}"}}"#));
         assert_eq!(redis.llen(&format!("floodgate:sms:body:7{i}")), 1, "{ct}");
     }
+    let res = client()
+        .post(format!("{base}/echo"))
+        .header("content-type", "application/json")
+        .header("content-encoding", "gzip")
+        .body(r#"{"phone":"79"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 415);
+    assert_eq!(redis.llen("floodgate:sms:body:79"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1063,4 +1075,15 @@ async fn a_service_of_any_body_type_sits_behind_the_layer() {
     }
     assert_eq!(send("555").await.unwrap().status(), 429);
     assert_eq!(send("556").await.unwrap().status(), 200);
+    // A body in a content coding is refused (a decompression layer inside
+    // would give the handler other bytes than the filter read).
+    let coded = axum::http::Request::builder()
+        .method("POST")
+        .uri("/p")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("content-encoding", "gzip")
+        .extension(SocketAddr::from(([127, 0, 0, 1], 4000)))
+        .body(BoxBody::new(Full::new(Bytes::from_static(b"\x1f\x8b"))))
+        .unwrap();
+    assert_eq!(svc.clone().oneshot(coded).await.unwrap().status(), 415);
 }
