@@ -105,8 +105,11 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// The library's part of a checked, usable configuration.
+/// The library's part of a checked, usable configuration. Made by
+/// [`Config::load`] or [`Config::parse`] only (non-exhaustive: a field
+/// a feature adds, such as `region`, changes no code outside the crate).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Config {
     /// The file it came from (for messages and reloads).
     pub path: PathBuf,

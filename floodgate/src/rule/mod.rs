@@ -29,6 +29,8 @@ use crate::units::human_duration;
 /// paths, accounts (`session`) and key functions' values are used as they
 /// are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+// (Non-exhaustive: the `e164` feature adds a kind, and features add up.)
+#[non_exhaustive]
 pub enum Normalize {
     /// As sent (after percent-decoding).
     None,
