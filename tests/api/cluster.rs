@@ -1272,6 +1272,65 @@ async fn cluster_readiness_comes_back_once_a_replica_takes_over() {
     assert_eq!(decided(&app, &user).await.0, 200);
 }
 
+/// A process idle while a master fails over (its connections to the dead
+/// master still open, its slot map still naming it) decides the promoted
+/// replica's slots from its first requests on: a connection that finds the
+/// dead master gone has the map read again and the call goes to the new
+/// master, instead of opening the dead one's breaker and failing.
+#[actix_web::test]
+async fn after_a_failover_it_did_not_see_the_first_requests_are_decided() {
+    let mut cluster = Cluster::with_replicas(1);
+    let config = PER_MASTER
+        .replace("breaker = \"1m\"", "breaker = \"1s\"")
+        .replace("limit = 3", "limit = 1000");
+    let app = cluster_app(&config, &cluster).await;
+    // Every dispatcher connected to every master.
+    for n in cluster.masters() {
+        for _ in 0..4 {
+            assert_eq!(
+                decided(&app, &user_on(&cluster, n, "warm")).await,
+                (200, true)
+            );
+        }
+    }
+    let master = cluster.masters()[0];
+    let user = user_on(&cluster, master, "moved");
+    cluster.nodes[master].kill();
+    // No request meanwhile: the replica takes over, and the cluster says so.
+    wait_until(Duration::from_secs(60), "the replica promoted", || {
+        let alive: Vec<usize> = (0..cluster.nodes.len()).filter(|&i| i != master).collect();
+        cluster.masters().len() == 3
+            && alive.iter().all(|&i| {
+                cluster.nodes[i]
+                    .query::<String>(redis::cmd("CLUSTER").arg("INFO"))
+                    .is_some_and(|info| info.contains("cluster_state:ok"))
+            })
+    });
+    let burst: Vec<_> = (0..20)
+        .map(|_| {
+            let (client, url, user) = (app.client.clone(), app.url("/check"), user.clone());
+            actix_web::rt::spawn(async move {
+                let res = client
+                    .get(url)
+                    .header("x-user", user)
+                    .header("accept", "application/json")
+                    .send()
+                    .await
+                    .unwrap();
+                (
+                    res.status().as_u16(),
+                    res.headers().contains_key("ratelimit"),
+                )
+            })
+        })
+        .collect();
+    let mut got = Vec::new();
+    for res in burst {
+        got.push(res.await.unwrap());
+    }
+    assert!(got.iter().all(|&r| r == (200, true)), "{got:?}");
+}
+
 /// At the start of the stall, the first request on the stalled master holds
 /// its dispatcher for the whole timeout while the master's breaker is still
 /// closed; a batch the other dispatcher takes meanwhile, with jobs on the

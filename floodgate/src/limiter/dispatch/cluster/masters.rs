@@ -128,6 +128,19 @@ impl Masters {
     }
 
     /// Master `i`'s breaker and clock.
+    /// Host and port of master `i`.
+    pub(crate) fn addr(&self, i: usize) -> Option<&(String, u16)> {
+        self.addrs.get(i)
+    }
+
+    /// Whether the map names `addr` as the master of any slot.
+    pub(crate) fn names(&self, addr: &(String, u16)) -> bool {
+        self.addrs
+            .iter()
+            .position(|a| a == addr)
+            .is_some_and(|i| self.slots.iter().any(|&s| usize::from(s) == i))
+    }
+
     pub(crate) fn health(&self, i: usize) -> Option<&Arc<MasterHealth>> {
         self.health.get(i)
     }
@@ -187,9 +200,11 @@ impl Masters {
     }
 
     /// Reads the map again through `cluster`, from a master whose breaker
-    /// is closed (one that stalls would hold the batch for the timeout;
-    /// any node, when no master is known yet). On failure the old map stays.
-    pub(crate) fn read(&mut self, cluster: &mut ClusterConnection) {
+    /// is closed and that is not in `avoid` (one that stalls would hold the
+    /// batch for the timeout, one that takes no connection gives no map;
+    /// any node, when no such master is known). On failure the old map
+    /// stays.
+    pub(crate) fn read(&mut self, cluster: &mut ClusterConnection, avoid: &[(String, u16)]) {
         self.read_at = Some(Instant::now());
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SLOTS");
@@ -197,7 +212,7 @@ impl Masters {
             .addrs
             .iter()
             .zip(&self.health)
-            .find(|(_, h)| !h.breaker.is_open());
+            .find(|(a, h)| !h.breaker.is_open() && !avoid.contains(a));
         let node = match healthy {
             Some(((host, port), _)) => SingleNodeRoutingInfo::ByAddress {
                 host: host.clone(),

@@ -52,7 +52,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::cluster::{ClusterClient, ClusterConnection};
-use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
+};
 use redis::{ConnectionLike as _, ErrorKind, RedisResult, ServerErrorKind};
 
 use self::give_back::{GiveBack, JobChecks, Taken};
@@ -457,7 +459,7 @@ impl Cluster {
         let mut calls = Vec::new();
         if self.masters.wants_reading() && self.connect().is_ok() {
             if let Some(conn) = self.conn.as_mut() {
-                self.masters.read(conn);
+                self.masters.read(conn, &[]);
             }
         }
         let now = Instant::now();
@@ -479,6 +481,9 @@ impl Cluster {
         // The probes of this batch: given back when this returns, however
         // it returns.
         let mut probing = Vec::new();
+        // Masters that did not take a connection (refused, reset): held as
+        // failed below, unless the map no longer names them.
+        let mut unreachable = Vec::new();
         for (m, gs) in by_master {
             let Some(health) = self.masters.health(m).map(Arc::clone) else {
                 continue;
@@ -506,8 +511,10 @@ impl Cluster {
                 // Nothing was written: the crate's connection may try (the
                 // slot may have moved), but this master is held as failed.
                 Err(Unwritten::NotSent(e)) => {
-                    health.breaker.trip(&LimiterError::from(e.clone()));
-                    log::debug!("cluster master unreachable, its groups go another way: {e}")
+                    log::debug!("cluster master unreachable, its groups go another way: {e}");
+                    if let Some(addr) = self.masters.addr(m) {
+                        unreachable.push((addr.clone(), health, e));
+                    }
                 }
                 // A write that timed out may yet be read whole: the
                 // call is not sent again.
@@ -553,6 +560,25 @@ impl Cluster {
             };
             health.breaker.close();
             calls.push((gs, reply));
+        }
+        if !unreachable.is_empty() {
+            // An address that takes no connection may be a master a
+            // failover replaced while this process was idle: the map is
+            // read again at once, and a master it no longer names holds
+            // no slot, so no breaker opens for it (its groups, which go
+            // alone below, reach the master the map names now). One the
+            // map still names is held as failed.
+            let avoid: Vec<(String, u16)> = unreachable.iter().map(|(a, _, _)| a.clone()).collect();
+            if self.connect().is_ok() {
+                if let Some(conn) = self.conn.as_mut() {
+                    self.masters.read(conn, &avoid);
+                }
+            }
+            for (addr, health, e) in unreachable {
+                if self.masters.names(&addr) {
+                    health.breaker.trip(&LimiterError::from(e));
+                }
+            }
         }
         drop(probing);
         // Every group not in a master's call goes alone, as it stands.
@@ -621,11 +647,26 @@ impl Cluster {
                 .as_ref()
                 .and_then(|h| job.redis_deadline(&h.clock, margin))
         });
+        // The master the map names, for a call the crate could not place.
+        let named = self
+            .masters
+            .of(group.slot)
+            .and_then(|m| self.masters.addr(m))
+            .cloned();
         let conn = match self.connect() {
             Ok(conn) => conn,
             Err(e) => return Reply::Failed(e),
         };
-        let reply = conn.req_command(&cmd);
+        let mut reply = conn.req_command(&cmd);
+        if let (Err(e), Some((host, port))) = (&reply, named) {
+            // The crate's own map may still name a master that a failover
+            // replaced (no connection is taken there, so nothing ran): the
+            // call goes to the master this dispatcher's map names now.
+            if e.is_connection_refusal() {
+                let to = SingleNodeRoutingInfo::ByAddress { host, port };
+                reply = conn.route_command(&cmd, RoutingInfo::SingleNode(to));
+            }
+        }
         if let Err(e) = &reply {
             self.note(e);
         }
