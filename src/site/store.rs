@@ -416,11 +416,18 @@ pub fn session_position(
     rule: &str,
     values: usize,
 ) -> Option<usize> {
-    let kinds = rules.iter().find(|r| r.name() == rule)?.key().kinds();
+    use floodgate::rule::KeyKind;
+    // (A `global` part takes no value.)
+    let kinds: Vec<&KeyKind> = rules
+        .iter()
+        .find(|r| r.name() == rule)?
+        .key()
+        .kinds()
+        .iter()
+        .filter(|k| **k != KeyKind::Global)
+        .collect();
     if kinds.len() != values {
         return None;
     }
-    kinds
-        .iter()
-        .position(|k| matches!(k, floodgate::rule::KeyKind::Session))
+    kinds.iter().position(|k| matches!(k, KeyKind::Session))
 }
