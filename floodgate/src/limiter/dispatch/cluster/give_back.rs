@@ -103,8 +103,8 @@ impl Cluster {
                 cmd
             })
             .collect();
-        for (cmd, gs) in cmds.iter().zip(by_slot.values()) {
-            self.give_back_one(cmd);
+        for ((&slot, gs), cmd) in by_slot.iter().zip(&cmds) {
+            self.give_back_one(slot, cmd);
             // Given back (or maybe): a remembered denial of these keys may
             // no longer hold.
             if let Some(cache) = &self.shared.deny_cache {
@@ -115,10 +115,15 @@ impl Cluster {
         }
     }
 
-    /// One slot's give-back call, retried when it cannot have run.
-    fn give_back_one(&mut self, cmd: &redis::Cmd) {
+    /// One slot's give-back call, retried when it cannot have run (after a
+    /// failover the crate may not place it: see `placed`).
+    fn give_back_one(&mut self, slot: u16, cmd: &redis::Cmd) {
         let mut reply = match self.connect() {
-            Ok(conn) => conn.req_command(cmd).and_then(|v| v.extract_error()),
+            Ok(conn) => {
+                let first = conn.req_command(cmd);
+                self.placed(slot, cmd, first)
+                    .and_then(|v| v.extract_error())
+            }
             Err(e) => {
                 self.shared.errors.fetch_add(1, Ordering::Relaxed);
                 crate::logging::repeated!(
@@ -133,9 +138,15 @@ impl Cluster {
             let Err(e) = &reply else { break };
             match e.kind() {
                 ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    // (Loading on every master fails while the crate still
+                    // names one a failover replaced: the promoted replica,
+                    // which has no script cache, gets the script alone.)
                     if let Err(e) = self.load_scripts() {
                         self.note(&e);
-                        break;
+                        if let Err(e) = self.load_give_back_on(slot) {
+                            self.note(&e);
+                            break;
+                        }
                     }
                 }
                 _ if e.is_cluster_error()
@@ -143,7 +154,11 @@ impl Cluster {
                 _ => break,
             }
             reply = match self.connect() {
-                Ok(conn) => conn.req_command(cmd).and_then(|v| v.extract_error()),
+                Ok(conn) => {
+                    let again = conn.req_command(cmd);
+                    self.placed(slot, cmd, again)
+                        .and_then(|v| v.extract_error())
+                }
                 Err(_) => break,
             };
         }

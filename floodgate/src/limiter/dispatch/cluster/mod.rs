@@ -55,7 +55,7 @@ use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::cluster_routing::{
     MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
 };
-use redis::{ConnectionLike as _, ErrorKind, RedisResult, ServerErrorKind};
+use redis::{ConnectionLike as _, ErrorKind, RedisResult, ServerErrorKind, Value};
 
 use self::give_back::{GiveBack, JobChecks, Taken};
 use self::groups::{classify, group_by_slot, write_group, write_master_call, Group, Reply};
@@ -266,6 +266,24 @@ impl Cluster {
             conn.route_command(&load, all.clone())?;
         }
         Ok(())
+    }
+
+    /// Loads the give-back script on the master this dispatcher's map names
+    /// for `slot`.
+    fn load_give_back_on(&mut self, slot: u16) -> RedisResult<()> {
+        let named = self
+            .masters
+            .of(slot)
+            .and_then(|m| self.masters.addr(m))
+            .cloned();
+        let (Some((host, port)), Some(conn)) = (named, self.conn.as_mut()) else {
+            return Ok(());
+        };
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(GIVE_BACK_SCRIPT);
+        let to = SingleNodeRoutingInfo::ByAddress { host, port };
+        conn.route_command(&load, RoutingInfo::SingleNode(to))
+            .map(drop)
     }
 
     /// Notes an error on the connection: one that may have left it out of
@@ -617,6 +635,35 @@ impl Cluster {
         reply
     }
 
+    /// `reply`, the crate's answer to `cmd` on `slot`; or, when the crate
+    /// could not place it (its own map may still name a master that a
+    /// failover replaced: no connection is taken there, so nothing ran),
+    /// the answer of the master this dispatcher's map names for the slot,
+    /// read again first (from another master than the one it named).
+    fn placed(
+        &mut self,
+        slot: u16,
+        cmd: &redis::Cmd,
+        reply: RedisResult<Value>,
+    ) -> RedisResult<Value> {
+        if !matches!(&reply, Err(e) if e.is_connection_refusal()) {
+            return reply;
+        }
+        let named = |masters: &Masters| masters.of(slot).and_then(|m| masters.addr(m)).cloned();
+        let Some(conn) = self.conn.as_mut() else {
+            return reply;
+        };
+        let avoid: Vec<(String, u16)> = named(&self.masters).into_iter().collect();
+        self.masters.read(conn, &avoid);
+        match named(&self.masters) {
+            Some((host, port)) => {
+                let to = SingleNodeRoutingInfo::ByAddress { host, port };
+                conn.route_command(cmd, RoutingInfo::SingleNode(to))
+            }
+            None => reply,
+        }
+    }
+
     /// Sends one group, through the cluster connection (which follows
     /// MOVED and ASK), for the callers still waiting: the parts of callers
     /// that gave up are dropped from the group first (they would take
@@ -647,26 +694,11 @@ impl Cluster {
                 .as_ref()
                 .and_then(|h| job.redis_deadline(&h.clock, margin))
         });
-        // The master the map names, for a call the crate could not place.
-        let named = self
-            .masters
-            .of(group.slot)
-            .and_then(|m| self.masters.addr(m))
-            .cloned();
-        let conn = match self.connect() {
-            Ok(conn) => conn,
+        let reply = match self.connect() {
+            Ok(conn) => conn.req_command(&cmd),
             Err(e) => return Reply::Failed(e),
         };
-        let mut reply = conn.req_command(&cmd);
-        if let (Err(e), Some((host, port))) = (&reply, named) {
-            // The crate's own map may still name a master that a failover
-            // replaced (no connection is taken there, so nothing ran): the
-            // call goes to the master this dispatcher's map names now.
-            if e.is_connection_refusal() {
-                let to = SingleNodeRoutingInfo::ByAddress { host, port };
-                reply = conn.route_command(&cmd, RoutingInfo::SingleNode(to));
-            }
-        }
+        let reply = self.placed(group.slot, &cmd, reply);
         if let Err(e) = &reply {
             self.note(e);
         }
