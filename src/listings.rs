@@ -219,16 +219,19 @@ pub fn searched_rules(rules: &[floodgate::rule::Rule], value: &str) -> Vec<Searc
         .collect()
 }
 
+/// Whether `rule`'s key has a `session` kind (keys an account).
+pub fn has_session(rule: &floodgate::rule::Rule) -> bool {
+    rule.key()
+        .kinds()
+        .iter()
+        .any(|k| matches!(k, floodgate::rule::KeyKind::Session))
+}
+
 /// Adds to `searched` (made by [`searched_rules`] from the same `rules`)
 /// the forms of the account ID `id` in the rules with a `session` kind.
 pub fn search_session_id(searched: &mut [Searched], rules: &[floodgate::rule::Rule], id: &str) {
     for (s, rule) in searched.iter_mut().zip(rules) {
-        let session = rule
-            .key()
-            .kinds()
-            .iter()
-            .any(|k| matches!(k, floodgate::rule::KeyKind::Session));
-        if session {
+        if has_session(rule) {
             let forms = floodgate::rule::id_forms_of(rule, id);
             s.parts.extend(forms.parts);
             s.wholes.extend(forms.wholes);

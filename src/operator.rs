@@ -348,12 +348,7 @@ pub fn run_listing(command: &str, rest: &[&str], default: PathBuf) -> ExitCode {
             let mut searched = listings::searched_rules(&site_rules, value);
             // An account named by its phone number: the session rules are
             // searched for its ID too.
-            let session_rules = site_rules.iter().any(|r| {
-                r.key()
-                    .kinds()
-                    .iter()
-                    .any(|k| matches!(k, floodgate::rule::KeyKind::Session))
-            });
+            let session_rules = site_rules.iter().any(listings::has_session);
             if let (true, Some((config, secret))) = (session_rules, &site_config) {
                 match session_id(command, &limiter, config, secret, value) {
                     Ok(Ok(id)) if id != *value => {

@@ -310,14 +310,19 @@ fn fields_of(
     denied: bool,
 ) -> Option<Shown> {
     use std::fmt::Write as _;
-    // A denial's retry (the longest wait of the enforce rules that denied).
-    let retry = rules
-        .iter()
-        .zip(outcomes)
-        .filter(|(r, o)| r.mode == Mode::Enforce && !o.allowed)
-        .map(|(_, o)| o.retry_after_secs())
-        .max()
-        .unwrap_or(0);
+    // A denial's retry (the longest wait of the enforce rules that denied);
+    // an allowed request has none to compute.
+    let retry = if denied {
+        rules
+            .iter()
+            .zip(outcomes)
+            .filter(|(r, o)| r.mode == Mode::Enforce && !o.allowed)
+            .map(|(_, o)| o.retry_after_secs())
+            .max()
+            .unwrap_or(0)
+    } else {
+        0
+    };
     // An inner filter's one-rule fields are rewritten from its notes.
     let mut shown = Shown::default();
     if let Some(inner) = inner {
