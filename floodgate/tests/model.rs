@@ -597,6 +597,9 @@ fn a_sliding_window_decided_in_one_call_answers_as_one_call_each() {
     let steps = prop::collection::vec(
         (
             prop_oneof![
+                // (The same moment again: a busy key's requests in one
+                // call, which the script decides from what it just wrote.)
+                3 => Just(0i64),
                 6 => 0i64..=30,
                 3 => 30i64..=600,
                 1 => 600i64..=6000,
@@ -681,6 +684,105 @@ fn a_sliding_window_decided_in_one_call_answers_as_one_call_each() {
                 let (a, b) = (list(a), list(b));
                 prop_assert_eq!(a, b);
             }
+            Ok(())
+        },
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// Requests of two rules each (the second a shadow rule, in some cases),
+/// decided in calls of many, answer check by check as they do one call
+/// each: all or nothing, the same moment again included (a busy
+/// identity's requests in one call, which the script decides from what it
+/// just wrote), up to and past both limits.
+#[test]
+fn requests_of_two_rules_decided_in_one_call_answer_as_one_call_each() {
+    let redis = RedisServer::start();
+    let conn = RefCell::new(redis.connection());
+    let steps = prop::collection::vec(
+        (
+            prop_oneof![4 => Just(0i64), 3 => 0i64..=40, 2 => 40i64..=900, 1 => -300i64..=-1],
+            1u32..=2,
+        ),
+        1..=60,
+    );
+    let mut config = Config::with_cases(100);
+    config.failure_persistence = persistence();
+    let mut runner = TestRunner::new(config);
+    let case = Cell::new(0u64);
+    let result = runner.run(
+        &(
+            1u32..=12,
+            1u32..=12,
+            200u64..=2000,
+            any::<bool>(),
+            steps,
+            2usize..=30,
+        ),
+        |(first, second, window, shadow, steps, chunk)| {
+            case.set(case.get() + 1);
+            let mut conn = conn.borrow_mut();
+            let conn = &mut *conn;
+            let rules = [sliding(first, window), sliding(second, window * 2)];
+            let keys = |mode: &str| -> [String; 2] {
+                [0, 1].map(|k| format!("floodgate:two:{mode}:{}:{k}", case.get()))
+            };
+            let (one_each, together) = (keys("one"), keys("all"));
+            let jobs = |keys: &[String; 2]| -> Vec<(Option<u64>, Vec<Check>)> {
+                let mut now = T0 as i64;
+                steps
+                    .iter()
+                    .map(|&(step, cost)| {
+                        now += step;
+                        let checks = (0..2)
+                            .map(|r| {
+                                Check::new(keys[r].clone(), rules[r])
+                                    .with_cost(cost.min(first).min(second))
+                                    .unwrap()
+                                    .with_enforce(r == 0 || !shadow)
+                            })
+                            .collect();
+                        (Some(now as u64), checks)
+                    })
+                    .collect()
+            };
+            let answers = |d: &Decision| -> (bool, Vec<Answer>) {
+                let each = d
+                    .outcomes
+                    .iter()
+                    .map(|o| (o.allowed, o.remaining, o.wait.as_millis() as u64))
+                    .collect();
+                (d.allowed, each)
+            };
+            let persist = |conn: &mut redis::Connection, keys: &[String; 2]| {
+                for key in keys {
+                    redis::cmd("PERSIST").arg(key).query::<()>(conn).unwrap();
+                }
+            };
+            let mut alone = Vec::new();
+            for job in jobs(&one_each) {
+                let decided = decide_batch(conn, vec![job]).unwrap();
+                alone.push(answers(decided[0].as_ref().unwrap()));
+                persist(conn, &one_each);
+            }
+            let mut batched = Vec::new();
+            for call in jobs(&together).chunks(chunk) {
+                let decided = decide_batch(conn, call.to_vec()).unwrap();
+                batched.extend(decided.iter().map(|d| answers(d.as_ref().unwrap())));
+                persist(conn, &together);
+            }
+            prop_assert_eq!(
+                &batched,
+                &alone,
+                "limits {} and {}, window {} ms, shadow {}, {} to a call",
+                first,
+                second,
+                window,
+                shadow,
+                chunk
+            );
             Ok(())
         },
     );

@@ -149,6 +149,67 @@ local function ops_written(key, op, now)
   end
 end
 
+-- The job just decided, when it was admitted whole, no operator record
+-- was on its keys (all different), and each check's algorithm has again()
+-- (see common.lua): its number of checks (0: no such job), its clock, and
+-- per check its spec's name, key, state, algorithm and parameters. The
+-- same request again (a busy identity's next request in the batch) is
+-- then decided by again() and commit_again(), without reading what the
+-- call already knows. Any other job clears it.
+local rep_n, rep_now = 0, nil
+local rep_names, rep_keys, rep_states, rep_defs = {}, {}, {}, {}
+local rep_p1, rep_p2, rep_cost = {}, {}, {}
+local rep_left, rep_ms = {}, {}
+
+-- Notes check i of the job just admitted (see rep_n).
+local function repeatable(i, name, key, state, def, p1, p2, cost)
+  rep_names[i], rep_keys[i], rep_states[i], rep_defs[i] = name, key, state, def
+  rep_p1[i], rep_p2[i], rep_cost[i] = p1, p2, cost
+end
+
+-- Decides the job (n checks: KEYS from k, ARGV from a) when it is the one
+-- just admitted again and every check allows it again: true. Otherwise
+-- false, and nothing was done. (No operator record can have appeared
+-- since: only a denial writes one.)
+local function decide_again(n, now, k, a)
+  if now ~= rep_now then
+    return false
+  end
+  if n == 1 then
+    -- (The common case, without the loops.)
+    local key = keys[k]
+    if ARGV[a] ~= rep_names[1] or key ~= rep_keys[1] then
+      return false
+    end
+    local def, p1, p2, cost, state = rep_defs[1], rep_p1[1], rep_p2[1], rep_cost[1], rep_states[1]
+    local allowed, remaining, ms = def.again(key, now, p1, p2, cost, state)
+    if not allowed then
+      return false
+    end
+    def.commit_again(key, now, p1, p2, cost, state)
+    emit(k, 1, remaining, ms)
+    return true
+  end
+  for i = 1, n do
+    if ARGV[a + i - 1] ~= rep_names[i] or keys[k + i - 1] ~= rep_keys[i] then
+      return false
+    end
+  end
+  for i = 1, n do
+    local allowed, remaining, ms =
+      rep_defs[i].again(rep_keys[i], now, rep_p1[i], rep_p2[i], rep_cost[i], rep_states[i])
+    if not allowed then
+      return false
+    end
+    rep_left[i], rep_ms[i] = remaining, ms
+  end
+  for i = 1, n do
+    rep_defs[i].commit_again(rep_keys[i], now, rep_p1[i], rep_p2[i], rep_cost[i], rep_states[i])
+    emit(k + i - 1, 1, rep_left[i], rep_ms[i])
+  end
+  return true
+end
+
 -- Decides the n checks of one job: KEYS from k, ARGV from a.
 -- Each check first reads its identity's operator record: a ban denies it
 -- (and, for an enforce check, the whole request, which then records
@@ -157,11 +218,15 @@ end
 -- from job to job (and, in the function library, from call to call).
 local scratch = {}
 local function decide_job(n, now, k, a)
+  if rep_n == n and decide_again(n, now, k, a) then
+    return
+  end
+  rep_n = 0
   if n == 1 then
     -- One rule (the common case): no bookkeeping across checks.
     failing = 0
-    local alg, p1, p2, cost, enforce, pen = spec(ARGV[a])
-    local key = keys[k]
+    local name, key = ARGV[a], keys[k]
+    local alg, p1, p2, cost, enforce, pen = spec(name)
     local op = ops_read(key)
     local r1, r2 = p1, p2
     local applied, ends
@@ -178,8 +243,13 @@ local function decide_job(n, now, k, a)
     end
     local allowed, remaining, ms, state = peek(alg, key, now, p1, p2, cost)
     if allowed then
-      ALGORITHMS[alg].commit(key, now, p1, p2, cost, state)
+      local def = ALGORITHMS[alg]
+      def.commit(key, now, p1, p2, cost, state)
       emit(k, 1, remaining, ms)
+      if op == OPS_NONE and def.again then
+        repeatable(1, name, key, state, def, p1, p2, cost)
+        rep_n, rep_now = 1, now
+      end
       return
     end
     if applied then
@@ -260,12 +330,31 @@ local function decide_job(n, now, k, a)
     end
     emit(k + i - 1, c[13], c[7], c[8])
   end
+  if not all_enforced_allow then
+    return
+  end
+  for i = 1, n do
+    local c = checks[i]
+    if not (c[6] and c[12] == OPS_NONE and ALGORITHMS[c[2]].again) then
+      return
+    end
+    for j = 1, i - 1 do
+      if checks[j][1] == c[1] then
+        return
+      end
+    end
+  end
+  for i = 1, n do
+    local c = checks[i]
+    repeatable(i, ARGV[a + i - 1], c[1], c[9], ALGORITHMS[c[2]], c[3], c[4], c[5])
+  end
+  rep_n, rep_now = n, now
 end
 
 -- Decides the call's jobs: the reply described above.
 local function batch()
   begin()
-  keys, base = KEYS, 0
+  keys, base, rep_n = KEYS, 0, 0
   local time = redis.call('TIME')
   clock_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
   clock = math.floor(clock_us / 1000)
@@ -313,12 +402,18 @@ local function batch()
   base = base + 1 + 5 * spec_count
   local a = base + 2
   local k = 1
+  -- The last deadline converted, and its text: the jobs of a batch mostly
+  -- share one.
+  local deadline_text, deadline_of = '', nil
   for _ = 1, tonumber(ARGV[base + 1]) do
     -- (The common values are compared, not converted: a conversion costs
     -- more.)
     local now_arg, deadline_arg, n_arg = ARGV[a], ARGV[a + 1], ARGV[a + 2]
     local now = now_arg == '' and clock or tonumber(now_arg) or clock
-    local deadline = deadline_arg ~= '' and tonumber(deadline_arg) or nil
+    if deadline_arg ~= deadline_text then
+      deadline_text, deadline_of = deadline_arg, tonumber(deadline_arg)
+    end
+    local deadline = deadline_of
     local n = n_arg == '1' and 1 or tonumber(n_arg)
     local ok, e = true, nil
     local noted = #quotas

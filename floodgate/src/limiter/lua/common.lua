@@ -95,6 +95,17 @@ end
 --                                    override of limit ol, window ow (nil:
 --                                    the rule's), or nil: it does not apply
 --   adopt(key, now, p2)              optional: take over a legacy counter
+--   again(key, now, p1, p2, cost, state)
+--                                    optional: peek() of the same request
+--                                    again, right after commit() admitted
+--                                    one on `state` (same key, parameters
+--                                    and clock, nothing read or written in
+--                                    between), without reading: true,
+--                                    remaining, ms exactly as peek() would
+--                                    answer; or false (then peek() decides)
+--   commit_again(key, now, p1, p2, cost, state)
+--                                    with again(): commit() of the request
+--                                    again() allowed, on the same `state`
 -- ALGORITHMS[code] is the def, made on first use: every call runs the
 -- whole script afresh, and most calls use one algorithm, so the others'
 -- functions are never made. The batch, peek, give-back and operator

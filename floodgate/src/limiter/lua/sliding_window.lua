@@ -404,10 +404,31 @@ define(1, 'list', nil, function()
     return back
   end
 
+  -- The same request again, right after commit() (see common.lua): the
+  -- clock has not moved, so neither has what is live (commit() left the
+  -- oldest live entry and the units they hold in `s`).
+  local function sliding_window_again(_, now, limit, window, cost, s)
+    local used = s.used
+    if used + cost > limit then
+      return false
+    end
+    return true, limit - used - cost, s.oldest[1] + window - now
+  end
+
+  -- commit() after again(): the admission joins the entry of the one
+  -- before it (same moment), as commit() would join them.
+  local function sliding_window_commit_again(_, _, _, _, cost, s)
+    local last = s.push[s.np]
+    last[2], last[3] = last[2] + cost, last[3] + cost
+    s.used = s.used + cost
+  end
+
   return {
     valid = window_valid(MAX_LIMIT),
     peek = sliding_window_peek,
     commit = sliding_window_commit,
+    again = sliding_window_again,
+    commit_again = sliding_window_commit_again,
     give_back = sliding_window_give_back,
     quota = window_quota,
     override = window_override(MAX_LIMIT),
