@@ -84,8 +84,8 @@ fn on_actix() -> bool {
 /// How many more scheduler ticks a batch waits for, at most, while it grows
 /// (a busy thread; see [`waits_for_more`]): every call to Redis costs a
 /// fixed share (the round trip, the call's start in Redis) that a larger
-/// batch divides among more requests. It stops waiting once two ticks in a
-/// row added nothing, so a lone request waits for two.
+/// batch divides among more requests. It stops waiting at the second tick
+/// in a row that added nothing (so a lone request waits for one).
 const MORE_TICKS: usize = 6;
 
 /// Ticks in a row that add nothing to a batch after which it stops waiting.
