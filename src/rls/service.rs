@@ -618,7 +618,6 @@ impl Rls {
                 error,
                 ..
             }) => {
-                floodgate::logging::flush();
                 log::debug!("rls: redis could not decide some limits: {error}");
                 for &i in &of_check {
                     statuses[i] = no_limit();
@@ -633,7 +632,6 @@ impl Rls {
                 decision,
                 ..
             }) => {
-                floodgate::logging::flush();
                 log::debug!("rls: redis did not decide: {error}");
                 if local.is_empty() {
                     // `allow`, or only shadow limits: nothing denies, and
@@ -740,7 +738,6 @@ impl Rls {
         of_check: &[usize],
         error: &LimiterError,
     ) -> Result<RateLimitResponse, tonic::Status> {
-        floodgate::logging::flush();
         log::debug!("rls: redis did not decide: {error}");
         if self.settings.on_redis_error == OnError::Error {
             return Err(tonic::Status::unavailable(format!(

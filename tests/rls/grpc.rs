@@ -756,6 +756,57 @@ async fn without_redis_a_watching_limit_never_refuses() {
     }
 }
 
+/// Calls that Redis cannot decide write their warnings at most once per
+/// kind and period, as the site's requests do: the counts held back go out
+/// with the next line of the kind, or every period, not with every call.
+#[tokio::test]
+async fn calls_redis_cannot_decide_do_not_flood_the_log() {
+    let file = "domain: q\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let mut redis = RedisServer::start();
+    let started = Instant::now();
+    let svc = Service::start(&redis, &[("q.yaml", file)], "", "");
+    let mut c = svc.client().await;
+    redis.stop();
+    // Calls until Redis has failed 8 of them: the first, then a probe
+    // after each breaker period (200 ms here), each a warning of its kind.
+    let errors = |m: &str| -> u64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix("floodgate_redis_errors_total "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let mut i = 0u64;
+    while errors(&svc.metrics()) < 8 {
+        let e = c
+            .should_rate_limit(call("q", &[&[("k", &i.to_string())]], 1))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable);
+        i += 1;
+    }
+    // Every line written before the reload's has been read once it is.
+    svc.signal("HUP");
+    wait_until(PATIENCE, "the reload's line", || {
+        svc.log_has("descriptors reloaded (SIGHUP")
+    });
+    // The counting thread writes each kind's count every 10 s: at most one
+    // line of each kind per 10 s of the service's life, not one a probe.
+    let rounds = 1 + started.elapsed().as_secs() / 10;
+    let log = svc.log();
+    for kind in [
+        "redis error",
+        "redis connection",
+        "breaker open",
+        "no decision",
+    ] {
+        let counts: Vec<&String> = log
+            .iter()
+            .filter(|l| l.contains(&format!(" more \"{kind}\" lines")))
+            .collect();
+        assert!(counts.len() as u64 <= rounds, "{counts:#?}");
+    }
+}
+
 #[tokio::test]
 async fn without_redis_allow_deny_and_local() {
     for (policy, want) in [("allow", "OK"), ("deny", "OVER_LIMIT"), ("local", "local")] {
