@@ -776,7 +776,9 @@ async fn calls_redis_cannot_decide_do_not_flood_the_log() {
             .unwrap_or(0)
     };
     let mut i = 0u64;
+    let deadline = Instant::now() + PATIENCE;
     while errors(&svc.metrics()) < 8 {
+        assert!(Instant::now() < deadline, "Redis never failed 8 calls");
         let e = c
             .should_rate_limit(call("q", &[&[("k", &i.to_string())]], 1))
             .await
