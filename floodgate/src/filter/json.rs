@@ -80,14 +80,10 @@ impl Default for JsonBodies {
 #[cfg_attr(not(feature = "actix"), allow(dead_code))]
 pub(crate) fn check_json_headers(headers: &impl HeaderLines) -> Result<(), Unreadable> {
     let unsupported = Unreadable::Unsupported;
-    for coding in headers.lines("content-encoding") {
-        let identity =
-            std::str::from_utf8(coding).is_ok_and(|c| c.trim().eq_ignore_ascii_case("identity"));
-        if !identity {
-            return Err(unsupported(
-                "a JSON body with a content coding cannot be read",
-            ));
-        }
+    if super::values::content_coded(headers) {
+        return Err(unsupported(
+            "a JSON body with a content coding cannot be read",
+        ));
     }
     let Some(ct) = headers
         .lines("content-type")

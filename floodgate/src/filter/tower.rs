@@ -410,15 +410,7 @@ where
     // would hand the handler other bytes than the filter reads (and a
     // key the filter cannot find would fall back to the address): refused,
     // as the actix door refuses it.
-    let coded = parts
-        .headers
-        .get_all(http::header::CONTENT_ENCODING)
-        .iter()
-        .any(|c| {
-            !c.to_str()
-                .is_ok_and(|c| c.trim().eq_ignore_ascii_case("identity"))
-        });
-    if coded {
+    if values::content_coded(&parts.headers) {
         let why = "a body with a content coding cannot be read";
         return Err(Refused::Unreadable(
             values::Unreadable::Unsupported(why),

@@ -18,6 +18,16 @@ pub enum Unreadable {
     Missing(usize),
 }
 
+/// Whether a request's body comes in a content coding (a `Content-Encoding`
+/// other than `identity`): the filter reads a body as it comes, so a rule
+/// that reads one refuses it (415) rather than key by other bytes than the
+/// handler gets.
+pub(crate) fn content_coded(headers: &impl HeaderLines) -> bool {
+    headers.lines("content-encoding").any(|coding| {
+        !std::str::from_utf8(coding).is_ok_and(|c| c.trim().eq_ignore_ascii_case("identity"))
+    })
+}
+
 /// The bodies a request's keys may read: the urlencoded form (decoded from
 /// its charset) or the JSON body, as the filter read them.
 pub(crate) struct BodyRead<'a> {

@@ -98,13 +98,8 @@ pub(crate) fn form_text<'a>(
     body: &'a [u8],
 ) -> Result<Cow<'a, [u8]>, values::Unreadable> {
     let unsupported = values::Unreadable::Unsupported;
-    for coding in req.headers().get_all(header::CONTENT_ENCODING) {
-        let identity = coding
-            .to_str()
-            .is_ok_and(|c| c.trim().eq_ignore_ascii_case("identity"));
-        if !identity {
-            return Err(unsupported("a form with a content coding cannot be read"));
-        }
+    if values::content_coded(req.headers()) {
+        return Err(unsupported("a form with a content coding cannot be read"));
     }
     let encoding = req
         .encoding()

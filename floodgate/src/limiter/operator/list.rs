@@ -262,22 +262,9 @@ impl Limiter {
             .get_timeout(self.timeout())
             .map_err(|e| LimiterError::Other(format!("redis pool: {e}")))?;
         let line = serde_json::to_string(entry).map_err(|e| LimiterError::Other(e.to_string()))?;
-        let key = audit_key(prefix);
-        let written: redis::RedisResult<()> = redis::pipe()
-            .cmd("LPUSH")
-            .arg(&key)
-            .arg(line)
-            .ignore()
-            .cmd("LTRIM")
-            .arg(&key)
-            .arg(0)
-            .arg(AUDIT_KEEP - 1)
-            .ignore()
-            .cmd("PEXPIRE")
-            .arg(&key)
-            .arg(AUDIT_LASTS_MS)
-            .ignore()
-            .query(&mut *conn);
+        let mut pipe = redis::pipe();
+        push_audit(&mut pipe, &audit_key(prefix), [line]);
+        let written: redis::RedisResult<()> = pipe.query(&mut *conn);
         conn.note(&written);
         written.map_err(LimiterError::from)
     }
@@ -338,8 +325,26 @@ pub(crate) fn penalty_writer(pool: Pool, prefix: &str) -> Option<Sender<(String,
     }
 }
 
+/// Adds to `pipe` the writing of `lines` (oldest first) on the audit trail
+/// at `key`, which then keeps its newest [`AUDIT_KEEP`] entries, for
+/// [`AUDIT_LASTS_MS`] after the newest.
+fn push_audit(pipe: &mut redis::Pipeline, key: &str, lines: impl IntoIterator<Item = String>) {
+    for line in lines {
+        pipe.cmd("LPUSH").arg(key).arg(line).ignore();
+    }
+    pipe.cmd("LTRIM")
+        .arg(key)
+        .arg(0)
+        .arg(AUDIT_KEEP - 1)
+        .ignore()
+        .cmd("PEXPIRE")
+        .arg(key)
+        .arg(AUDIT_LASTS_MS)
+        .ignore();
+}
+
 fn write_penalties(pool: &Pool, prefix: &str, bans: &[(String, u64)]) {
-    let mut pipe = redis::pipe();
+    let mut lines = Vec::with_capacity(bans.len());
     for (key, ms) in bans {
         let (rule, id) = split_state_key(prefix, key)
             .map_or((Cow::Borrowed(""), key.as_str()), |(r, _, i)| (r, i));
@@ -353,18 +358,11 @@ fn write_penalties(pool: &Pool, prefix: &str, bans: &[(String, u64)]) {
             crate::logging::Escaped(id)
         );
         if let Ok(line) = serde_json::to_string(&entry) {
-            pipe.cmd("LPUSH").arg(audit_key(prefix)).arg(line).ignore();
+            lines.push(line);
         }
     }
-    pipe.cmd("LTRIM")
-        .arg(audit_key(prefix))
-        .arg(0)
-        .arg(AUDIT_KEEP - 1)
-        .ignore()
-        .cmd("PEXPIRE")
-        .arg(audit_key(prefix))
-        .arg(AUDIT_LASTS_MS)
-        .ignore();
+    let mut pipe = redis::pipe();
+    push_audit(&mut pipe, &audit_key(prefix), lines);
     let written = pool.get().map_err(|e| e.to_string()).and_then(|mut conn| {
         let written: redis::RedisResult<()> = pipe.query(&mut *conn);
         conn.note(&written);

@@ -159,7 +159,7 @@ impl Action {
             let rule = rule.map_or_else(|| "the rule".to_string(), |r| format!("rule {r:?}"));
             return Err(format!(
                 "{rule} is a shadow rule: it counts and reports but never denies, so {} under it would never be enforced",
-                if self.name() == "ban" { "a ban" } else { "an override" }
+                if matches!(self, Action::Ban(_)) { "a ban" } else { "an override" }
             ));
         }
         if let Action::Override { limit, window, .. } = *self {

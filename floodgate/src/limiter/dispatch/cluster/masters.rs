@@ -127,10 +127,14 @@ impl Masters {
         }
     }
 
-    /// Master `i`'s breaker and clock.
     /// Host and port of master `i`.
     pub(crate) fn addr(&self, i: usize) -> Option<&(String, u16)> {
         self.addrs.get(i)
+    }
+
+    /// Host and port of the master the map names for `slot`.
+    pub(crate) fn addr_of_slot(&self, slot: u16) -> Option<(String, u16)> {
+        self.of(slot).and_then(|m| self.addr(m)).cloned()
     }
 
     /// Whether the map names `addr` as the master of any slot.
@@ -141,6 +145,7 @@ impl Masters {
             .is_some_and(|i| self.slots.iter().any(|&s| usize::from(s) == i))
     }
 
+    /// Master `i`'s breaker and clock.
     pub(crate) fn health(&self, i: usize) -> Option<&Arc<MasterHealth>> {
         self.health.get(i)
     }

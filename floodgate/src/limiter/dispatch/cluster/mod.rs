@@ -271,11 +271,7 @@ impl Cluster {
     /// Loads the give-back script on the master this dispatcher's map names
     /// for `slot`.
     fn load_give_back_on(&mut self, slot: u16) -> RedisResult<()> {
-        let named = self
-            .masters
-            .of(slot)
-            .and_then(|m| self.masters.addr(m))
-            .cloned();
+        let named = self.masters.addr_of_slot(slot);
         let (Some((host, port)), Some(conn)) = (named, self.conn.as_mut()) else {
             return Ok(());
         };
@@ -649,13 +645,12 @@ impl Cluster {
         if !matches!(&reply, Err(e) if e.is_connection_refusal()) {
             return reply;
         }
-        let named = |masters: &Masters| masters.of(slot).and_then(|m| masters.addr(m)).cloned();
         let Some(conn) = self.conn.as_mut() else {
             return reply;
         };
-        let avoid: Vec<(String, u16)> = named(&self.masters).into_iter().collect();
+        let avoid: Vec<(String, u16)> = self.masters.addr_of_slot(slot).into_iter().collect();
         self.masters.read(conn, &avoid);
-        match named(&self.masters) {
+        match self.masters.addr_of_slot(slot) {
             Some((host, port)) => {
                 let to = SingleNodeRoutingInfo::ByAddress { host, port };
                 conn.route_command(cmd, RoutingInfo::SingleNode(to))
