@@ -247,6 +247,18 @@ fn same_in_one_batch_and_alone(redis: &RedisServer, jobs: &dyn Fn(&str) -> Jobs)
     assert!((a_ttl - b_ttl).abs() < 10_000, "{a_ttl} {b_ttl}");
 }
 
+#[test]
+fn a_batch_whose_reply_is_packed_in_several_chunks_answers_each_request() {
+    let redis = RedisServer::start();
+    // 300 requests (901 values in the reply, which the script packs 500 at
+    // a time), the last 50 over the limit.
+    same_in_one_batch_and_alone(&redis, &|key| {
+        (0..300)
+            .map(|i| job(key, i / 3, sliding(250, 60_000), 1))
+            .collect()
+    });
+}
+
 #[actix_web::test]
 async fn an_algorithm_change_within_one_batch_decides_as_separate_calls() {
     let redis = RedisServer::start();

@@ -183,6 +183,30 @@ where
     }
 }
 
+/// A batch script's reply as it comes: its values packed in one string,
+/// eight bytes each, little-endian (`lua/batch.lua`: one string costs
+/// Redis, and the reader, less than an array of as many integers), or an
+/// array of integers (the cluster's early answer that a slot is served
+/// elsewhere).
+#[derive(Debug)]
+pub(crate) struct Values(pub(crate) Vec<i64>);
+
+impl redis::FromRedisValue for Values {
+    fn from_redis_value(v: redis::Value) -> Result<Values, redis::ParsingError> {
+        match v {
+            redis::Value::BulkString(bytes) => {
+                if !bytes.len().is_multiple_of(8) {
+                    return Err(format!("a packed reply of {} bytes", bytes.len()).into());
+                }
+                let value =
+                    |b: &[u8]| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+                Ok(Values(bytes.chunks_exact(8).map(value).collect()))
+            }
+            other => Vec::<i64>::from_redis_value(other).map(Values),
+        }
+    }
+}
+
 /// A batch script's reply with Redis's clock taken off: three values per
 /// check (see [`job`]), then three for each check decided under an
 /// operator's override (its index among the call's keys, the override's
@@ -496,5 +520,18 @@ mod tests {
             replied(vec![1, 4, 900, 123, 0], 4),
             Err(LimiterError::Other(_))
         ));
+    }
+
+    #[test]
+    fn a_packed_reply_reads_as_the_integers_packed() {
+        let values: [i64; 4] = [1, -2, 0, 1_796_441_138_021_123];
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let read: Values = redis::from_redis_value(redis::Value::BulkString(bytes)).unwrap();
+        assert_eq!(read.0, values);
+        // The cluster's early answer is an array.
+        let early = redis::Value::Array(vec![redis::Value::Int(-3)]);
+        assert_eq!(redis::from_redis_value::<Values>(early).unwrap().0, [-3]);
+        let torn = redis::Value::BulkString(vec![0; 12]);
+        assert!(redis::from_redis_value::<Values>(torn).is_err());
     }
 }

@@ -223,11 +223,11 @@ impl Single {
     /// on; a connection left unusable is let go.
     pub(crate) fn finish(
         &mut self,
-        first: Result<Vec<i64>, CallError>,
+        first: Result<wire::Values, CallError>,
         mut expected: usize,
         batch: &[Job],
     ) -> Result<wire::Replied, SendError> {
-        let result: Result<Vec<i64>, CallError> = match first {
+        let result: Result<wire::Values, CallError> = match first {
             Err(CallError::Answered(e)) => match (self.missing(&e), self.conn.take()) {
                 (Some(missing), Some(mut conn)) => {
                     // A new server may have lost every key: the denials
@@ -264,7 +264,7 @@ impl Single {
             self.conn = None;
         }
         match result {
-            Ok(values) => {
+            Ok(wire::Values(values)) => {
                 let (reply, redis_us) =
                     wire::replied(values, expected).map_err(SendError::Failed)?;
                 self.shared.clock.sample(redis_us, Instant::now());
@@ -319,7 +319,7 @@ pub fn decide_batch_with_deadlines(
     // The library is loaded only where it is missing, as the dispatchers
     // do: loading it again would start its state afresh, and what one call
     // leaves to the next is part of what the tests check.
-    let values: Vec<i64> = match cmd.query(conn) {
+    let wire::Values(values) = match cmd.query(conn) {
         Err(e) if program::missing(&e) == Some(Missing::Function) => {
             program::load_library(conn, program.library()).map_err(LimiterError::from)?;
             cmd.query(conn)

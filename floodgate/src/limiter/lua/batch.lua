@@ -17,7 +17,8 @@
 --         deadline in ms on Redis's clock ("" = none): a job that reaches
 --         Redis at or after it is skipped, because its caller has given up,
 --         number of checks, then per check the number of its spec (from 1)
--- Returns a flat array, three values per check:
+-- Returns a flat array (packed in one string, see packed()), three values
+-- per check:
 --   decided:  allowed (1), denied (0), denied by a ban (2), denied by a
 --             ban this denial started (3); remaining, ms
 --             (ms: retry-after when denied, time to reset when allowed)
@@ -351,6 +352,27 @@ local function decide_job(n, now, k, a)
   rep_n, rep_now = n, now
 end
 
+-- The reply as one string, each value a little-endian 8-byte integer
+-- (struct truncates toward zero, as Redis does a number it returns): one
+-- string costs Redis less to send, and the dispatcher far less to read,
+-- than an array of as many integers. Packed PACK_CHUNK values at a time
+-- (unpack has a bound), each chunk's format made once.
+local PACK_CHUNK = 500
+local pack_formats = {}
+local function packed(values)
+  local n, parts = #values, {}
+  for i = 1, n, PACK_CHUNK do
+    local m = math.min(PACK_CHUNK, n - i + 1)
+    local format = pack_formats[m]
+    if not format then
+      format = '<' .. string.rep('i8', m)
+      pack_formats[m] = format
+    end
+    parts[#parts + 1] = struct.pack(format, unpack(values, i, i + m - 1))
+  end
+  return table.concat(parts)
+end
+
 -- Decides the call's jobs: the reply described above.
 local function batch()
   begin()
@@ -457,5 +479,5 @@ local function batch()
   for i = 1, #quotas do
     out[3 * (k - 1) + 1 + i] = quotas[i]
   end
-  return out
+  return packed(out)
 end

@@ -81,9 +81,9 @@ pub(super) fn classify(
     clock: Option<&RedisClock>,
 ) -> Reply {
     match reply.and_then(|v| v.extract_error()) {
-        Ok(value) => match redis::from_redis_value::<Vec<i64>>(value) {
-            Ok(values) if values == [-3] => Reply::Elsewhere,
-            Ok(values) => match wire::replied(values, expected) {
+        Ok(value) => match redis::from_redis_value::<wire::Values>(value) {
+            Ok(wire::Values(values)) if values == [-3] => Reply::Elsewhere,
+            Ok(wire::Values(values)) => match wire::replied(values, expected) {
                 Ok((reply, redis_us)) => {
                     if let Some(clock) = clock {
                         clock.sample(redis_us, Instant::now());
