@@ -173,13 +173,36 @@ where
     }
     cmd.arg(jobs.clone().count());
     let mut named = named.into_iter();
+    let mut text = String::new();
     for job in jobs {
-        cmd.put_opt(job.now_ms).put_opt(job.deadline);
-        let n = job.checks.count();
-        cmd.arg(n);
-        for spec in named.by_ref().take(n) {
-            cmd.arg(spec);
-        }
+        let (deadline, now_ms) = (job.deadline, job.now_ms);
+        let specs = named.by_ref().take(job.checks.count());
+        job_text(&mut text, deadline, specs, now_ms);
+        cmd.arg(text.as_str());
+    }
+}
+
+/// A job as one argument, `DEADLINE|SPECS|NOW` (see `lua/batch.lua`):
+/// its deadline (empty: none), the numbers of its checks' specs joined by
+/// commas, and its pinned clock (empty: Redis `TIME`). The jobs of a call
+/// mostly share one text, which the script reads once.
+fn job_text(
+    text: &mut String,
+    deadline: Option<i64>,
+    specs: impl Iterator<Item = usize>,
+    now_ms: Option<u64>,
+) {
+    use std::fmt::Write as _;
+    text.clear();
+    if let Some(deadline) = deadline {
+        let _ = write!(text, "{deadline}");
+    }
+    for (i, spec) in specs.enumerate() {
+        let _ = write!(text, "{}{spec}", if i == 0 { '|' } else { ',' });
+    }
+    text.push('|');
+    if let Some(now) = now_ms {
+        let _ = write!(text, "{now}");
     }
 }
 
@@ -441,17 +464,10 @@ mod tests {
             "1500",
             "1",
             "1",
-            // Two jobs: now, deadline, checks, and each check's spec.
+            // Two jobs, each one argument: deadline|specs|now.
             "2",
-            "1700000000123",
-            "1700000000300",
-            "2",
-            "1",
-            "2",
-            "",
-            "",
-            "1",
-            "3",
+            "1700000000300|1,2|1700000000123",
+            "|3|",
         ] {
             expected.arg(arg);
         }

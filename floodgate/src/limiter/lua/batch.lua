@@ -12,11 +12,14 @@
 --           p1, p2 (see each algorithm), cost, flags: enforce (1) or
 --           shadow (0), then for a rule with a penalty
 --           ":AFTER:WITHIN_MS:BAN_MS:MAX_MS" (see common.lua),
---       then the number of jobs, then per job:
---         now override in ms ("" = Redis TIME; tests pin the clock with it),
---         deadline in ms on Redis's clock ("" = none): a job that reaches
---         Redis at or after it is skipped, because its caller has given up,
---         number of checks, then per check the number of its spec (from 1)
+--       then the number of jobs, then per job ONE argument,
+--         "DEADLINE|SPECS|NOW" (the jobs of a call mostly share one, read
+--         once, and each argument costs Redis a string):
+--         DEADLINE in ms on Redis's clock (empty = none): a job that
+--         reaches Redis at or after it is skipped, because its caller has
+--         given up; SPECS, per check the number of its spec (from 1),
+--         joined by commas; NOW, a clock override in ms (empty = Redis
+--         TIME; tests pin the clock with it)
 -- Returns a flat array (packed in one string, see packed()), three values
 -- per check:
 --   decided:  allowed (1), denied (0), denied by a ban (2), denied by a
@@ -168,18 +171,18 @@ local function repeatable(i, name, key, state, def, p1, p2, cost)
   rep_p1[i], rep_p2[i], rep_cost[i] = p1, p2, cost
 end
 
--- Decides the job (n checks: KEYS from k, ARGV from a) when it is the one
--- just admitted again and every check allows it again: true. Otherwise
--- false, and nothing was done. (No operator record can have appeared
--- since: only a denial writes one.)
-local function decide_again(n, now, k, a)
+-- Decides the job (n checks: KEYS from k, their specs named in `names`)
+-- when it is the one just admitted again and every check allows it
+-- again: true. Otherwise false, and nothing was done. (No operator record
+-- can have appeared since: only a denial writes one.)
+local function decide_again(n, now, k, names)
   if now ~= rep_now then
     return false
   end
   if n == 1 then
     -- (The common case, without the loops.)
     local key = keys[k]
-    if ARGV[a] ~= rep_names[1] or key ~= rep_keys[1] then
+    if names[1] ~= rep_names[1] or key ~= rep_keys[1] then
       return false
     end
     local def, p1, p2, cost, state = rep_defs[1], rep_p1[1], rep_p2[1], rep_cost[1], rep_states[1]
@@ -192,7 +195,7 @@ local function decide_again(n, now, k, a)
     return true
   end
   for i = 1, n do
-    if ARGV[a + i - 1] ~= rep_names[i] or keys[k + i - 1] ~= rep_keys[i] then
+    if names[i] ~= rep_names[i] or keys[k + i - 1] ~= rep_keys[i] then
       return false
     end
   end
@@ -211,22 +214,23 @@ local function decide_again(n, now, k, a)
   return true
 end
 
--- Decides the n checks of one job: KEYS from k, ARGV from a.
+-- Decides the n checks of one job: KEYS from k, their specs named in
+-- `names`.
 -- Each check first reads its identity's operator record: a ban denies it
 -- (and, for an enforce check, the whole request, which then records
 -- nothing at all), an override replaces the rule's numbers.
 -- The several-rules path keeps its checks here, one table per check reused
 -- from job to job (and, in the function library, from call to call).
 local scratch = {}
-local function decide_job(n, now, k, a)
-  if rep_n == n and decide_again(n, now, k, a) then
+local function decide_job(n, now, k, names)
+  if rep_n == n and decide_again(n, now, k, names) then
     return
   end
   rep_n = 0
   if n == 1 then
     -- One rule (the common case): no bookkeeping across checks.
     failing = 0
-    local name, key = ARGV[a], keys[k]
+    local name, key = names[1], keys[k]
     local alg, p1, p2, cost, enforce, pen = spec(name)
     local op = ops_read(key)
     local r1, r2 = p1, p2
@@ -277,7 +281,7 @@ local function decide_job(n, now, k, a)
   local any_banned = false
   for i = 1, n do
     failing = i - 1
-    local alg, p1, p2, cost, enforce, pen = spec(ARGV[a + i - 1])
+    local alg, p1, p2, cost, enforce, pen = spec(names[i])
     local key = keys[k + i - 1]
     local op = ops_read(key)
     local banned = op ~= OPS_NONE and ops_banned(op, now)
@@ -347,7 +351,7 @@ local function decide_job(n, now, k, a)
   end
   for i = 1, n do
     local c = checks[i]
-    repeatable(i, ARGV[a + i - 1], c[1], c[9], ALGORITHMS[c[2]], c[3], c[4], c[5])
+    repeatable(i, names[i], c[1], c[9], ALGORITHMS[c[2]], c[3], c[4], c[5])
   end
   rep_n, rep_now = n, now
 end
@@ -424,19 +428,23 @@ local function batch()
   base = base + 1 + 5 * spec_count
   local a = base + 2
   local k = 1
-  -- The last deadline converted, and its text: the jobs of a batch mostly
-  -- share one.
-  local deadline_text, deadline_of = '', nil
+  -- The last job text read, and what it says (see ARGV above): the jobs of
+  -- a call mostly share one.
+  local job_text, deadline, pinned, names, n = nil, nil, nil, nil, 0
   for _ = 1, tonumber(ARGV[base + 1]) do
-    -- (The common values are compared, not converted: a conversion costs
-    -- more.)
-    local now_arg, deadline_arg, n_arg = ARGV[a], ARGV[a + 1], ARGV[a + 2]
-    local now = now_arg == '' and clock or tonumber(now_arg) or clock
-    if deadline_arg ~= deadline_text then
-      deadline_text, deadline_of = deadline_arg, tonumber(deadline_arg)
+    local text = ARGV[a]
+    if text ~= job_text then
+      local deadline_text, specs, now_text = string.match(text, '^(%d*)|([%d,]*)|(%d*)$')
+      if not deadline_text then
+        error('floodgate: a job written as ' .. text, 0)
+      end
+      job_text, deadline, pinned, names = text, tonumber(deadline_text), tonumber(now_text), {}
+      for name in string.gmatch(specs, '%d+') do
+        names[#names + 1] = name
+      end
+      n = #names
     end
-    local deadline = deadline_of
-    local n = n_arg == '1' and 1 or tonumber(n_arg)
+    local now = pinned or clock
     local ok, e = true, nil
     local noted = #quotas
     if deadline and clock >= deadline then
@@ -446,7 +454,7 @@ local function batch()
         out[at], out[at + 1], out[at + 2] = -2, 0, 0
       end
     else
-      ok, e = pcall(decide_job, n, now, k, a + 3)
+      ok, e = pcall(decide_job, n, now, k, names)
     end
     if not ok then
       local code = type(e) == 'table' and e.floodgate
@@ -463,7 +471,7 @@ local function batch()
         quotas[i] = nil
       end
     end
-    a = a + 3 + n
+    a = a + 1
     k = k + n
   end
   -- Writes the decisions kept back (see forget in common.lua), then the TTLs.
