@@ -125,8 +125,10 @@ fn serve(args: &[String]) -> std::io::Result<()> {
 
 /// Writes the ARGV of floodgate's batch function for jobs of one check each
 /// under one rule (algorithm `code`, parameters `p1`, `p2`, cost 1,
-/// enforced): the rule's spec once, then per job its pinned clock (`None`:
-/// Redis `TIME`), no deadline, and its one check naming that spec.
+/// enforced): the rule's spec once, then each job as one argument,
+/// `DEADLINE|SPECS` (no deadline, its one check naming that spec), and
+/// where any job pins its clock (`None`: Redis `TIME`) each job's clock
+/// after it, the count of jobs then written negative.
 fn one_rule_jobs(
     call: &mut redis::Cmd,
     code: u8,
@@ -135,14 +137,32 @@ fn one_rule_jobs(
     nows: &[Option<u64>],
 ) {
     call.arg(1).arg(code).arg(p1).arg(p2).arg(1).arg(1);
-    call.arg(nows.len());
+    let pinned = nows.iter().any(Option::is_some);
+    let count = nows.len() as i64;
+    call.arg(if pinned { -count } else { count });
     for now in nows {
-        match now {
-            Some(ms) => call.arg(ms),
-            None => call.arg(""),
-        };
-        call.arg("").arg(1).arg(1);
+        call.arg("|1");
+        if pinned {
+            match now {
+                Some(ms) => call.arg(ms),
+                None => call.arg(""),
+            };
+        }
     }
+}
+
+/// The values of a reply of floodgate's batch function: one string of
+/// little-endian 8-byte integers.
+fn unpacked(reply: redis::Value) -> Option<Vec<i64>> {
+    let redis::Value::BulkString(bytes) = reply else {
+        return None;
+    };
+    let values = bytes.chunks_exact(8).map(|b| {
+        let mut v = [0; 8];
+        v.copy_from_slice(b);
+        i64::from_le_bytes(v)
+    });
+    (bytes.len() % 8 == 0).then(|| values.collect())
 }
 
 /// Allowed, remaining, ms (as the script returns them).
@@ -151,10 +171,10 @@ async fn decide(guard: &Guard, key: &str) -> Option<(bool, i64, i64)> {
     call.arg(guard.function).arg(1).arg(key);
     one_rule_jobs(&mut call, 1, guard.limit, guard.window_ms, &[None]);
     let mut conn = guard.conn.clone();
-    let reply = tokio::time::timeout(TIMEOUT, call.query_async::<Vec<i64>>(&mut conn)).await;
-    match reply {
+    let reply = tokio::time::timeout(TIMEOUT, call.query_async::<redis::Value>(&mut conn)).await;
+    match reply.ok()?.ok().and_then(unpacked) {
         // Three values, then Redis's clock.
-        Ok(Ok(v)) if v.len() == 4 => Some((v[0] == 1, v[1], v[2])),
+        Some(v) if v.len() == 4 => Some((v[0] == 1, v[1], v[2])),
         _ => None,
     }
 }
@@ -311,11 +331,19 @@ impl Probe<'_> {
                 }
             }
         }
-        let out: Vec<i64> = call.query_async(&mut *self.conn).await?;
         Ok(match self.subject {
             // Three values per job, Redis's clock last.
-            Subject::Floodgate(..) => out.chunks_exact(3).map(|c| c[0] == 1).collect(),
-            Subject::Floor => out.iter().map(|&v| v == 1).collect(),
+            Subject::Floodgate(..) => {
+                let reply = call.query_async(&mut *self.conn).await?;
+                let out = unpacked(reply).ok_or_else(|| {
+                    redis::RedisError::from((redis::ErrorKind::Client, "not a packed reply"))
+                })?;
+                out.chunks_exact(3).map(|c| c[0] == 1).collect()
+            }
+            Subject::Floor => {
+                let out: Vec<i64> = call.query_async(&mut *self.conn).await?;
+                out.iter().map(|&v| v == 1).collect()
+            }
         })
     }
 }

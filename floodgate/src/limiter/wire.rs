@@ -171,38 +171,39 @@ where
     for s in &specs {
         spec(cmd, s);
     }
-    cmd.arg(jobs.clone().count());
+    // A call that pins any job's clock (tests) gives every job a second
+    // argument, its clock, and says so by a negative count of jobs.
+    let pinned = jobs.clone().any(|job| job.now_ms.is_some());
+    let count = jobs.clone().count() as i64;
+    cmd.arg(if pinned { -count } else { count });
     let mut named = named.into_iter();
     let mut text = String::new();
     for job in jobs {
-        let (deadline, now_ms) = (job.deadline, job.now_ms);
         let specs = named.by_ref().take(job.checks.count());
-        job_text(&mut text, deadline, specs, now_ms);
+        job_text(&mut text, job.deadline, specs);
         cmd.arg(text.as_str());
+        if pinned {
+            cmd.put_opt(job.now_ms);
+        }
     }
 }
 
-/// A job as one argument, `DEADLINE|SPECS|NOW` (see `lua/batch.lua`):
-/// its deadline (empty: none), the numbers of its checks' specs joined by
-/// commas, and its pinned clock (empty: Redis `TIME`). The jobs of a call
-/// mostly share one text, which the script reads once.
-fn job_text(
-    text: &mut String,
-    deadline: Option<i64>,
-    specs: impl Iterator<Item = usize>,
-    now_ms: Option<u64>,
-) {
+/// A job as one argument, `DEADLINE|SPECS` (see `lua/batch.lua`): its
+/// deadline (empty: none), then the numbers of its checks' specs joined by
+/// commas. The jobs of a call mostly share one text, which the script
+/// reads once.
+fn job_text(text: &mut String, deadline: Option<i64>, specs: impl Iterator<Item = usize>) {
     use std::fmt::Write as _;
     text.clear();
     if let Some(deadline) = deadline {
         let _ = write!(text, "{deadline}");
     }
-    for (i, spec) in specs.enumerate() {
-        let _ = write!(text, "{}{spec}", if i == 0 { '|' } else { ',' });
-    }
     text.push('|');
-    if let Some(now) = now_ms {
-        let _ = write!(text, "{now}");
+    for (i, spec) in specs.enumerate() {
+        if i > 0 {
+            text.push(',');
+        }
+        let _ = write!(text, "{spec}");
     }
 }
 
@@ -464,10 +465,13 @@ mod tests {
             "1500",
             "1",
             "1",
-            // Two jobs, each one argument: deadline|specs|now.
-            "2",
-            "1700000000300|1,2|1700000000123",
-            "|3|",
+            // Two jobs, one of them with a pinned clock: each job's
+            // deadline|specs, then its clock ("" = Redis's).
+            "-2",
+            "1700000000300|1,2",
+            "1700000000123",
+            "|3",
+            "",
         ] {
             expected.arg(arg);
         }

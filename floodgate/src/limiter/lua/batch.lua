@@ -13,13 +13,13 @@
 --           shadow (0), then for a rule with a penalty
 --           ":AFTER:WITHIN_MS:BAN_MS:MAX_MS" (see common.lua),
 --       then the number of jobs, then per job ONE argument,
---         "DEADLINE|SPECS|NOW" (the jobs of a call mostly share one, read
---         once, and each argument costs Redis a string):
---         DEADLINE in ms on Redis's clock (empty = none): a job that
---         reaches Redis at or after it is skipped, because its caller has
---         given up; SPECS, per check the number of its spec (from 1),
---         joined by commas; NOW, a clock override in ms (empty = Redis
---         TIME; tests pin the clock with it)
+--         "DEADLINE|SPECS" (the jobs of a call mostly share one, read once,
+--         and each argument costs Redis a string): DEADLINE in ms on
+--         Redis's clock (empty = none): a job that reaches Redis at or
+--         after it is skipped, because its caller has given up; SPECS, per
+--         check the number of its spec (from 1), joined by commas.
+--         A negative number of jobs (tests pinning the clock): each job's
+--         argument is followed by a clock override in ms ("" = Redis TIME)
 -- Returns a flat array (packed in one string, see packed()), three values
 -- per check:
 --   decided:  allowed (1), denied (0), denied by a ban (2), denied by a
@@ -430,21 +430,37 @@ local function batch()
   local k = 1
   -- The last job text read, and what it says (see ARGV above): the jobs of
   -- a call mostly share one.
-  local job_text, deadline, pinned, names, n = nil, nil, nil, nil, 0
-  for _ = 1, tonumber(ARGV[base + 1]) do
+  local job_text, deadline, names, n = nil, nil, nil, 0
+  local jobs = tonumber(ARGV[base + 1])
+  local pinning = jobs < 0
+  if pinning then
+    jobs = -jobs
+  end
+  for _ = 1, jobs do
     local text = ARGV[a]
     if text ~= job_text then
-      local deadline_text, specs, now_text = string.match(text, '^(%d*)|([%d,]*)|(%d*)$')
-      if not deadline_text then
+      -- (Found, not matched: a pattern costs a one-request call more.)
+      local bar = string.find(text, '|', 1, true)
+      if not bar then
         error('floodgate: a job written as ' .. text, 0)
       end
-      job_text, deadline, pinned, names = text, tonumber(deadline_text), tonumber(now_text), {}
-      for name in string.gmatch(specs, '%d+') do
-        names[#names + 1] = name
+      local specs = string.sub(text, bar + 1)
+      job_text, deadline = text, tonumber(string.sub(text, 1, bar - 1))
+      if string.find(specs, ',', 1, true) then
+        names = {}
+        for name in string.gmatch(specs, '[^,]+') do
+          names[#names + 1] = name
+        end
+      else
+        names = { specs }
       end
-      n = #names
+      n = specs == '' and 0 or #names
     end
-    local now = pinned or clock
+    local now = clock
+    if pinning then
+      a = a + 1
+      now = tonumber(ARGV[a]) or clock
+    end
     local ok, e = true, nil
     local noted = #quotas
     if deadline and clock >= deadline then
