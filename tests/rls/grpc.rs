@@ -1084,10 +1084,11 @@ async fn calls_that_never_finish_are_bounded_and_the_rest_refused_at_once() {
     let path = tonic::codegen::http::uri::PathAndQuery::from_static(
         floodgate_site::rls::proto::SHOULD_RATE_LIMIT,
     );
-    // Two connections of 512 unfinished calls each (a connection carries
-    // at most 1024 at once).
+    // Three connections of 512 unfinished calls each (a connection carries
+    // at most 1024 at once): more than the service reads at once, so that
+    // it is full even if a connection's calls are slow to open.
     let mut held = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..3 {
         let channel = tonic::transport::Endpoint::new(svc.endpoint())
             .unwrap()
             .connect()
