@@ -360,19 +360,27 @@ end
 -- (struct truncates toward zero, as Redis does a number it returns): one
 -- string costs Redis less to send, and the dispatcher far less to read,
 -- than an array of as many integers. Packed PACK_CHUNK values at a time
--- (unpack has a bound), each chunk's format made once.
+-- (unpack has a bound; a call of fewer, nearly all, packs in one go), each
+-- chunk's format made once.
 local PACK_CHUNK = 500
 local pack_formats = {}
+local function pack_format(m)
+  local format = pack_formats[m]
+  if not format then
+    format = '<' .. string.rep('i8', m)
+    pack_formats[m] = format
+  end
+  return format
+end
 local function packed(values)
-  local n, parts = #values, {}
+  local n = #values
+  if n <= PACK_CHUNK then
+    return struct.pack(pack_format(n), unpack(values))
+  end
+  local parts = {}
   for i = 1, n, PACK_CHUNK do
     local m = math.min(PACK_CHUNK, n - i + 1)
-    local format = pack_formats[m]
-    if not format then
-      format = '<' .. string.rep('i8', m)
-      pack_formats[m] = format
-    end
-    parts[#parts + 1] = struct.pack(format, unpack(values, i, i + m - 1))
+    parts[#parts + 1] = struct.pack(pack_format(m), unpack(values, i, i + m - 1))
   end
   return table.concat(parts)
 end
