@@ -1085,9 +1085,11 @@ async fn calls_that_never_finish_are_bounded_and_the_rest_refused_at_once() {
         floodgate_site::rls::proto::SHOULD_RATE_LIMIT,
     );
     // Three connections of 512 unfinished calls each (a connection carries
-    // at most 1024 at once): more than the service reads at once, so that
-    // it is full even if a connection's calls are slow to open.
-    let mut held = Vec::new();
+    // at most 1024 at once): 1536 calls, of which the service holds 1024
+    // and refuses 512. Every connection is opened and warmed before any
+    // call is held: a warm-up after the first two connections' calls would
+    // itself be refused.
+    let mut channels = Vec::new();
     for _ in 0..3 {
         let channel = tonic::transport::Endpoint::new(svc.endpoint())
             .unwrap()
@@ -1101,9 +1103,16 @@ async fn calls_that_never_finish_are_bounded_and_the_rest_refused_at_once() {
             .should_rate_limit(call("warm-up", &[&[("k", "v")]], 1))
             .await
             .unwrap();
+        channels.push(channel);
+    }
+    let mut c = svc.client().await;
+    let refused_held = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut held = Vec::new();
+    for channel in &channels {
         for _ in 0..512 {
             let mut grpc = tonic::client::Grpc::new(channel.clone());
             let path = path.clone();
+            let refused_held = std::sync::Arc::clone(&refused_held);
             held.push(tokio::spawn(async move {
                 grpc.ready().await.unwrap();
                 let codec = tonic_prost::ProstCodec::<
@@ -1111,27 +1120,38 @@ async fn calls_that_never_finish_are_bounded_and_the_rest_refused_at_once() {
                     floodgate_site::rls::proto::RateLimitResponse,
                 >::default();
                 let never = futures_util::stream::pending();
-                let _ = grpc
+                let answer = grpc
                     .client_streaming(tonic::Request::new(never), path, codec)
                     .await;
+                if matches!(&answer, Err(e) if e.code() == tonic::Code::ResourceExhausted) {
+                    refused_held.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
             }));
         }
     }
-    let v = unique();
-    let mut c = svc.client().await;
+    // The probe waits until the service has refused the 512 past its bound:
+    // a probe sent while the held calls still arrive could take a place
+    // for its moment and leave one free for good.
     let deadline = Instant::now() + PATIENCE;
-    let refused = loop {
-        match c
-            .should_rate_limit(call("another", &[&[("key2", &v)]], 1))
-            .await
-        {
-            Err(e) if e.code() == tonic::Code::ResourceExhausted => break e,
-            other => {
-                assert!(Instant::now() < deadline, "never refused: {other:?}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
+    while refused_held.load(std::sync::atomic::Ordering::SeqCst) < 512 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} held calls refused",
+            refused_held.load(std::sync::atomic::Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(refused_held.load(std::sync::atomic::Ordering::SeqCst), 512);
+    let v = unique();
+    let refused = c
+        .should_rate_limit(call("another", &[&[("key2", &v)]], 1))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
     assert!(
         refused.message().contains("too many calls in flight"),
         "{refused:?}"
