@@ -1076,6 +1076,9 @@ async fn a_penalty_bans_a_value_denied_again_and_again() {
 
 #[tokio::test]
 async fn calls_that_never_finish_are_bounded_and_the_rest_refused_at_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
     // Calls whose request never arrives each hold one of the calls the
     // service reads at once (1024); past them a call is answered
     // RESOURCE_EXHAUSTED at once, and once they go, calls are answered again.
@@ -1106,13 +1109,13 @@ async fn calls_that_never_finish_are_bounded_and_the_rest_refused_at_once() {
         channels.push(channel);
     }
     let mut c = svc.client().await;
-    let refused_held = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let refused_held = Arc::new(AtomicUsize::new(0));
     let mut held = Vec::new();
     for channel in &channels {
         for _ in 0..512 {
             let mut grpc = tonic::client::Grpc::new(channel.clone());
             let path = path.clone();
-            let refused_held = std::sync::Arc::clone(&refused_held);
+            let refused_held = Arc::clone(&refused_held);
             held.push(tokio::spawn(async move {
                 grpc.ready().await.unwrap();
                 let codec = tonic_prost::ProstCodec::<
@@ -1124,7 +1127,7 @@ async fn calls_that_never_finish_are_bounded_and_the_rest_refused_at_once() {
                     .client_streaming(tonic::Request::new(never), path, codec)
                     .await;
                 if matches!(&answer, Err(e) if e.code() == tonic::Code::ResourceExhausted) {
-                    refused_held.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    refused_held.fetch_add(1, Ordering::SeqCst);
                 }
             }));
         }
@@ -1133,15 +1136,15 @@ async fn calls_that_never_finish_are_bounded_and_the_rest_refused_at_once() {
     // a probe sent while the held calls still arrive could take a place
     // for its moment and leave one free for good.
     let deadline = Instant::now() + PATIENCE;
-    while refused_held.load(std::sync::atomic::Ordering::SeqCst) < 512 {
+    while refused_held.load(Ordering::SeqCst) < 512 {
         assert!(
             Instant::now() < deadline,
             "only {} held calls refused",
-            refused_held.load(std::sync::atomic::Ordering::SeqCst)
+            refused_held.load(Ordering::SeqCst)
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(refused_held.load(std::sync::atomic::Ordering::SeqCst), 512);
+    assert_eq!(refused_held.load(Ordering::SeqCst), 512);
     let v = unique();
     let refused = c
         .should_rate_limit(call("another", &[&[("key2", &v)]], 1))

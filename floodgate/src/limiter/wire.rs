@@ -156,25 +156,28 @@ where
     const SHARED: usize = 16;
     let mut specs: Vec<&Check> = Vec::new();
     let mut named: Vec<usize> = Vec::new();
-    for c in jobs.clone().flat_map(|job| job.checks) {
-        let shared = &specs[..specs.len().min(SHARED)];
-        let at = match shared.iter().position(|s| same_spec(s, c)) {
-            Some(at) => at,
-            None => {
-                specs.push(c);
-                specs.len() - 1
-            }
-        };
-        named.push(at + 1);
+    // A call that pins any job's clock (tests) gives every job a second
+    // argument, its clock, and says so by a negative count of jobs.
+    let (mut count, mut pinned) = (0i64, false);
+    for job in jobs.clone() {
+        count += 1;
+        pinned |= job.now_ms.is_some();
+        for c in job.checks {
+            let shared = &specs[..specs.len().min(SHARED)];
+            let at = match shared.iter().position(|s| same_spec(s, c)) {
+                Some(at) => at,
+                None => {
+                    specs.push(c);
+                    specs.len() - 1
+                }
+            };
+            named.push(at + 1);
+        }
     }
     cmd.arg(specs.len());
     for s in &specs {
         spec(cmd, s);
     }
-    // A call that pins any job's clock (tests) gives every job a second
-    // argument, its clock, and says so by a negative count of jobs.
-    let pinned = jobs.clone().any(|job| job.now_ms.is_some());
-    let count = jobs.clone().count() as i64;
     cmd.arg(if pinned { -count } else { count });
     let mut named = named.into_iter();
     let mut text = String::new();
