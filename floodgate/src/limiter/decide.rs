@@ -367,20 +367,25 @@ impl Limiter {
                 Some(Err(_)) => return Err(LimiterError::Stopped),
                 None => {}
             }
-            return match tokio::time::timeout_at(deadline.into(), answer).await {
-                Ok(Ok(result)) => result,
-                Ok(Err(_)) => Err(LimiterError::Stopped),
-                Err(_) => Err(self.count(LimiterError::Timeout)),
-            };
+            return self.answer_by(answer, deadline).await;
         } else if on_worker {
             super::tick::push(self.id, job, &self.queue, &self.shared);
         } else {
             super::tick::hand_over(&self.queue, &self.shared, vec![job]);
         }
-        match tokio::time::timeout(self.timeout, answer).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(LimiterError::Stopped),
-            Err(_) => Err(self.count(LimiterError::Timeout)),
+        self.answer_by(answer, deadline).await
+    }
+
+    /// Awaits a job's answer until `deadline` (see [`answered_by`]).
+    async fn answer_by(
+        &self,
+        answer: oneshot::Receiver<Result<Decision, LimiterError>>,
+        deadline: Instant,
+    ) -> Result<Decision, LimiterError> {
+        match answered_by(answer, deadline).await {
+            Some(Ok(result)) => result,
+            Some(Err(_)) => Err(LimiterError::Stopped),
+            None => Err(self.count(LimiterError::Timeout)),
         }
     }
 
@@ -505,5 +510,68 @@ impl Limiter {
                 Err(e) => return Err(LimiterError::from(e)),
             }
         }
+    }
+}
+
+/// Awaits `answer` until `deadline`; `None` once it has passed. There the
+/// channel is closed before the caller gives up: an answer sent before that
+/// is still taken, and one sent after it fails to send, so that the sender
+/// knows it undelivered (a dispatcher then gives back what it took).
+/// Dropping the receiver when the timer fires would instead lose an answer
+/// sent between its last poll and the drop, its units still charged.
+async fn answered_by<T>(
+    mut answer: oneshot::Receiver<T>,
+    deadline: Instant,
+) -> Option<Result<T, oneshot::error::RecvError>> {
+    if let Ok(received) = tokio::time::timeout_at(deadline.into(), &mut answer).await {
+        return Some(received);
+    }
+    answer.close();
+    answer.try_recv().ok().map(Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An answer sent about when its caller gives up is either taken by
+    /// the caller or refused to the sender, never both lost: the sender
+    /// can tell every answer that was not taken.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_answer_at_the_deadline_is_taken_or_refused() {
+        let (mut taken, mut refused) = (0, 0);
+        for i in 0..3000u32 {
+            let (tx, rx) = oneshot::channel();
+            let deadline = Instant::now() + Duration::from_micros(200);
+            // Sent on another thread, spread over the deadline and the
+            // timer's millisecond after it; now and then long after.
+            let after = match i % 256 {
+                255 => Duration::from_millis(20),
+                _ => Duration::from_micros(u64::from(i % 64) * 20),
+            };
+            let at = deadline + after - Duration::from_micros(40);
+            let sender = std::thread::spawn(move || {
+                while Instant::now() < at {
+                    std::hint::spin_loop();
+                }
+                tx.send(i).is_ok()
+            });
+            let got = answered_by(rx, deadline).await;
+            let sent = sender.join().unwrap();
+            match got {
+                Some(Ok(v)) => {
+                    assert_eq!(v, i);
+                    assert!(sent);
+                    taken += 1;
+                }
+                Some(Err(_)) => unreachable!("the sender never drops unsent"),
+                None => {
+                    assert!(!sent, "answer {i} was sent, then lost");
+                    refused += 1;
+                }
+            }
+        }
+        // Both ways were met (the test would prove nothing otherwise).
+        assert!(taken > 0 && refused > 0, "taken {taken}, refused {refused}");
     }
 }
