@@ -367,17 +367,17 @@ impl Limiter {
                 Some(Err(_)) => return Err(LimiterError::Stopped),
                 None => {}
             }
-            return self.answer_by(answer, deadline).await;
+            return self.wait_for_answer(answer, deadline).await;
         } else if on_worker {
             super::tick::push(self.id, job, &self.queue, &self.shared);
         } else {
             super::tick::hand_over(&self.queue, &self.shared, vec![job]);
         }
-        self.answer_by(answer, deadline).await
+        self.wait_for_answer(answer, deadline).await
     }
 
     /// Awaits a job's answer until `deadline` (see [`answered_by`]).
-    async fn answer_by(
+    async fn wait_for_answer(
         &self,
         answer: oneshot::Receiver<Result<Decision, LimiterError>>,
         deadline: Instant,
@@ -544,19 +544,36 @@ mod tests {
             let (tx, rx) = oneshot::channel();
             let deadline = Instant::now() + Duration::from_micros(200);
             // Sent on another thread, spread over the deadline and the
-            // timer's millisecond after it; now and then long after.
-            let after = match i % 256 {
-                255 => Duration::from_millis(20),
-                _ => Duration::from_micros(u64::from(i % 64) * 20),
-            };
-            let at = deadline + after - Duration::from_micros(40);
-            let sender = std::thread::spawn(move || {
-                while Instant::now() < at {
-                    std::hint::spin_loop();
+            // timer's millisecond after it; now and then before the wait
+            // begins, or only once the caller has given up (so that both
+            // ways are met whatever the machine's speed).
+            let gave_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let seen = Arc::clone(&gave_up);
+            let at = deadline + Duration::from_micros(u64::from(i % 64) * 20);
+            let at = at - Duration::from_micros(40);
+            let sender = std::thread::spawn(move || match i % 256 {
+                0 => tx.send(i).is_ok(),
+                255 => {
+                    while !seen.load(Ordering::SeqCst) {
+                        std::thread::yield_now();
+                    }
+                    tx.send(i).is_ok()
                 }
-                tx.send(i).is_ok()
+                _ => {
+                    while Instant::now() < at {
+                        std::hint::spin_loop();
+                    }
+                    tx.send(i).is_ok()
+                }
             });
+            if i % 256 == 0 {
+                // (Sent before the wait begins.)
+                while !sender.is_finished() {
+                    std::thread::yield_now();
+                }
+            }
             let got = answered_by(rx, deadline).await;
+            gave_up.store(true, Ordering::SeqCst);
             let sent = sender.join().unwrap();
             match got {
                 Some(Ok(v)) => {
