@@ -367,7 +367,6 @@ impl Limiter {
                 Some(Err(_)) => return Err(LimiterError::Stopped),
                 None => {}
             }
-            return self.wait_for_answer(answer, deadline).await;
         } else if on_worker {
             super::tick::push(self.id, job, &self.queue, &self.shared);
         } else {
@@ -549,8 +548,8 @@ mod tests {
             // ways are met whatever the machine's speed).
             let gave_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let seen = Arc::clone(&gave_up);
-            let at = deadline + Duration::from_micros(u64::from(i % 64) * 20);
-            let at = at - Duration::from_micros(40);
+            let at = deadline + Duration::from_micros(u64::from(i % 64) * 20)
+                - Duration::from_micros(40);
             let sender = std::thread::spawn(move || match i % 256 {
                 0 => tx.send(i).is_ok(),
                 255 => {
